@@ -1,0 +1,183 @@
+// bindings.cpp - the thin pybind11 layer over miita_core.h.
+// It only converts arguments (numpy arrays without copies where the core reads
+// them in place) and turns negative return codes into Python exceptions.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "miita_core.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using f32_in = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using i32_in = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+void check(int rc) {
+    if (rc != 0) throw std::runtime_error(miita_last_error());
+}
+
+// A read-only byte buffer (e.g. np.memmap of the GGUF slice) holding the LM head.
+const void * buffer_ptr(const py::buffer & W, int64_t n_rows, int64_t row_bytes) {
+    py::buffer_info info = W.request();
+    if (info.ndim != 1 || info.itemsize != 1)
+        throw std::invalid_argument("W must be a 1-D byte buffer (e.g. a uint8 memmap of the tensor)");
+    if (info.size < n_rows * row_bytes)
+        throw std::invalid_argument("W buffer is shorter than n_rows * row_bytes");
+    return info.ptr;
+}
+
+class State {
+  public:
+    explicit State(int64_t n_embd) : n_embd_(n_embd), st_(miita_state_new(n_embd)) {
+        if (!st_) throw std::runtime_error(miita_last_error());
+    }
+    ~State() { miita_state_free(st_); }
+    State(const State &) = delete;
+    State & operator=(const State &) = delete;
+
+    uintptr_t user_data() const { return reinterpret_cast<uintptr_t>(st_); }
+    int64_t n_embd() const { return n_embd_; }
+
+    void set_key_tensor(const std::string & name) { check(miita_state_set_key_tensor(st_, name.c_str())); }
+    void key_reset() { miita_state_key_reset(st_); }
+    void begin_batch(py::object mask) {
+        if (mask.is_none()) {
+            check(miita_state_begin_batch(st_, nullptr, 0));
+            return;
+        }
+        auto m = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>::ensure(mask);
+        if (!m || m.ndim() != 1) throw std::invalid_argument("mask must be a 1-D array");
+        check(miita_state_begin_batch(st_, m.data(), m.size()));
+    }
+    py::tuple key() const {
+        py::array_t<float> out(n_embd_);
+        int64_t n = 0;
+        check(miita_state_key_get(st_, out.mutable_data(), &n));
+        return py::make_tuple(out, n);
+    }
+    void set_capture(bool enabled, int64_t max_rows) { check(miita_state_set_capture(st_, enabled, max_rows)); }
+    py::array_t<float> captured() const {
+        const int64_t n = miita_state_captured_rows(st_);
+        py::array_t<float> out({n, n_embd_});
+        check(miita_state_captured_get(st_, out.mutable_data(), n));
+        return out;
+    }
+    void capture_clear() { miita_state_capture_clear(st_); }
+    void set_steer(py::object dir, py::object h_q, float eta, int mode) {
+        f32_in d, h;
+        const float * dp = nullptr;
+        const float * hp = nullptr;
+        if (!dir.is_none()) {
+            d = f32_in::ensure(dir);
+            if (!d || d.size() != n_embd_) throw std::invalid_argument("dir must have n_embd values");
+            dp = d.data();
+        }
+        if (!h_q.is_none()) {
+            h = f32_in::ensure(h_q);
+            if (!h || h.size() != n_embd_) throw std::invalid_argument("h_q must have n_embd values");
+            hp = h.data();
+        }
+        check(miita_state_set_steer(st_, dp, hp, eta, mode));
+    }
+    py::array_t<float> alphas() const {
+        const int64_t n = miita_state_alpha_count(st_);
+        py::array_t<float> out(n);
+        check(miita_state_alpha_get(st_, out.mutable_data(), n));
+        return out;
+    }
+    void alpha_clear() { miita_state_alpha_clear(st_); }
+    py::object error() const {
+        char buf[512];
+        if (miita_state_error(st_, buf, sizeof buf) == 0) return py::none();
+        return py::str(buf);
+    }
+    void error_clear() { miita_state_error_clear(st_); }
+    int64_t hits(int which) const { return miita_state_hits(st_, which); }
+
+  private:
+    int64_t n_embd_;
+    miita_state * st_;
+};
+
+py::array_t<float> lm_gather(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd, int64_t row_bytes,
+                             const i32_in & ids, int n_threads) {
+    const void * w = buffer_ptr(W, n_rows, row_bytes);
+    py::array_t<float> out({(int64_t) ids.size(), n_embd});
+    {
+        py::gil_scoped_release nogil;
+        check(miita_lm_gather(w, type, n_rows, n_embd, ids.data(), ids.size(), out.mutable_data(), n_threads));
+    }
+    return out;
+}
+
+py::array_t<float> lm_weighted_sum(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd,
+                                   int64_t row_bytes, const i32_in & ids, const f32_in & weights, int n_threads) {
+    if (ids.size() != weights.size()) throw std::invalid_argument("ids and weights differ in length");
+    const void * w = buffer_ptr(W, n_rows, row_bytes);
+    py::array_t<float> out(n_embd);
+    {
+        py::gil_scoped_release nogil;
+        check(miita_lm_weighted_sum(w, type, n_rows, n_embd, ids.data(), weights.data(), ids.size(),
+                                    out.mutable_data(), n_threads));
+    }
+    return out;
+}
+
+py::array_t<float> lm_correction(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd, int64_t row_bytes,
+                                 const f32_in & logits, const i32_in & targets, int64_t top_k, bool per_position,
+                                 int n_threads) {
+    const int64_t T = targets.size();
+    if (logits.ndim() != 2 || logits.shape(0) != T || logits.shape(1) != n_rows)
+        throw std::invalid_argument("logits must be (len(targets), n_vocab)");
+    const void * w = buffer_ptr(W, n_rows, row_bytes);
+    py::array_t<float> out = per_position ? py::array_t<float>({T, n_embd}) : py::array_t<float>(n_embd);
+    {
+        py::gil_scoped_release nogil;
+        check(miita_lm_correction(w, type, n_rows, n_embd, logits.data(), targets.data(), T, top_k,
+                                  per_position ? 1 : 0, out.mutable_data(), n_threads));
+    }
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "miita-edge native core: llama.cpp eval callback and LM-head row kernels";
+    m.attr("STEER_OFF") = (int) MIITA_STEER_OFF;
+    m.attr("STEER_UNGATED") = (int) MIITA_STEER_UNGATED;
+    m.attr("STEER_GATED") = (int) MIITA_STEER_GATED;
+    m.def("callback_address", [] { return reinterpret_cast<uintptr_t>(&miita_eval_callback); },
+          "Address of the C eval callback, to put into llama_context_params.cb_eval.");
+    m.def("compiled_tensor_size", &miita_compiled_tensor_size);
+
+    py::class_<State>(m, "State", "Eval-callback state owned by one llama context.")
+        .def(py::init<int64_t>(), py::arg("n_embd"))
+        .def_property_readonly("user_data", &State::user_data)
+        .def_property_readonly("n_embd", &State::n_embd)
+        .def("set_key_tensor", &State::set_key_tensor)
+        .def("key_reset", &State::key_reset)
+        .def("begin_batch", &State::begin_batch, py::arg("mask") = py::none())
+        .def("key", &State::key)
+        .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
+        .def("captured", &State::captured)
+        .def("capture_clear", &State::capture_clear)
+        .def("set_steer", &State::set_steer, py::arg("dir"), py::arg("h_q"), py::arg("eta"), py::arg("mode"))
+        .def("alphas", &State::alphas)
+        .def("alpha_clear", &State::alpha_clear)
+        .def("error", &State::error)
+        .def("error_clear", &State::error_clear)
+        .def("hits", &State::hits);
+
+    m.def("lm_gather", &lm_gather, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
+          py::arg("row_bytes"), py::arg("ids"), py::arg("n_threads") = 0);
+    m.def("lm_weighted_sum", &lm_weighted_sum, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
+          py::arg("row_bytes"), py::arg("ids"), py::arg("weights"), py::arg("n_threads") = 0);
+    m.def("lm_correction", &lm_correction, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
+          py::arg("row_bytes"), py::arg("logits"), py::arg("targets"), py::arg("top_k") = 0,
+          py::arg("per_position") = false, py::arg("n_threads") = 0);
+}

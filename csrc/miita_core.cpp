@@ -1,0 +1,445 @@
+// miita_core.cpp - see miita_core.h for the contract.
+#include "miita_core.h"
+
+#include "ggml.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int fail(const std::string & msg) {
+    g_last_error = msg;
+    return -1;
+}
+
+}  // namespace
+
+struct miita_state {
+    int64_t n_embd = 0;
+
+    // key: sum of selected rows of one per-layer tensor
+    std::string key_name;
+    std::vector<double> key_sum;   // double: prompts of thousands of rows, norms ~1e4
+    int64_t key_rows = 0;
+    std::vector<uint8_t> mask;     // per batch row; empty = all rows
+    int64_t batch_rows_seen = 0;   // rows of the key tensor seen in the current llama_decode
+
+    // capture of result_norm rows (pre-steer)
+    bool capture = false;
+    int64_t capture_max = 0;
+    std::vector<float> captured;   // rows * n_embd
+    int64_t captured_rows = 0;
+
+    // steering
+    int mode = MIITA_STEER_OFF;
+    float eta = 0.0f;
+    std::vector<float> dir;
+    std::vector<float> h_q;
+    float h_q_norm = 0.0f;
+    std::vector<float> alphas;
+
+    // diagnostics
+    std::string error;
+    int64_t hits_key = 0;
+    int64_t hits_norm = 0;
+};
+
+static const char * const k_result_norm = "result_norm";
+
+static bool is_dense_f32(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_F32 && t->data != nullptr && ggml_is_contiguous(t);
+}
+
+static void set_state_error(miita_state * st, const std::string & msg) {
+    if (st->error.empty()) st->error = msg;
+}
+
+static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
+    st->hits_key++;
+    if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
+        set_state_error(st, std::string("key tensor ") + t->name + " is not a contiguous f32 [n_embd, rows] tensor");
+        return;
+    }
+    const int64_t rows = ggml_nrows(t);
+    const float * data = static_cast<const float *>(t->data);
+    const int64_t H = st->n_embd;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t batch_row = st->batch_rows_seen + r;
+        if (!st->mask.empty()) {
+            if (batch_row >= (int64_t) st->mask.size()) {
+                set_state_error(st, "key tensor has more rows than the batch mask covers");
+                break;
+            }
+            if (!st->mask[batch_row]) continue;
+        }
+        const float * row = data + r * H;
+        double * acc = st->key_sum.data();
+        for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+        st->key_rows++;
+    }
+    st->batch_rows_seen += rows;
+}
+
+static void on_result_norm(miita_state * st, ggml_tensor * t) {
+    st->hits_norm++;
+    if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
+        set_state_error(st, "result_norm is not a contiguous f32 [n_embd, rows] tensor");
+        return;
+    }
+    const int64_t rows = ggml_nrows(t);
+    const int64_t H = st->n_embd;
+    float * data = static_cast<float *>(t->data);
+
+    if (st->capture) {
+        const int64_t take = std::min(rows, st->capture_max - st->captured_rows);
+        if (take > 0) {
+            std::memcpy(st->captured.data() + st->captured_rows * H, data, sizeof(float) * take * H);
+            st->captured_rows += take;
+        }
+    }
+    if (st->mode == MIITA_STEER_OFF || st->dir.empty()) return;
+
+    const float * d = st->dir.data();
+    for (int64_t r = 0; r < rows; ++r) {
+        float * h = data + r * H;
+        float alpha = 1.0f;
+        if (st->mode == MIITA_STEER_GATED) {
+            double dot = 0.0, nn = 0.0;
+            for (int64_t i = 0; i < H; ++i) {
+                dot += (double) h[i] * st->h_q[i];
+                nn += (double) h[i] * h[i];
+            }
+            const double denom = std::sqrt(nn) * st->h_q_norm;
+            const double c = denom > 0.0 ? dot / denom : 0.0;
+            alpha = (float) std::max(0.0, c);
+        }
+        st->alphas.push_back(alpha);
+        const float scale = st->eta * alpha;
+        if (scale != 0.0f) {
+            for (int64_t i = 0; i < H; ++i) h[i] += scale * d[i];
+        }
+    }
+}
+
+extern "C" {
+
+const char * miita_last_error(void) { return g_last_error.c_str(); }
+
+miita_state * miita_state_new(int64_t n_embd) {
+    if (n_embd <= 0) {
+        fail("n_embd must be positive");
+        return nullptr;
+    }
+    auto * st = new miita_state();
+    st->n_embd = n_embd;
+    st->key_sum.assign(n_embd, 0.0);
+    return st;
+}
+
+void miita_state_free(miita_state * st) { delete st; }
+
+bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
+    auto * st = static_cast<miita_state *>(user_data);
+    if (st == nullptr || t == nullptr) return true;
+    const bool is_norm = std::strcmp(t->name, k_result_norm) == 0;
+    const bool is_key = !is_norm && !st->key_name.empty() && st->key_name == t->name;
+    if (ask) {
+        if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF;
+        return is_key;
+    }
+    if (is_key) on_key_tensor(st, t);
+    else if (is_norm) on_result_norm(st, t);
+    return true;  // never false: false silently skips the rest of the split
+}
+
+int miita_state_set_key_tensor(miita_state * st, const char * name) {
+    if (!st) return fail("null state");
+    st->key_name = name ? name : "";
+    return 0;
+}
+
+void miita_state_key_reset(miita_state * st) {
+    std::fill(st->key_sum.begin(), st->key_sum.end(), 0.0);
+    st->key_rows = 0;
+    st->batch_rows_seen = 0;
+}
+
+int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || (n > 0 && mask == nullptr)) return fail("bad mask");
+    st->mask.assign(mask, mask + n);
+    st->batch_rows_seen = 0;
+    return 0;
+}
+
+int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out) {
+    if (!st) return fail("null state");
+    for (int64_t i = 0; i < st->n_embd; ++i) sum_out[i] = (float) st->key_sum[i];
+    *n_rows_out = st->key_rows;
+    return 0;
+}
+
+int miita_state_set_capture(miita_state * st, bool enabled, int64_t max_rows) {
+    if (!st) return fail("null state");
+    if (max_rows < 0) return fail("max_rows must be >= 0");
+    st->capture = enabled;
+    st->capture_max = max_rows;
+    st->captured.assign(max_rows * st->n_embd, 0.0f);
+    st->captured_rows = 0;
+    return 0;
+}
+
+int64_t miita_state_captured_rows(const miita_state * st) { return st->captured_rows; }
+
+int miita_state_captured_get(const miita_state * st, float * out, int64_t max_rows) {
+    const int64_t n = std::min(max_rows, st->captured_rows);
+    std::memcpy(out, st->captured.data(), sizeof(float) * n * st->n_embd);
+    return 0;
+}
+
+void miita_state_capture_clear(miita_state * st) { st->captured_rows = 0; }
+
+int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode) {
+    if (!st) return fail("null state");
+    if (mode < MIITA_STEER_OFF || mode > MIITA_STEER_GATED) return fail("unknown steer mode");
+    if (!std::isfinite(eta)) return fail("eta must be finite");
+    const int64_t H = st->n_embd;
+    if (dir) st->dir.assign(dir, dir + H);
+    if (h_q) {
+        st->h_q.assign(h_q, h_q + H);
+        double nn = 0.0;
+        for (int64_t i = 0; i < H; ++i) nn += (double) h_q[i] * h_q[i];
+        st->h_q_norm = (float) std::sqrt(nn);
+    }
+    if (mode != MIITA_STEER_OFF && st->dir.empty()) return fail("steering needs a direction");
+    if (mode == MIITA_STEER_GATED && st->h_q.empty()) return fail("gated steering needs h_q");
+    st->eta = eta;
+    st->mode = mode;
+    return 0;
+}
+
+int64_t miita_state_alpha_count(const miita_state * st) { return (int64_t) st->alphas.size(); }
+
+int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n) {
+    const int64_t n = std::min<int64_t>(max_n, st->alphas.size());
+    std::memcpy(out, st->alphas.data(), sizeof(float) * n);
+    return 0;
+}
+
+void miita_state_alpha_clear(miita_state * st) { st->alphas.clear(); }
+
+int miita_state_error(const miita_state * st, char * err_out, size_t cap) {
+    if (st->error.empty()) return 0;
+    if (err_out && cap) std::snprintf(err_out, cap, "%s", st->error.c_str());
+    return -1;
+}
+
+void miita_state_error_clear(miita_state * st) { st->error.clear(); }
+
+int64_t miita_state_hits(const miita_state * st, int which) { return which == 0 ? st->hits_key : st->hits_norm; }
+
+size_t miita_compiled_tensor_size(void) { return sizeof(struct ggml_tensor); }
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------
+// LM-head kernels
+// ---------------------------------------------------------------------------
+namespace {
+
+struct RowReader {
+    const uint8_t * base = nullptr;
+    size_t stride = 0;
+    int64_t n_embd = 0;
+    ggml_type type = GGML_TYPE_F32;
+    ggml_to_float_t to_float = nullptr;
+
+    void read(int64_t row, float * out) const {
+        const void * src = base + (size_t) row * stride;
+        if (type == GGML_TYPE_F32) std::memcpy(out, src, sizeof(float) * n_embd);
+        else to_float(src, out, n_embd);
+    }
+};
+
+int make_reader(const void * W, int type, int64_t n_rows, int64_t n_embd, RowReader & rr) {
+    if (!W) return fail("null LM-head pointer");
+    if (type < 0 || type >= GGML_TYPE_COUNT) return fail("unknown ggml type " + std::to_string(type));
+    if (n_rows <= 0 || n_embd <= 0) return fail("LM-head shape must be positive");
+    const auto gt = (ggml_type) type;
+    const auto * tr = ggml_get_type_traits(gt);
+    if (tr == nullptr || tr->blck_size <= 0 || tr->type_size == 0)
+        return fail(std::string("ggml type ") + std::to_string(type) + " has no row layout");
+    if (n_embd % tr->blck_size != 0)
+        return fail("n_embd is not a multiple of the block size of " + std::string(tr->type_name));
+    if (gt != GGML_TYPE_F32 && tr->to_float == nullptr)
+        return fail(std::string("ggml type ") + tr->type_name + " cannot be dequantized");
+    rr.base = static_cast<const uint8_t *>(W);
+    rr.stride = ggml_row_size(gt, n_embd);
+    rr.n_embd = n_embd;
+    rr.type = gt;
+    rr.to_float = tr->to_float;
+    return 0;
+}
+
+int clamp_threads(int n_threads, int64_t work) {
+    int n = n_threads > 0 ? n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+    return (int) std::max<int64_t>(1, std::min<int64_t>(n, work));
+}
+
+template <typename F>
+void parallel_for(int n_threads, int64_t n, F && fn) {
+    // fn(thread_index, begin, end)
+    if (n_threads <= 1 || n < 2) {
+        fn(0, 0, n);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const int64_t chunk = (n + n_threads - 1) / n_threads;
+    for (int i = 0; i < n_threads; ++i) {
+        const int64_t b = i * chunk, e = std::min(n, b + chunk);
+        if (b >= e) break;
+        pool.emplace_back([&fn, i, b, e] { fn(i, b, e); });
+    }
+    for (auto & th : pool) th.join();
+}
+
+int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
+    for (int64_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= n_rows)
+            return fail("token id " + std::to_string(ids[i]) + " is outside the vocabulary (" + std::to_string(n_rows) + ")");
+    return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids, int64_t n,
+                    float * out, int n_threads) {
+    RowReader rr;
+    if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(ids, n, n_rows)) return -1;
+    parallel_for(clamp_threads(n_threads, n / 64 + 1), n, [&](int, int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) rr.read(ids[i], out + i * n_embd);
+    });
+    return 0;
+}
+
+int miita_lm_weighted_sum(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids,
+                          const float * weights, int64_t n, float * out, int n_threads) {
+    RowReader rr;
+    if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(ids, n, n_rows)) return -1;
+    const int nt = clamp_threads(n_threads, n / 256 + 1);
+    std::vector<std::vector<float>> acc(nt, std::vector<float>(n_embd, 0.0f));
+    parallel_for(nt, n, [&](int ti, int64_t b, int64_t e) {
+        std::vector<float> row(n_embd);
+        float * a = acc[ti].data();
+        for (int64_t i = b; i < e; ++i) {
+            rr.read(ids[i], row.data());
+            const float w = weights[i];
+            for (int64_t k = 0; k < n_embd; ++k) a[k] += w * row[k];
+        }
+    });
+    for (int64_t k = 0; k < n_embd; ++k) {
+        float s = 0.0f;
+        for (int ti = 0; ti < nt; ++ti) s += acc[ti][k];
+        out[k] = s;
+    }
+    return 0;
+}
+
+int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd, const float * logits,
+                        const int32_t * targets, int64_t T, int64_t top_k, int per_position, float * out,
+                        int n_threads) {
+    RowReader rr;
+    if (T <= 0) return fail("correction needs at least one target position");
+    if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(targets, T, n_rows)) return -1;
+    const int64_t V = n_rows, H = n_embd;
+    const bool exact = top_k <= 0 || top_k >= V;
+
+    // Softmax normaliser per position (exact over all V in both modes).
+    std::vector<float> lmax(T), lse(T);
+    for (int64_t t = 0; t < T; ++t) {
+        const float * l = logits + t * V;
+        float m = l[0];
+        for (int64_t v = 1; v < V; ++v) m = std::max(m, l[v]);
+        double s = 0.0;
+        for (int64_t v = 0; v < V; ++v) s += std::exp((double) l[v] - m);
+        if (!std::isfinite(m) || !(s > 0.0)) return fail("logits contain non-finite values");
+        lmax[t] = m;
+        lse[t] = (float) std::log(s);
+    }
+
+    // E[t] = sum_v p_t(v) W[v]
+    std::vector<float> E(T * H, 0.0f);
+    if (exact) {
+        // One pass over W for all positions: dequantize a row once, use it T times.
+        std::vector<float> P(T * V);
+        for (int64_t t = 0; t < T; ++t) {
+            const float * l = logits + t * V;
+            float * p = P.data() + t * V;
+            const float off = lmax[t] + lse[t];
+            for (int64_t v = 0; v < V; ++v) p[v] = std::exp(l[v] - off);
+        }
+        const int nt = clamp_threads(n_threads, V / 4096 + 1);
+        std::vector<std::vector<float>> acc(nt, std::vector<float>(T * H, 0.0f));
+        parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+            std::vector<float> row(H);
+            float * a = acc[ti].data();
+            for (int64_t v = b; v < e; ++v) {
+                rr.read(v, row.data());
+                for (int64_t t = 0; t < T; ++t) {
+                    const float w = P[t * V + v];
+                    float * at = a + t * H;
+                    for (int64_t k = 0; k < H; ++k) at[k] += w * row[k];
+                }
+            }
+        });
+        for (int ti = 0; ti < nt; ++ti)
+            for (int64_t i = 0; i < T * H; ++i) E[i] += acc[ti][i];
+    } else {
+        const int nt = clamp_threads(n_threads, T);
+        parallel_for(nt, T, [&](int, int64_t b, int64_t e) {
+            std::vector<int32_t> idx(V);
+            std::vector<float> row(H);
+            for (int64_t t = b; t < e; ++t) {
+                const float * l = logits + t * V;
+                for (int64_t v = 0; v < V; ++v) idx[v] = (int32_t) v;
+                std::nth_element(idx.begin(), idx.begin() + top_k, idx.end(),
+                                 [l](int32_t a, int32_t c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+                const float off = lmax[t] + lse[t];
+                float * et = E.data() + t * H;
+                for (int64_t i = 0; i < top_k; ++i) {
+                    const int32_t v = idx[i];
+                    const float w = std::exp(l[v] - off);
+                    rr.read(v, row.data());
+                    for (int64_t k = 0; k < H; ++k) et[k] += w * row[k];
+                }
+            }
+        });
+    }
+
+    std::vector<float> wy(H);
+    if (per_position) {
+        for (int64_t t = 0; t < T; ++t) {
+            rr.read(targets[t], wy.data());
+            for (int64_t k = 0; k < H; ++k) out[t * H + k] = wy[k] - E[t * H + k];
+        }
+    } else {
+        std::fill(out, out + H, 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+            rr.read(targets[t], wy.data());
+            for (int64_t k = 0; k < H; ++k) out[k] += (wy[k] - E[t * H + k]) / (float) T;
+        }
+    }
+    return 0;
+}
+
+}  // extern "C"

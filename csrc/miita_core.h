@@ -1,0 +1,122 @@
+/*
+ * miita_core — the native core of miita-edge.
+ *
+ * A small C ABI with two jobs, both on the hot path of a llama.cpp model:
+ *
+ *  1. An eval callback (ggml_backend_sched_eval_callback) and its state. Inside
+ *     llama_decode it
+ *       - sums the rows of one per-layer tensor ("l_out-<k>") that a per-batch
+ *         row mask selects, across ubatches and decode calls (the semantic key);
+ *       - copies the rows of "result_norm" (the final hidden state, right
+ *         before the LM head) into a capture buffer;
+ *       - adds eta * alpha * dir to every "result_norm" row, with
+ *         alpha = max(0, cos(h, h_q)) (gated), alpha = 1 (ungated) or no
+ *         addition (off). Writing t->data there changes every later node, so
+ *         the LM head sees the steered state.
+ *     The callback asks only for those two tensors and always returns true
+ *     (returning false would silently skip the rest of the graph split).
+ *
+ *  2. LM-head row kernels that read a (possibly quantized) LM-head matrix in
+ *     place - e.g. a memory-mapped GGUF tensor - and dequantize only the rows
+ *     they touch with ggml's own type traits. No dense float copy of W.
+ *
+ * Threading: the callback state is owned by one llama_context and used from
+ * the thread that calls llama_decode; setters must not race with a decode.
+ * The LM-head kernels are reentrant and spawn their own worker threads.
+ *
+ * All functions return 0 on success and a negative code on error; the text of
+ * the last error is available from miita_last_error() (thread-local).
+ */
+#ifndef MIITA_CORE_H
+#define MIITA_CORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct ggml_tensor;
+
+typedef struct miita_state miita_state;
+
+enum miita_steer_mode {
+    MIITA_STEER_OFF = 0,     /* no addition */
+    MIITA_STEER_UNGATED = 1, /* h += eta * dir */
+    MIITA_STEER_GATED = 2,   /* h += eta * max(0, cos(h, h_q)) * dir */
+};
+
+const char * miita_last_error(void);
+
+/* --- eval callback state ------------------------------------------------ */
+miita_state * miita_state_new(int64_t n_embd);
+void miita_state_free(miita_state * st);
+
+/* The callback itself; pass it as cb_eval with the state as cb_eval_user_data. */
+bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data);
+
+/* Name of the tensor whose rows form the semantic key (e.g. "l_out-9"); "" disables. */
+int miita_state_set_key_tensor(miita_state * st, const char * name);
+/* Zero the key sum and row count (call per prompt). */
+void miita_state_key_reset(miita_state * st);
+/* Row mask for the next llama_decode: mask[i] != 0 includes batch row i in the key.
+ * n = 0 (mask NULL) includes every row. Also resets the batch row counter. */
+int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n);
+/* Copy the key sum (n_embd floats) and the number of rows summed. */
+int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
+
+/* Capture result_norm rows (pre-steer) into an internal buffer of at most max_rows rows. */
+int miita_state_set_capture(miita_state * st, bool enabled, int64_t max_rows);
+int64_t miita_state_captured_rows(const miita_state * st);
+int miita_state_captured_get(const miita_state * st, float * out, int64_t max_rows);
+void miita_state_capture_clear(miita_state * st);
+
+/* Steering: dir and h_q are n_embd floats (copied); either may be NULL to keep the current one. */
+int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode);
+/* alpha of every steered row since the last clear (mode OFF logs nothing). */
+int64_t miita_state_alpha_count(const miita_state * st);
+int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);
+void miita_state_alpha_clear(miita_state * st);
+/* Sticky error flag set inside the callback (e.g. a tensor that is not contiguous f32,
+ * more rows than the mask covers). 0 if none; the message is in err_out (>= 256 bytes). */
+int miita_state_error(const miita_state * st, char * err_out, size_t cap);
+void miita_state_error_clear(miita_state * st);
+/* Number of callback invocations with ask=false on a watched tensor (for tests). */
+int64_t miita_state_hits(const miita_state * st, int which /* 0 key, 1 result_norm */);
+
+/* --- LM-head row kernels ----------------------------------------------- */
+/* W: row-major matrix of n_rows rows, each n_embd values of ggml type `type`
+ * (row stride = ggml_row_size(type, n_embd) bytes), e.g. a mapped GGUF tensor. */
+
+/* out[i] = W[ids[i]] as float (n x n_embd). */
+int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd,
+                    const int32_t * ids, int64_t n, float * out, int n_threads);
+
+/* out = sum_i weights[i] * W[ids[i]] (n_embd floats). Eq. 7: r_q = W_V^T g. */
+int miita_lm_weighted_sum(const void * W, int type, int64_t n_rows, int64_t n_embd,
+                          const int32_t * ids, const float * weights, int64_t n,
+                          float * out, int n_threads);
+
+/* Correction vectors from logits rows (eq. 2):
+ *   R_t = W[y_t] - sum_v p_t(v) W[v],  p_t = softmax(logits_t) over all n_rows.
+ * top_k <= 0 or >= n_rows: exact (every row of W).
+ * top_k  > 0: only the top_k most probable rows of each position, with p_t from
+ *   the exact softmax normaliser (no renormalisation over the top-k set).
+ * per_position != 0: out is T x n_embd (one R_t per target position);
+ * per_position == 0: out is n_embd, the mean over t (the paper's R_m).
+ * logits: T x n_rows floats (row stride n_rows); targets: T token ids. */
+int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd,
+                        const float * logits, const int32_t * targets, int64_t T,
+                        int64_t top_k, int per_position, float * out, int n_threads);
+
+/* ABI facts of the ggml this file was compiled against, for the import-time check. */
+/* sizeof(struct ggml_tensor) in the headers this file was compiled against; the
+ * loaded library's ggml_tensor_overhead() must equal it plus sizeof(ggml_object). */
+size_t miita_compiled_tensor_size(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MIITA_CORE_H */

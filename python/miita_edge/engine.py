@@ -1,0 +1,397 @@
+"""The engine: one llama.cpp model + context, driven through llama-cpp-python's
+low-level API, with miita-edge's native eval callback installed.
+
+Why the low-level API: the high-level ``Llama`` class has no ``cb_eval`` hook,
+and we need a *native* callback (a Python ctypes callback costs ~2.5 µs per
+graph node, ~1.8 ms per token on Gemma-3-270M; DESIGN.md §3).
+
+What the callback does is configured between decode calls through
+``Engine.native`` (a ``_native.State``); nothing Python runs per graph node.
+The state object is created before the context and freed after it, so the
+callback never sees a dangling pointer.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from .errors import ModelError
+from .gguf_model import ModelInfo, inspect_gguf
+
+STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
+
+
+def cpu_has_amx() -> bool:
+    """llama.cpp's AMX extra buffer type segfaults on the first decode (DESIGN.md §3)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any("amx_tile" in line for line in fh if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0: all cores
+    key_layer: int | None = None  # None: n_layer // 2 (must be <= n_layer - 2: earlier layers hold all rows)
+    use_extra_bufts: bool | None = None  # None: off on CPUs with AMX, on elsewhere
+    verbose: bool = False
+
+
+@dataclass
+class QueryState:
+    """What one prompt pass leaves behind for retrieval (eqs. 1, 6, 7, 11)."""
+
+    tokens: list[int]
+    key_sum: np.ndarray  # (H,) sum of the selected rows of l_out-<k>
+    key_rows: int
+    h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
+    logits: np.ndarray  # (V,) logits of the first answer token, unsteered
+
+    @property
+    def key(self) -> np.ndarray:
+        return self.key_sum / max(self.key_rows, 1)
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    alphas: list[float] = field(default_factory=list)  # one per steered step
+    stop_reason: str = "length"  # "stop" | "eog" | "length"
+
+
+# A steering plan gives, before each generated token, the direction for that
+# step (or None for no addition). step 0 predicts the first answer token.
+SteerPlan = Callable[[int, Sequence[int]], "np.ndarray | None"]
+
+
+class Engine:
+    """Owns the llama.cpp model/context and the native callback state.
+
+    Not thread-safe: one engine per thread. Call ``close()`` (or use ``with``).
+    """
+
+    def __init__(self, model: str | os.PathLike | None = None, config: EngineConfig | None = None):
+        from . import _native
+        from .abi import check_abi
+        from .default_model import resolve_model_path
+
+        check_abi()
+        import llama_cpp as L
+
+        self._L = L
+        self._native_mod = _native
+        self.config = config or EngineConfig()
+        self.info: ModelInfo = inspect_gguf(resolve_model_path(model))
+        if self.info.logit_softcap:
+            raise ModelError(
+                f"{self.info.arch} soft-caps its logits (final_logit_softcapping={self.info.logit_softcap:g}); "
+                "a hidden-state addition then no longer shifts logits by W·δ, so miita-edge refuses this model")
+        self.n_embd = self.info.n_embd
+        self.n_layer = self.info.n_layer
+        k = self.config.key_layer if self.config.key_layer is not None else self.n_layer // 2
+        if not 0 <= k <= self.n_layer - 2:
+            raise ModelError(f"key layer {k} out of range 0..{self.n_layer - 2} for {self.info.path.name}")
+        self.key_layer = k
+        self.n_threads = self.config.n_threads or (os.cpu_count() or 1)
+
+        self._set_verbose(self.config.verbose)
+        L.llama_backend_init()
+        mparams = L.llama_model_default_params()
+        extra = self.config.use_extra_bufts
+        mparams.use_extra_bufts = (not cpu_has_amx()) if extra is None else bool(extra)
+        mparams.use_mmap = True
+        self._model = L.llama_model_load_from_file(str(self.info.path).encode(), mparams)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {self.info.path}")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
+        if self.n_vocab != self.info.n_vocab:
+            raise ModelError(f"vocabulary size {self.n_vocab} != LM-head rows {self.info.n_vocab}")
+
+        # The callback state must outlive the context: created first, freed last.
+        self.native = _native.State(self.n_embd)
+        self.native.set_key_tensor(f"l_out-{k}")
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.config.n_ctx
+        cparams.n_batch = self.config.n_batch
+        cparams.n_ubatch = self.config.n_batch
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.no_perf = True
+        self._cb = ctypes.cast(ctypes.c_void_p(_native.callback_address()), L.ggml_backend_sched_eval_callback)
+        cparams.cb_eval = self._cb
+        cparams.cb_eval_user_data = ctypes.c_void_p(self.native.user_data)
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            raise ModelError(f"llama.cpp could not create a context for {self.info.path}")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
+        self.n_past = 0
+        self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.bos = int(L.llama_vocab_bos(self._vocab))
+        self._lm = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ life
+    @staticmethod
+    def _set_verbose(verbose: bool) -> None:
+        try:
+            from llama_cpp import _logger
+
+            _logger.set_verbose(verbose)
+        except Exception:  # logging is cosmetic
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        L = self._L
+        L.llama_batch_free(self._batch)
+        L.llama_free(self._ctx)
+        L.llama_model_free(self._model)
+        self._closed = True
+        self.native = None  # freed after the context that pointed at it
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; explicit close() is the contract
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ tokens
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (self._L.llama_token * cap)()
+        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, False)
+        if n < 0:
+            cap = -n
+            buf = (self._L.llama_token * cap)()
+            n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, False)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = self._L.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._L.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._L.llama_vocab_is_eog(self._vocab, token))
+
+    # ------------------------------------------------------------ decoding
+    def reset(self) -> None:
+        """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
+        self._L.llama_memory_clear(self._mem, True)
+        self.n_past = 0
+        st = self.native
+        st.key_reset()
+        st.capture_clear()
+        st.alpha_clear()
+        st.error_clear()
+        st.set_steer(None, None, 0.0, 0)
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop positions >= n_keep from the KV cache (to re-decode them)."""
+        if not 0 <= n_keep <= self.n_past:
+            raise ValueError("n_keep out of range")
+        self._L.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
+        self.n_past = n_keep
+
+    def decode(self, tokens: Sequence[int], logits: Sequence[bool] | str = "last",
+               key_mask: Sequence[bool] | None = None) -> np.ndarray:
+        """Append tokens to the sequence; return the requested logits rows (n_req, V), copied.
+
+        logits: "last", "none", "all", or one flag per token.
+        key_mask: one flag per token, which rows enter the semantic key sum
+        (None: all of them). The sum accumulates until ``reset()``.
+        """
+        n = len(tokens)
+        if n == 0:
+            return np.zeros((0, self.n_vocab), np.float32)
+        if self.n_past + n > self.config.n_ctx:
+            raise ModelError(f"sequence of {self.n_past + n} tokens exceeds the context of {self.config.n_ctx}")
+        if isinstance(logits, str):
+            flags = {"last": [False] * (n - 1) + [True], "none": [False] * n, "all": [True] * n}[logits]
+        else:
+            flags = [bool(x) for x in logits]
+        if len(flags) != n or (key_mask is not None and len(key_mask) != n):
+            raise ValueError("logits/key_mask must have one flag per token")
+        L, b, nb = self._L, self._batch, self.config.n_batch
+        out = []
+        for start in range(0, n, nb):
+            chunk = range(start, min(n, start + nb))
+            for i, j in enumerate(chunk):
+                b.token[i] = int(tokens[j])
+                b.pos[i] = self.n_past + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 1 if flags[j] else 0
+            b.n_tokens = len(chunk)
+            mask = None if key_mask is None else np.asarray([key_mask[j] for j in chunk], np.uint8)
+            self.native.begin_batch(mask)
+            rc = L.llama_decode(self._ctx, b)
+            if rc != 0:
+                raise ModelError(f"llama_decode failed with code {rc}")
+            err = self.native.error()
+            if err:
+                raise ModelError(f"native callback: {err}")
+            for i, j in enumerate(chunk):
+                if flags[j]:
+                    ptr = L.llama_get_logits_ith(self._ctx, i)
+                    out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+            self.n_past += len(chunk)
+        return np.stack(out) if out else np.zeros((0, self.n_vocab), np.float32)
+
+    def set_steer(self, direction: np.ndarray | None, h_q: np.ndarray | None = None, eta: float = 0.0,
+                  mode: str = "gated") -> None:
+        """Configure the addition for the next decode calls (eq. 11); ``mode='off'`` disables it."""
+        if mode not in STEER_MODES:
+            raise ValueError(f"unknown steer mode {mode!r}")
+        self.native.set_steer(direction, h_q, float(eta), STEER_MODES[mode])
+
+    # ------------------------------------------------------------ high level
+    def query(self, prompt_tokens: Sequence[int], skip_bos_in_key: bool = True) -> QueryState:
+        """Decode a prompt once and collect the retrieval signals (key, h_q, first-token logits)."""
+        if not prompt_tokens:
+            raise ValueError("empty prompt")
+        self.reset()
+        mask = [True] * len(prompt_tokens)
+        if skip_bos_in_key and prompt_tokens[0] == self.bos and len(prompt_tokens) > 1:
+            mask[0] = False
+        self.native.set_capture(True, 1)
+        logits = self.decode(prompt_tokens, "last", key_mask=mask)[0]
+        h_q = self.native.captured()[0].copy()
+        self.native.set_capture(False, 0)
+        key_sum, rows = self.native.key()
+        return QueryState(list(prompt_tokens), key_sum, int(rows), h_q, logits)
+
+    def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
+                 plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generation:
+        """Generate after ``query(state.tokens)``; the KV cache must still hold that prompt.
+
+        With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
+        it decodes; step 0 re-decodes the last prompt token so that the first
+        answer token is steered too. The addition is gone when this returns.
+        """
+        rng = np.random.default_rng(seed)
+        generated: list[int] = []
+        text_bytes = b""
+        reason = "length"
+        logits = state.logits
+        self.native.alpha_clear()
+        for step in range(max_tokens):
+            d = plan(step, generated) if plan is not None else None
+            if step == 0:
+                if d is not None:  # re-decode the last prompt token with the addition on
+                    self.truncate(len(state.tokens) - 1)
+                    self.set_steer(d, state.h_q, eta, mode)
+                    logits = self.decode([state.tokens[-1]], "last")[0]
+            else:
+                if d is None:
+                    self.set_steer(None, None, 0.0, "off")
+                else:
+                    self.set_steer(d, state.h_q, eta, mode)
+                logits = self.decode([generated[-1]], "last")[0]
+            tok = sample(logits, temperature, top_p, rng)
+            if self.is_eog(tok):
+                reason = "eog"
+                break
+            generated.append(tok)
+            text_bytes += self.token_bytes(tok)
+            text = text_bytes.decode("utf-8", errors="ignore")
+            hit = [text.find(s) for s in stop if s and s in text]
+            if hit:
+                reason = "stop"
+                break
+        self.set_steer(None, None, 0.0, "off")
+        alphas = [float(a) for a in self.native.alphas()]
+        text = text_bytes.decode("utf-8", errors="replace")
+        cut = min([text.find(s) for s in stop if s and s in text], default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        return Generation(text, generated, alphas, reason)
+
+    def complete(self, prompt: str, max_tokens: int = 32, stop: Sequence[str] = ("\n",), **kw) -> Generation:
+        """Plain completion of a text prompt (no memory)."""
+        state = self.query(self.tokenize(prompt))
+        return self.generate(state, max_tokens=max_tokens, stop=stop, **kw)
+
+    # ------------------------------------------------------------ LM head
+    @property
+    def lm_head(self) -> "LMHeadRows":
+        if self._lm is None:
+            self._lm = LMHeadRows(self.info, self.n_threads)
+        return self._lm
+
+
+class LMHeadRows:
+    """Row kernels over the LM head mapped from the GGUF (quantized, read in place)."""
+
+    def __init__(self, info: ModelInfo, n_threads: int = 0):
+        from . import _native
+
+        self._n = _native
+        self.info = info
+        self.head = info.lm_head
+        self.W = info.map_lm_head()
+        self.n_threads = n_threads
+
+    def _args(self):
+        h = self.head
+        return (self.W, h.ggml_type, h.n_vocab, h.n_embd, h.row_bytes)
+
+    def rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """W[ids] as float32 (n, H)."""
+        return self._n.lm_gather(*self._args(), np.asarray(ids, np.int32), self.n_threads)
+
+    def weighted_sum(self, ids, weights) -> np.ndarray:
+        """Σ_i w_i W[ids_i] (eq. 7's W_Vᵀ g)."""
+        return self._n.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
+                                       np.asarray(weights, np.float32), self.n_threads)
+
+    def correction(self, logits: np.ndarray, targets: Sequence[int], top_k: int = 0,
+                   per_position: bool = False) -> np.ndarray:
+        """R = mean_t (W[y_t] − Σ_v p_t(v) W[v]) (eq. 2), or one R_t per position."""
+        return self._n.lm_correction(*self._args(), np.ascontiguousarray(logits, np.float32),
+                                     np.asarray(targets, np.int32), int(top_k), bool(per_position),
+                                     self.n_threads)
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
+    """Greedy at temperature 0 (ties: lowest id); otherwise nucleus sampling."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p)
+        keep = np.cumsum(p[order]) - p[order] < top_p
+        mask = np.zeros_like(p, bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(len(p), p=p))

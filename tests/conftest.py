@@ -1,0 +1,39 @@
+"""Shared fixtures. The real-model tier loads the embedded Gemma-3-270M GGUF once per session."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def model_path():
+    from miita_edge.default_model import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def engine(model_path):
+    from miita_edge.engine import Engine, EngineConfig
+
+    eng = Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="session")
+def gguf_reader(model_path):
+    """gguf-py's own reader: the independent source of tensor bytes and dequantization."""
+    from gguf import GGUFReader
+
+    return GGUFReader(str(model_path))
+
+
+@pytest.fixture(scope="session")
+def W_ref(gguf_reader) -> np.ndarray:
+    """The LM head dequantized by gguf-py (not by our kernels): (n_vocab, n_embd) float32."""
+    from gguf import quants
+    from gguf.constants import GGMLQuantizationType
+
+    t = next(t for t in gguf_reader.tensors if t.name == "token_embd.weight")
+    return quants.dequantize(t.data, GGMLQuantizationType(t.tensor_type))

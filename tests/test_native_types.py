@@ -1,0 +1,62 @@
+"""LM-head kernels on synthetic matrices of every type gguf-py can quantize,
+against gguf-py's dequantization and a dense numpy reference (fast tier)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+
+from miita_edge import _native
+
+TYPES = [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1]
+
+
+def encode(W: np.ndarray, qt: QT) -> np.ndarray:
+    if qt == QT.F32:
+        return W.astype(np.float32).view(np.uint8).reshape(-1)
+    if qt == QT.F16:
+        return W.astype(np.float16).view(np.uint8).reshape(-1)
+    return np.ascontiguousarray(quants.quantize(W, qt)).view(np.uint8).reshape(-1)
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("n_rows,n_embd", [(50, 64), (300, 256)])
+def test_kernels_on_type(qt, n_rows, n_embd):
+    rng = np.random.default_rng(int(qt) + n_rows)
+    W = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
+    raw = encode(W, qt)
+    block, size = GGML_QUANT_SIZES[qt]
+    row_bytes = n_embd // block * size
+    assert raw.size == n_rows * row_bytes
+    if qt == QT.F32:
+        ref = W
+    elif qt == QT.F16:
+        ref = W.astype(np.float16).astype(np.float32)
+    else:
+        ref = quants.dequantize(raw.reshape(n_rows, row_bytes), qt).reshape(n_rows, n_embd)
+    args = (raw, int(qt), n_rows, n_embd, row_bytes)
+
+    ids = rng.integers(0, n_rows, 37).astype(np.int32)
+    np.testing.assert_array_equal(_native.lm_gather(*args, ids), ref[ids])
+
+    w = rng.standard_normal(37).astype(np.float32)
+    np.testing.assert_allclose(_native.lm_weighted_sum(*args, ids, w, 2), w.astype(np.float64) @ ref[ids],
+                               rtol=1e-5, atol=1e-4)
+
+    T = 3
+    logits = (rng.standard_normal((T, n_rows)) * 3).astype(np.float32)
+    targets = rng.integers(0, n_rows, T).astype(np.int32)
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    R_ref = ref[targets].astype(np.float64) - p @ ref
+    np.testing.assert_allclose(_native.lm_correction(*args, logits, targets, 0, True, 2), R_ref,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_native.lm_correction(*args, logits, targets, 0, False, 1), R_ref.mean(0),
+                               rtol=1e-4, atol=1e-4)
+    # top_k = n_rows is the exact mode; top_k = 5 keeps the 5 most probable rows, exact normaliser
+    k = 5
+    top = np.argsort(-z, axis=1, kind="stable")[:, :k]
+    Rk = np.stack([ref[targets[t]] - p[t, top[t]] @ ref[top[t]] for t in range(T)])
+    np.testing.assert_allclose(_native.lm_correction(*args, logits, targets, k, True, 2), Rk, rtol=1e-4, atol=1e-4)
