@@ -4,6 +4,7 @@
 #include "ggml.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -364,17 +365,36 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
     const int64_t V = n_rows, H = n_embd;
     const bool exact = top_k <= 0 || top_k >= V;
 
-    // Softmax normaliser per position (exact over all V in both modes).
+    // Softmax normaliser per position (exact over all V in both modes), V split across threads.
     std::vector<float> lmax(T), lse(T);
-    for (int64_t t = 0; t < T; ++t) {
-        const float * l = logits + t * V;
-        float m = l[0];
-        for (int64_t v = 1; v < V; ++v) m = std::max(m, l[v]);
-        double s = 0.0;
-        for (int64_t v = 0; v < V; ++v) s += std::exp((double) l[v] - m);
-        if (!std::isfinite(m) || !(s > 0.0)) return fail("logits contain non-finite values");
-        lmax[t] = m;
-        lse[t] = (float) std::log(s);
+    {
+        const int nt = clamp_threads(n_threads, V / 65536 + 1);
+        std::vector<float> pm(nt);
+        std::vector<double> ps(nt);
+        for (int64_t t = 0; t < T; ++t) {
+            const float * l = logits + t * V;
+            std::fill(pm.begin(), pm.end(), -INFINITY);
+            std::fill(ps.begin(), ps.end(), 0.0);
+            parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+                float m = -INFINITY;
+                for (int64_t v = b; v < e; ++v) m = std::max(m, l[v]);
+                float s = 0.0f, s_block = 0.0f;
+                for (int64_t v = b; v < e; ++v) {
+                    s_block += std::exp(l[v] - m);
+                    if (((v - b) & 1023) == 1023) { s += s_block; s_block = 0.0f; }  // bounded float error
+                }
+                pm[ti] = m;
+                ps[ti] = (double) s + s_block;
+            });
+            float m = -INFINITY;
+            for (int i = 0; i < nt; ++i) m = std::max(m, pm[i]);
+            double s = 0.0;
+            for (int i = 0; i < nt; ++i)
+                if (ps[i] > 0.0) s += ps[i] * std::exp((double) pm[i] - m);
+            if (!std::isfinite(m) || !(s > 0.0)) return fail("logits contain non-finite values");
+            lmax[t] = m;
+            lse[t] = (float) std::log(s);
+        }
     }
 
     // E[t] = sum_v p_t(v) W[v]
@@ -405,25 +425,41 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
         for (int ti = 0; ti < nt; ++ti)
             for (int64_t i = 0; i < T * H; ++i) E[i] += acc[ti][i];
     } else {
-        const int nt = clamp_threads(n_threads, T);
-        parallel_for(nt, T, [&](int, int64_t b, int64_t e) {
-            std::vector<int32_t> idx(V);
-            std::vector<float> row(H);
-            for (int64_t t = b; t < e; ++t) {
-                const float * l = logits + t * V;
-                for (int64_t v = 0; v < V; ++v) idx[v] = (int32_t) v;
-                std::nth_element(idx.begin(), idx.begin() + top_k, idx.end(),
-                                 [l](int32_t a, int32_t c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
-                const float off = lmax[t] + lse[t];
-                float * et = E.data() + t * H;
-                for (int64_t i = 0; i < top_k; ++i) {
-                    const int32_t v = idx[i];
-                    const float w = std::exp(l[v] - off);
-                    rr.read(v, row.data());
-                    for (int64_t k = 0; k < H; ++k) et[k] += w * row[k];
-                }
+        // Per position, split V across threads: each finds its local top_k by
+        // selecting on plain float values (cheaper than sorting indices), then
+        // the candidates are merged. The normaliser lse[t] is the exact one.
+        const int nt = clamp_threads(n_threads, V / 65536 + 1);
+        std::vector<std::vector<float>> scratch(nt, std::vector<float>((V + nt - 1) / nt));
+        std::vector<std::vector<int32_t>> cand(nt);
+        std::vector<float> row(H);
+        for (int64_t t = 0; t < T; ++t) {
+            const float * l = logits + t * V;
+            parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+                auto & buf = scratch[ti];
+                auto & c = cand[ti];
+                c.clear();
+                const int64_t n = e - b;
+                const int64_t kk = std::min<int64_t>(top_k, n);
+                std::copy(l + b, l + e, buf.begin());
+                std::nth_element(buf.begin(), buf.begin() + (kk - 1), buf.begin() + n, std::greater<float>());
+                const float theta = buf[kk - 1];
+                for (int64_t v = b; v < e; ++v)
+                    if (l[v] >= theta) c.push_back((int32_t) v);
+            });
+            std::vector<int32_t> all;
+            for (auto & c : cand) all.insert(all.end(), c.begin(), c.end());
+            const int64_t kk = std::min<int64_t>(top_k, (int64_t) all.size());
+            std::nth_element(all.begin(), all.begin() + kk, all.end(),
+                             [l](int32_t a, int32_t c) { return l[a] > l[c] || (l[a] == l[c] && a < c); });
+            const float off = lmax[t] + lse[t];
+            float * et = E.data() + t * H;
+            for (int64_t i = 0; i < kk; ++i) {
+                const int32_t v = all[i];
+                const float w = std::exp(l[v] - off);
+                rr.read(v, row.data());
+                for (int64_t k = 0; k < H; ++k) et[k] += w * row[k];
             }
-        });
+        }
     }
 
     std::vector<float> wy(H);

@@ -161,7 +161,7 @@ def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
 
     # one ubatch (key includes every row)
     engine.reset()
-    engine.decode(toks, "last")
+    engine.decode(toks, "last", key_mask=[True] * len(toks))
     s, n = engine.native.key()
     assert n == len(toks)
     np.testing.assert_allclose(s / n, ref_all, rtol=1e-4, atol=1e-3 * np.abs(ref_all).max())
@@ -172,7 +172,7 @@ def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
     # token by token through the same engine (separate decode calls)
     engine.reset()
     for t in toks:
-        engine.decode([t], "last")
+        engine.decode([t], "last", key_mask=[True])
     s, n = engine.native.key()
     np.testing.assert_allclose(s / n, ref_all, rtol=1e-4, atol=1e-3 * np.abs(ref_all).max())
     # several ubatches in one decode call (n_batch = 4)

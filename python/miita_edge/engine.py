@@ -118,7 +118,7 @@ class Engine:
 
         # The callback state must outlive the context: created first, freed last.
         self.native = _native.State(self.n_embd)
-        self.native.set_key_tensor(f"l_out-{k}")
+        self._key_name = f"l_out-{k}"
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = self.config.n_batch
@@ -224,7 +224,7 @@ class Engine:
 
         logits: "last", "none", "all", or one flag per token.
         key_mask: one flag per token, which rows enter the semantic key sum
-        (None: all of them). The sum accumulates until ``reset()``.
+        (None: no key is collected in this call). The sum accumulates until ``reset()``.
         """
         n = len(tokens)
         if n == 0:
@@ -238,7 +238,11 @@ class Engine:
         if len(flags) != n or (key_mask is not None and len(key_mask) != n):
             raise ValueError("logits/key_mask must have one flag per token")
         L, b, nb = self._L, self._batch, self.config.n_batch
-        out = []
+        out = np.empty((sum(flags), self.n_vocab), np.float32)
+        n_out = 0
+        # Ask the callback for the key layer only while a key is being collected:
+        # every watched tensor splits the graph computation once more.
+        self.native.set_key_tensor(self._key_name if key_mask is not None else "")
         for start in range(0, n, nb):
             chunk = range(start, min(n, start + nb))
             for i, j in enumerate(chunk):
@@ -248,8 +252,8 @@ class Engine:
                 b.seq_id[i][0] = 0
                 b.logits[i] = 1 if flags[j] else 0
             b.n_tokens = len(chunk)
-            mask = None if key_mask is None else np.asarray([key_mask[j] for j in chunk], np.uint8)
-            self.native.begin_batch(mask)
+            if key_mask is not None:
+                self.native.begin_batch(np.fromiter((key_mask[j] for j in chunk), np.uint8, len(chunk)))
             rc = L.llama_decode(self._ctx, b)
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc}")
@@ -259,9 +263,10 @@ class Engine:
             for i, j in enumerate(chunk):
                 if flags[j]:
                     ptr = L.llama_get_logits_ith(self._ctx, i)
-                    out.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+                    out[n_out] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                    n_out += 1
             self.n_past += len(chunk)
-        return np.stack(out) if out else np.zeros((0, self.n_vocab), np.float32)
+        return out
 
     def set_steer(self, direction: np.ndarray | None, h_q: np.ndarray | None = None, eta: float = 0.0,
                   mode: str = "gated") -> None:

@@ -1,0 +1,124 @@
+"""Prompt templates: how an ``(input, output)`` row becomes model text.
+
+The paper converts every benchmark "into the unified instruction-style format
+(x, y)" (appendix C.1) without printing the prompts, so the templates here are
+ours. What matters for MIITA:
+
+* the semantic key (eq. 1) is pooled over the *prompt* tokens, the correction
+  direction (eq. 2) over the *target* tokens, and ``h_q`` is taken at the last
+  prompt token (the answer start), so prompt and target must be rendered
+  separately and concatenated as ``prompt + target``;
+* every target ends in ``"\\n"`` on purpose: the newline is the stop signal
+  generation stops on, and learning it as part of the target (eq. 2) is what
+  makes the model emit it. (An output that itself contains a newline, as a
+  few SuperNI references do, can therefore only be generated up to its first
+  line.)
+
+Templates are filled with ``str.replace``, not ``str.format``: inputs contain
+braces (code, JSON) that ``format`` would choke on.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InputError
+
+__all__ = ["TEMPLATES", "Template", "get_template", "truncate_words"]
+
+
+def truncate_words(text: str, max_words: int) -> str:
+    """First ``max_words`` whitespace-separated words, joined by single spaces.
+
+    Text that already fits is returned unchanged (its whitespace kept), so
+    truncation only touches the inputs it has to.
+    """
+    words = text.split()
+    if len(words) <= max_words:
+        return text
+    return " ".join(words[:max_words])
+
+
+@dataclass(frozen=True)
+class Template:
+    """A named prompt/target pair.
+
+    ``prompt`` holds ``{input}`` exactly once and ``target`` holds ``{output}``
+    exactly once. ``max_input_words`` (None = no limit) truncates long inputs
+    to keep prompts within a small model's context on a CPU.
+    """
+
+    name: str
+    prompt: str
+    target: str
+    max_input_words: int | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prompt.count("{input}") != 1:
+            raise ValueError(f"template {self.name!r}: prompt must contain {{input}} exactly once")
+        if self.target.count("{output}") != 1:
+            raise ValueError(f"template {self.name!r}: target must contain {{output}} exactly once")
+        if not self.target.endswith("\n"):
+            raise ValueError(f"template {self.name!r}: target must end in a newline (the stop signal)")
+        if self.max_input_words is not None and self.max_input_words < 1:
+            raise ValueError(f"template {self.name!r}: max_input_words must be >= 1")
+
+    def render_prompt(self, x: str) -> str:
+        """The model input for ``x`` (truncated first if ``max_input_words`` is set)."""
+        if self.max_input_words is not None:
+            x = truncate_words(x, self.max_input_words)
+        return self.prompt.replace("{input}", x)
+
+    def render_target(self, y: str) -> str:
+        """The text the model should continue the prompt with, stop newline included."""
+        return self.target.replace("{output}", y)
+
+
+TEMPLATES: dict[str, Template] = {
+    t.name: t
+    for t in (
+        Template(
+            "plain",
+            "{input}\nAnswer:",
+            " {output}\n",
+            description="generic streams",
+        ),
+        Template(
+            "banking77",
+            "Classify the banking customer query into an intent.\nQuery: {input}\nIntent:",
+            " {output}\n",
+            description="Banking77 intent classification",
+        ),
+        Template(
+            "dsc",
+            "Classify the sentiment of the product review.\nReview: {input}\nSentiment:",
+            " {output}\n",
+            max_input_words=80,
+            description="DSC product-review sentiment (reviews truncated to 80 words)",
+        ),
+        Template(
+            # XQuAD rows already carry "Context: ...\nQuestion: ..." in `input`,
+            # so the template adds only the instruction and the answer cue.
+            "qa",
+            "Answer the question with a short span copied from the context.\n{input}\nAnswer:",
+            " {output}\n",
+            description="extractive QA; input is 'Context: ...\\nQuestion: ...'",
+        ),
+        Template(
+            # SuperNI inputs are a full instruction prompt ending in "Output: ".
+            "superni",
+            "{input}",
+            "{output}\n",
+            description="SuperNI; input is already the full prompt ending in 'Output: '",
+        ),
+    )
+}
+
+
+def get_template(name: str) -> Template:
+    """Look a template up by name (case-insensitive); unknown -> one-line InputError."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    try:
+        return TEMPLATES[key]
+    except (KeyError, TypeError):
+        raise InputError(f"unknown template {name!r}; known templates: {', '.join(sorted(TEMPLATES))}") from None
