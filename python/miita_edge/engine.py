@@ -24,6 +24,38 @@ from .gguf_model import ModelInfo, inspect_gguf
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
 
+_LOG_CB = None  # the ctypes log callback must stay alive while llama.cpp may call it
+_LOG_VERBOSE = [False]
+
+
+def install_log_filter(verbose: bool) -> None:
+    """Route llama.cpp's log through a filter: everything when verbose, else errors only.
+
+    llama-cpp-python 0.3.x maps ggml's log levels off by one (ggml.h: DEBUG=1,
+    INFO=2, WARN=3, ERROR=4, CONT=5), so with verbose off it still prints WARN
+    lines on every model load; a user error must stay one line on stderr.
+    """
+    global _LOG_CB
+    _LOG_VERBOSE[0] = bool(verbose)
+    if _LOG_CB is not None:
+        return
+    import sys
+
+    import llama_cpp
+    from llama_cpp import _logger  # noqa: F401  installs its callback on import; ours replaces it
+
+    last = [0]
+
+    @llama_cpp.llama_log_callback
+    def cb(level, text, user_data):
+        if level != 5:  # GGML_LOG_LEVEL_CONT continues the previous message
+            last[0] = level
+        if _LOG_VERBOSE[0] or last[0] == 4:  # GGML_LOG_LEVEL_ERROR
+            print(text.decode("utf-8", errors="replace"), end="", file=sys.stderr, flush=True)
+
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+    _LOG_CB = cb
+
 
 def cpu_has_amx() -> bool:
     """llama.cpp's AMX extra buffer type segfaults on the first decode (DESIGN.md §3)."""
@@ -144,12 +176,7 @@ class Engine:
     # ------------------------------------------------------------------ life
     @staticmethod
     def _set_verbose(verbose: bool) -> None:
-        try:
-            from llama_cpp import _logger
-
-            _logger.set_verbose(verbose)
-        except Exception:  # logging is cosmetic
-            pass
+        install_log_filter(verbose)
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,210 @@
+"""``miita-edge``: ingest supervised examples into a budgeted direction memory, then ask.
+
+Every user error is one line on stderr and exit code 2; the memory on disk is
+only ever replaced by a complete new version.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import BudgetError, InputError, MiitaError
+
+EPILOG = """environment:
+  MIITA_EDGE_MODEL   GGUF used when --model is not given (default: the embedded Gemma-3-270M)
+  MIITA_EDGE_MEMORY  memory directory used when --memory is not given"""
+
+
+def _add_common(p: argparse.ArgumentParser, memory: bool = True, model: bool = True) -> None:
+    if memory:
+        p.add_argument("--memory", metavar="DIR", help="memory directory (default: $MIITA_EDGE_MEMORY or the "
+                       "platform's user data directory, e.g. ~/.local/share/miita-edge/memory)")
+    if model:
+        p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: $MIITA_EDGE_MODEL or the embedded "
+                       "Gemma-3-270M Q4_K_M)")
+        p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="miita-edge",
+        description="Memory-Induced Inference-Time Adaptation on llama.cpp: a small model learns from "
+                    "supervised examples through a byte-budgeted memory applied to its final hidden state, "
+                    "without changing its weights.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("ingest", help="learn supervised examples from a JSONL file",
+                       description="Turn each {\"input\", \"output\"} row into a key and a correction and write it "
+                                   "into the memory, repairing the memory to stay within its byte budget. The new "
+                                   "memory version is committed atomically at the end (all or nothing).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", metavar="DATA.jsonl", help="one JSON object per line with string fields input and output "
+                   "(extra fields such as task are allowed)")
+    p.add_argument("--budget", help="memory budget: bytes with a unit (64KiB, 1.5MB, 4096), a percentage of the UTF-8 "
+                   "bytes of all inputs and outputs ingested into this memory so far (1%%), or none "
+                   "(default: 64KiB for a new memory, else the memory's own)")
+    p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni "
+                   "(default: plain; an existing memory keeps its own)")
+    p.add_argument("--preset", choices=["default", "paper"], help="method preset for a new memory (default: "
+                   "default; paper = the method exactly as published)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: when stderr is a terminal)")
+    _add_common(p)
+
+    p = sub.add_parser("ask", help="answer a query with the memory applied",
+                       description="Answer TEXT (or standard input). The retrieved memory is added to the final "
+                                   "hidden state at every decoding step and discarded afterwards.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("text", nargs="?", help="the query (default: read standard input)")
+    p.add_argument("--no-adapt", action="store_true", help="answer with the frozen model alone")
+    p.add_argument("--max-tokens", type=int, default=32, help="maximum new tokens (default: 32)")
+    p.add_argument("--eta", type=float, help="adaptation scale relative to the hidden-state norm (default: the preset's)")
+    p.add_argument("--gate", choices=["gated", "ungated"], help="activation gate (default: the preset's, gated)")
+    _add_common(p)
+
+    p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",
+                       description="Show a memory without loading the model.")
+    _add_common(p, model=False)
+
+    p = sub.add_parser("demo", help="learn the bundled demo stream, then compare answers with and without memory",
+                       description="Ingest the small supervised stream shipped in the package (4 tasks with "
+                                   "arbitrary labels the frozen model cannot guess) into a fresh memory, then "
+                                   "answer its held-out queries with and without adaptation.")
+    p.add_argument("--budget", default="16KiB", help="memory budget (default: 16KiB)")
+    p.add_argument("--memory", metavar="DIR", help="where to keep the demo memory (default: a temporary directory)")
+    p.add_argument("--preset", choices=["default", "paper"], default="default")
+    p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return ap
+
+
+
+
+def _engine_config(args):
+    from .engine import EngineConfig
+
+    return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
+
+
+def cmd_ingest(args) -> int:
+    from .budget import parse_budget
+    from .miita import Miita
+    from .streams import read_examples
+    from .templates import get_template
+
+    examples = read_examples(args.data)  # validates the whole file first
+    if args.budget is not None:
+        parse_budget(args.budget)
+    if args.template is not None:
+        get_template(args.template)
+    with Miita(args.model, args.memory, preset=args.preset, template=args.template,
+               engine_config=_engine_config(args)) as m:
+        try:
+            rep = m.ingest(examples, budget=args.budget, progress=args.progress)
+        except BudgetError as exc:  # it names the line; name the file too
+            raise BudgetError(f"{args.data}: {exc}") from None
+        out = rep.to_json()
+        out.update(memory=str(m.memory_dir), version=m.version)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        budget = "unlimited" if out["budget_bytes"] is None else f"{out['budget_bytes']} bytes"
+        print(f"ingested {out['examples']} examples ({out['skipped']} skipped) into {out['memory']}: "
+              f"{out['prototypes']} prototypes, {out['anchors']} anchors, {out['bytes']} bytes of {budget}")
+    return 0
+
+
+def cmd_ask(args) -> int:
+    from .miita import Miita
+
+    text = args.text
+    if text is None:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise InputError("no query: pass TEXT or pipe it on standard input")
+        text = sys.stdin.read().strip()
+    if not text:
+        raise InputError("empty query")
+    if args.max_tokens < 1:
+        raise InputError("--max-tokens must be >= 1")
+    with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
+        if not args.no_adapt and not m.store.exists():
+            raise InputError(f"no memory at {m.memory_dir}: run 'miita-edge ingest' first, or pass --no-adapt")
+        ans = m.ask(text, max_tokens=args.max_tokens, adapt=not args.no_adapt, eta=args.eta, gate=args.gate)
+    if args.json:
+        print(json.dumps(ans.to_json()))
+    else:
+        print(ans.text.strip())
+    return 0
+
+
+def cmd_info(args) -> int:
+    from . import store as store_mod
+    from .budget import parse_budget
+    from .miita import default_memory_dir
+
+    path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
+    st = store_mod.Store(path)
+    if not st.exists():
+        raise InputError(f"no memory at {path}")
+    snap = st.read()
+    meta = snap.manifest
+    b = parse_budget(meta["budget"])
+    budget_bytes = None if b.unlimited else b.resolve(int(meta["stream_bytes"]))
+    out = {"memory": str(path), "version": snap.version, "bytes": snap.bytes_on_disk, "budget": meta["budget"],
+           "budget_bytes": budget_bytes, **{k: meta[k] for k in ("examples", "skipped", "prototypes", "anchors",
+                                                                  "stream_bytes", "template", "fingerprint")},
+           "preset": meta["preset"]["name"], "hyperparameters": meta["preset"],
+           "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()}}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        fp = out["fingerprint"]
+        print(f"memory      {out['memory']} (version {out['version']})")
+        print(f"preset      {out['preset']}   template {out['template']}")
+        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layer {fp['key_layer']} sha256 {fp['sha256'][:16]}…")
+        print(f"content     {out['examples']} examples ({out['skipped']} skipped) -> {out['prototypes']} prototypes, "
+              f"{out['anchors']} anchors")
+        lim = "unlimited" if budget_bytes is None else f"{budget_bytes} bytes ({out['budget']})"
+        print(f"bytes       {out['bytes']} of {lim}")
+        hp = out["hyperparameters"]
+        print(f"payload     {hp['bank']['payload']}, directions {hp['bank']['dir_precision']}, keys "
+              f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}")
+        print(f"adaptation  {hp['aggregation']} aggregation, eta={hp['eta']} (x ||h_q||), {hp['gate']}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo_run import run_demo
+
+
+    res = run_demo(model=args.model, memory=args.memory, budget=args.budget, preset=args.preset,
+                   threads=args.threads, quiet=args.json)
+    if args.json:
+        print(json.dumps(res))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return {"ingest": cmd_ingest, "ask": cmd_ask, "info": cmd_info, "demo": cmd_demo}[args.command](args)
+    except MiitaError as exc:
+        print(f"miita-edge: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("miita-edge: interrupted; the memory keeps its last committed version", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

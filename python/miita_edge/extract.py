@@ -1,0 +1,53 @@
+"""Extraction (eqs. 1–2): one decode pass turns (x, y) into a key and corrections.
+
+The prompt and the answer are decoded together in one batch; logits are
+requested only at the positions that predict answer tokens, and the callback
+sums the key layer's rows over the prompt only. For the ``tokens`` payload no
+logits are needed at all, so only the prompt is decoded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import Engine
+from .templates import Template
+
+
+@dataclass
+class Extracted:
+    prompt: list[int]
+    target: list[int]  # answer tokens y_1..y_L (the template's target, newline included)
+    key: np.ndarray  # (H,) mean of the key layer over the selected prompt rows (eq. 1, before Norm)
+    R: np.ndarray | None  # (L, H) per-position R_t = W[y_t] − Wᵀp_t, or None if not computed
+
+    @property
+    def R_mean(self) -> np.ndarray:
+        """The paper's R_m (eq. 2): the mean of R_t over the answer positions."""
+        return self.R.mean(axis=0)
+
+
+def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: bool,
+            corrections: bool = True, top_k: int = 0) -> Extracted | None:
+    """Returns None when the example carries no signal (empty answer, or R = 0)."""
+    prompt = engine.tokenize(template.render_prompt(x))
+    target = engine.tokenize(template.render_target(y), add_bos=False)
+    if not target or not prompt:
+        return None
+    mask = [True] * len(prompt)
+    if skip_bos and prompt[0] == engine.bos and len(prompt) > 1:
+        mask[0] = False
+    engine.reset()
+    if not corrections:
+        engine.decode(prompt, "none", key_mask=mask)
+        s, n = engine.native.key()
+        return Extracted(prompt, target, s / max(n, 1), None)
+    # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
+    flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
+    logits = engine.decode(prompt + target, flags, key_mask=mask + [False] * len(target))
+    s, n = engine.native.key()
+    R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=True)
+    if not np.any(R):
+        return None
+    return Extracted(prompt, target, s / max(n, 1), R)

@@ -1,0 +1,45 @@
+"""Model identity for memories: the GGUF's sha256, cached per (path, size, mtime).
+
+Hashing 253 MB costs ~0.5 s; a memory is checked against its model on every
+open, so the digest is cached in the user cache directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .gguf_model import file_sha256
+
+
+def _cache_file() -> Path:
+    try:
+        from platformdirs import user_cache_dir
+
+        base = Path(user_cache_dir("miita-edge", appauthor=False))
+    except ImportError:  # pragma: no cover
+        base = Path.home() / ".cache" / "miita-edge"
+    return base / "sha256.json"
+
+
+def model_sha256(path: str | os.PathLike) -> str:
+    p = Path(path).resolve()
+    st = p.stat()
+    key = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    cache = _cache_file()
+    try:
+        table = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key in table:
+        return table[key]
+    digest = file_sha256(p)
+    table[key] = digest
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table))
+        os.replace(tmp, cache)
+    except OSError:  # a read-only cache only costs time
+        pass
+    return digest

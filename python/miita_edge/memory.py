@@ -1,0 +1,409 @@
+"""The direction memory: prototypes, their anchors, and budget repair (eqs. 3–5).
+
+A prototype ``u_j = (d_j, A_j, n_j)`` holds a correction payload, a set of
+semantic anchors (keys) and the number of experiences merged into it. The
+payload has one of three forms (``BankConfig.payload``):
+
+- ``mean``     — one unit direction per prototype, the paper's d_j (eq. 2);
+- ``sequence`` — one unit direction per answer position s, d_{j,s} =
+                 Norm(W_LMᵀ(e_{y_s} − p_s)), plus the answer tokens y_{j,·};
+- ``tokens``   — the answer tokens only; at ask time d_{j,s} = Norm(W_LM[y_s]),
+                 read from the model, so it costs no memory bytes.
+
+Choices the paper leaves open (docs/method.md has the reasons):
+
+- *Direction similarity* of two prototypes: ``mean``: cos(d_a, d_b);
+  ``sequence``: Σ_s cos(d_{a,s}, d_{b,s}) / max(L_a, L_b) over aligned
+  positions; ``tokens``: the fraction of aligned positions with equal tokens.
+- *Assignment* (eq. 3): to the most similar prototype if similarity ≥ τ_d; for
+  ``sequence`` and ``tokens`` only when the token sequences are equal as well,
+  because averaging directions that push different tokens yields neither.
+- *Anchor novelty* (eq. 4) is measured between stored (decoded) keys.
+- *Repair*: (1) prune the most redundant anchor — in a prototype with ≥ 2
+  anchors, the anchor whose cosine to another anchor of the same prototype is
+  highest (of the pair, the one more similar to the rest goes); (2) merge the
+  pair of prototypes with the smallest Ward distortion
+  n_a·n_b/(n_a+n_b)·‖d_a − d_b‖², if their similarity ≥ τ_merge and their
+  payloads may be merged (same rule as assignment); (3) evict the prototype
+  of lowest value (eq. 5). Size(u_j) counts its payload, anchors, owner
+  indices and count bytes; with J = 1 the max over r ≠ j is taken as 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import codecs
+from .errors import BudgetError
+
+PAYLOADS = ("mean", "sequence", "tokens")
+TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array
+
+
+@dataclass
+class BankConfig:
+    payload: str = "mean"
+    dir_precision: str = "float32"
+    key_precision: str = "float32"
+    tau_d: float = 0.85
+    tau_k: float = 0.80
+    tau_merge: float = 0.5
+
+    def validate(self) -> None:
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"payload must be one of {PAYLOADS}")
+        if self.dir_precision not in codecs.DIR_PRECISIONS:
+            raise ValueError(f"dir_precision must be one of {codecs.DIR_PRECISIONS}")
+        if self.key_precision not in codecs.KEY_PRECISIONS:
+            raise ValueError(f"key_precision must be one of {codecs.KEY_PRECISIONS}")
+        for name in ("tau_d", "tau_k", "tau_merge"):
+            v = getattr(self, name)
+            if not -1.0 <= v <= 1.0:
+                raise ValueError(f"{name} must be a cosine in [-1, 1], got {v}")
+
+
+@dataclass
+class Prototype:
+    dirs: np.ndarray  # (L', H) float32 unit rows as stored (decoded); L' = 1 (mean), L (sequence), 0 (tokens)
+    tokens: np.ndarray  # (L,) int32 answer tokens (empty for 'mean')
+    anchors: np.ndarray  # (a, H) float32 keys as stored (decoded)
+    n: int = 1
+
+
+@dataclass
+class WriteResult:
+    action: str  # "new" | "merged"
+    proto: int
+    anchor_added: bool
+
+
+@dataclass
+class RepairLog:
+    pruned: int = 0
+    merged: int = 0
+    evicted: int = 0
+
+    def __iadd__(self, other: "RepairLog") -> "RepairLog":
+        self.pruned += other.pruned
+        self.merged += other.merged
+        self.evicted += other.evicted
+        return self
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.maximum(n, 1e-12)
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(a @ b) / (na * nb)
+
+
+class MemoryBank:
+    """Prototypes in RAM; ``to_arrays``/``from_arrays`` convert to the stored form.
+
+    Mutating methods say so. Vectors are kept as their stored (decoded) values.
+    """
+
+    def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None):
+        config.validate()
+        self.config = config
+        self.n_embd = int(n_embd)
+        self.protos: list[Prototype] = []
+        # Centring vector for keys (stored as float16); None: keys are not centred.
+        self.key_mean = None if key_mean is None else np.asarray(key_mean, np.float16).astype(np.float32)
+
+    # ------------------------------------------------------------ views
+    @property
+    def n_prototypes(self) -> int:
+        return len(self.protos)
+
+    @property
+    def n_anchors(self) -> int:
+        return sum(len(p.anchors) for p in self.protos)
+
+    def anchor_matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        """All anchors (A, H) float32 and their owner prototype index (A,)."""
+        if not self.protos:
+            return np.zeros((0, self.n_embd), np.float32), np.zeros(0, np.int64)
+        A = np.concatenate([p.anchors for p in self.protos])
+        owner = np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(self.protos)])
+        return A, owner
+
+    def directions(self, position: int = 0) -> np.ndarray:
+        """(J, H) direction of each prototype at an answer position (zeros where absent)."""
+        D = np.zeros((len(self.protos), self.n_embd), np.float32)
+        for j, p in enumerate(self.protos):
+            if position < len(p.dirs):
+                D[j] = p.dirs[position]
+        return D
+
+    def prepare_key(self, key: np.ndarray) -> np.ndarray:
+        """Raw mean-pooled key -> the vector that is compared and stored (centred, unit)."""
+        k = np.asarray(key, np.float32)
+        if self.key_mean is not None:
+            k = k - self.key_mean
+        n = np.linalg.norm(k)
+        return k / n if n > 0 else k
+
+    def store_key(self, key: np.ndarray) -> np.ndarray:
+        """What a prepared key becomes on disk (decoded), shape (1, H)."""
+        return codecs.roundtrip(key[None], self.config.key_precision)
+
+    # ------------------------------------------------------------ similarity
+    def similarity(self, a: Prototype, b: Prototype) -> float:
+        pay = self.config.payload
+        if pay == "mean":
+            return _cos(a.dirs[0], b.dirs[0])
+        L = max(len(a.tokens), len(b.tokens))
+        if L == 0:
+            return 0.0
+        m = min(len(a.tokens), len(b.tokens))
+        if pay == "tokens":
+            return float(np.sum(a.tokens[:m] == b.tokens[:m])) / L
+        return float(sum(_cos(a.dirs[s], b.dirs[s]) for s in range(m))) / L
+
+    def _mergeable(self, a: Prototype, b: Prototype) -> bool:
+        if self.config.payload == "mean":
+            return True
+        return len(a.tokens) == len(b.tokens) and bool(np.all(a.tokens == b.tokens))
+
+    # ------------------------------------------------------------ write (eqs. 3, 4)
+    def write(self, dirs: np.ndarray, tokens: np.ndarray, key: np.ndarray) -> WriteResult:
+        """Mutates: add one experience. ``dirs`` unnormalised rows (mean: 1 row;
+        sequence: one per token; tokens: ignored); ``key`` the raw pooled key."""
+        pay = self.config.payload
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        if pay == "mean":
+            d = codecs.roundtrip(_unit_rows(np.asarray(dirs).reshape(1, -1)), self.config.dir_precision)
+            tokens = np.zeros(0, np.int32)
+        elif pay == "sequence":
+            d = codecs.roundtrip(_unit_rows(dirs), self.config.dir_precision)
+            if len(d) != len(tokens):
+                raise ValueError("sequence payload needs one direction per answer token")
+        else:
+            d = np.zeros((0, self.n_embd), np.float32)
+        k = self.store_key(self.prepare_key(key))
+        new = Prototype(d, tokens, k, 1)
+        if self.protos:
+            sims = [self.similarity(new, p) if self._mergeable(new, p) else -np.inf for p in self.protos]
+            j = int(np.argmax(sims))
+            if sims[j] >= self.config.tau_d:
+                p = self.protos[j]
+                if pay != "tokens":  # eq. 3, position-wise for sequences
+                    merged = _unit_rows(p.n * p.dirs + new.dirs[0 if pay == "mean" else slice(None)])
+                    p.dirs = codecs.roundtrip(merged, self.config.dir_precision)
+                p.n += 1
+                # stored anchors are unit-norm except 'bit' (±1): normalise both sides
+                novel = self._max_anchor_cos(p.anchors, k[0])
+                added = novel < self.config.tau_k
+                if added:
+                    p.anchors = np.concatenate([p.anchors, k])
+                return WriteResult("merged", j, added)
+        self.protos.append(new)
+        return WriteResult("new", len(self.protos) - 1, True)
+
+    @staticmethod
+    def _max_anchor_cos(anchors: np.ndarray, k: np.ndarray) -> float:
+        if len(anchors) == 0:
+            return -1.0
+        num = anchors @ k
+        den = np.linalg.norm(anchors, axis=1) * max(float(np.linalg.norm(k)), 1e-12)
+        return float(np.max(num / np.maximum(den, 1e-12)))
+
+    # ------------------------------------------------------------ sizes and value (eq. 5)
+    def proto_bytes(self, p: Prototype) -> int:
+        """Bytes this prototype adds to the stored arrays (its share of Size(B))."""
+        H = self.n_embd
+        b = len(p.dirs) * codecs.bytes_per_vector(self.config.dir_precision, H)
+        b += len(p.anchors) * (codecs.bytes_per_vector(self.config.key_precision, H) + self._owner_itemsize())
+        if self.config.payload != "mean":
+            b += 4 * (len(p.tokens) + 1)
+        return b + 4  # count
+
+    def _owner_itemsize(self) -> int:
+        return 2 if len(self.protos) < 65536 else 4
+
+    def values(self) -> np.ndarray:
+        """value(u_j) = log(1+n_j)·(1 − max_{r≠j} sim(d_j, d_r)) / Size(u_j)   (eq. 5)."""
+        J = len(self.protos)
+        out = np.zeros(J)
+        for j, p in enumerate(self.protos):
+            mx = max((self.similarity(p, q) for r, q in enumerate(self.protos) if r != j), default=0.0)
+            out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p)
+        return out
+
+    # ------------------------------------------------------------ repair
+    def prune_one_anchor(self) -> bool:
+        """Mutates: drop the most redundant anchor (see module doc). False if none can go."""
+        best = (-np.inf, -1, -1)
+        for j, p in enumerate(self.protos):
+            a = len(p.anchors)
+            if a < 2:
+                continue
+            U = _unit_rows(p.anchors)
+            G = U @ U.T
+            np.fill_diagonal(G, -np.inf)
+            r, c = np.unravel_index(int(np.argmax(G)), G.shape)
+            if G[r, c] > best[0]:
+                # of the closest pair, remove the one closer to the rest on average
+                G2 = np.where(np.isfinite(G), G, 0.0)
+                victim = r if G2[r].sum() >= G2[c].sum() else c
+                best = (float(G[r, c]), j, int(victim))
+        if best[1] < 0:
+            return False
+        p = self.protos[best[1]]
+        p.anchors = np.delete(p.anchors, best[2], axis=0)
+        return True
+
+    def merge_one_pair(self) -> bool:
+        """Mutates: merge the pair of least Ward distortion if allowed; False if none."""
+        best = (np.inf, -1, -1)
+        J = len(self.protos)
+        for a in range(J):
+            pa = self.protos[a]
+            for b in range(a + 1, J):
+                pb = self.protos[b]
+                if not self._mergeable(pa, pb) or self.similarity(pa, pb) < self.config.tau_merge:
+                    continue
+                if self.config.payload == "tokens":
+                    dist = 0.0
+                else:
+                    diff = pa.dirs - pb.dirs
+                    dist = pa.n * pb.n / (pa.n + pb.n) * float(np.sum(diff * diff))
+                if dist < best[0]:
+                    best = (dist, a, b)
+        if best[1] < 0:
+            return False
+        _, a, b = best
+        pa, pb = self.protos[a], self.protos[b]
+        if self.config.payload != "tokens":
+            pa.dirs = codecs.roundtrip(_unit_rows(pa.n * pa.dirs + pb.n * pb.dirs), self.config.dir_precision)
+        pa.n += pb.n
+        pa.anchors = np.concatenate([pa.anchors, pb.anchors])
+        del self.protos[b]
+        return True
+
+    def evict_one(self) -> int:
+        """Mutates: remove the prototype of lowest value (ties: the oldest). Returns its index."""
+        j = int(np.argmin(self.values()))
+        del self.protos[j]
+        return j
+
+    def repair(self, budget: int, size_fn) -> RepairLog:
+        """Mutates: repair until ``size_fn(self) <= budget`` in the paper's order.
+
+        Raises BudgetError if even an empty-but-valid memory does not fit, or
+        if the last prototype would have to go (the budget cannot hold one).
+        """
+        log = RepairLog()
+        while size_fn(self) > budget:
+            if self.prune_one_anchor():
+                log.pruned += 1
+            elif self.merge_one_pair():
+                log.merged += 1
+            elif len(self.protos) > 1:
+                self.evict_one()
+                log.evicted += 1
+            else:
+                raise BudgetError(f"budget of {budget} bytes cannot hold even one prototype "
+                                  f"(the smallest memory needs {size_fn(self)} bytes)")
+        return log
+
+    # ------------------------------------------------------------ persistence
+    def to_arrays(self, shapes_only: bool = False) -> dict[str, np.ndarray]:
+        """The arrays that persist this bank. With ``shapes_only`` they are
+        zero-cost broadcast views of the right shape/dtype (for exact sizing)."""
+        cfg, H, J = self.config, self.n_embd, len(self.protos)
+        key_bytes_cols = (H + 7) // 8 if cfg.key_precision == "bit" else H
+        owner_dtype = np.uint16 if J < 65536 else np.uint32
+        A = self.n_anchors
+        out: dict[str, np.ndarray] = {}
+
+        def fake(shape, dtype):
+            return np.broadcast_to(np.zeros((), dtype), shape)
+
+        kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
+        if shapes_only:
+            n_dirs = sum(len(p.dirs) for p in self.protos)
+            if cfg.payload != "tokens":
+                out["dirs"] = fake((n_dirs, H), kdt[cfg.dir_precision])
+                if cfg.dir_precision == "int8":
+                    out["dir_scale"] = fake((n_dirs,), np.float32)
+            out["anchors"] = fake((A, key_bytes_cols), kdt[cfg.key_precision])
+            if cfg.key_precision == "int8":
+                out["anchor_scale"] = fake((A,), np.float32)
+            out["anchor_owner"] = fake((A,), owner_dtype)
+            out["counts"] = fake((J,), np.uint32)
+            if cfg.payload != "mean":
+                out["tokens"] = fake((sum(len(p.tokens) + 1 for p in self.protos),), np.int32)
+            if self.key_mean is not None:
+                out["key_mean"] = fake((H,), np.float16)
+            return out
+
+        if cfg.payload != "tokens":
+            D = np.concatenate([p.dirs for p in self.protos]) if J else np.zeros((0, H), np.float32)
+            enc = codecs.encode(D, cfg.dir_precision)
+            out["dirs"] = enc["data"]
+            if "scale" in enc:
+                out["dir_scale"] = enc["scale"]
+        Amat, owner = self.anchor_matrix()
+        enc = codecs.encode(Amat, cfg.key_precision)
+        out["anchors"] = enc["data"].reshape(A, key_bytes_cols)
+        if "scale" in enc:
+            out["anchor_scale"] = enc["scale"]
+        out["anchor_owner"] = owner.astype(owner_dtype)
+        out["counts"] = np.array([p.n for p in self.protos], np.uint32)
+        if cfg.payload != "mean":
+            parts = [np.append(p.tokens, TOKEN_END).astype(np.int32) for p in self.protos]
+            out["tokens"] = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        if self.key_mean is not None:
+            out["key_mean"] = self.key_mean.astype(np.float16)
+        return out
+
+    @classmethod
+    def from_arrays(cls, config: BankConfig, n_embd: int, arrays: dict[str, np.ndarray]) -> "MemoryBank":
+        """Rebuild from stored arrays; raises ValueError on inconsistent arrays."""
+        H = n_embd
+        bank = cls(config, H, arrays.get("key_mean"))
+        counts = np.asarray(arrays["counts"])
+        J = len(counts)
+        if config.payload == "tokens":
+            D = np.zeros((0, H), np.float32)
+        else:
+            enc = {"data": arrays["dirs"]}
+            if "dir_scale" in arrays:
+                enc["scale"] = arrays["dir_scale"]
+            D = codecs.decode(enc, config.dir_precision, H)
+        enc = {"data": arrays["anchors"]}
+        if "anchor_scale" in arrays:
+            enc["scale"] = arrays["anchor_scale"]
+        Amat = codecs.decode(enc, config.key_precision, H)
+        owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
+        if len(owner) != len(Amat) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
+            raise ValueError("anchor_owner does not index the prototypes")
+        if config.payload != "mean":
+            flat = np.asarray(arrays["tokens"], np.int32)
+            ends = np.flatnonzero(flat == TOKEN_END)
+            if len(ends) != J:
+                raise ValueError("tokens array does not hold one sequence per prototype")
+            seqs = np.split(flat, ends + 1)[:J]
+            seqs = [s[:-1] for s in seqs]
+        else:
+            seqs = [np.zeros(0, np.int32)] * J
+        row = 0
+        for j in range(J):
+            L = 1 if config.payload == "mean" else (len(seqs[j]) if config.payload == "sequence" else 0)
+            if row + L > len(D):
+                raise ValueError("dirs array is shorter than the prototypes need")
+            bank.protos.append(Prototype(D[row:row + L].copy(), seqs[j].copy(), Amat[owner == j].copy(),
+                                         int(counts[j])))
+            row += L
+        if row != len(D):
+            raise ValueError("dirs array is longer than the prototypes need")
+        return bank

@@ -1,0 +1,89 @@
+"""Retrieval and aggregation of the default preset (pure numpy).
+
+The default preset keeps the paper's memory (prototypes with anchors and
+directions, merged and repaired under a budget) but changes how retrieved
+prototypes become a hidden-state update, after the measurements recorded in
+docs/method.md:
+
+- *Anchor vote* (``knn_prototypes``): the k anchors most similar to the query
+  key each give softmax(cos/T) weight to the prototype that owns them, so a
+  prototype retrieved through several anchors counts several times (the
+  paper's S_k = max over anchors counts it once).
+- *Prefix-consistent, per-position aggregation* (``prefix_direction``): at
+  answer step s only prototypes whose first s answer tokens equal what has
+  been generated so far contribute, with their direction for position s. A
+  single averaged direction has no word order and no stop signal; this has
+  both, and a wrong first step can still be recovered by the remaining votes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(v, axis=-1, keepdims=True)
+    return v / np.maximum(n, 1e-12)
+
+
+def anchor_scores(k_q: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """cos(k_q, a) for every anchor (A,), float64."""
+    if len(anchors) == 0:
+        return np.zeros(0)
+    A = _unit(np.asarray(anchors, np.float64))
+    # a per-row reduction, not BLAS ``A @ q``: gemv rounds a row differently by its position,
+    # so duplicate anchors (common with 'bit' keys) would not tie and the lower-index rule broke
+    return np.einsum("ah,h->a", A, _unit(np.asarray(k_q, np.float64)))
+
+
+def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: int, T: float
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Top-k anchors -> prototypes with summed softmax weights, by weight descending.
+
+    Returns (prototype ids, weights summing to 1, best anchor score of each).
+    Ties in anchor score go to the lower anchor index; ties in weight to the
+    lower prototype id.
+    """
+    s = anchor_scores(k_q, anchors)
+    if len(s) == 0 or k <= 0:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    order = np.lexsort((np.arange(len(s)), -s))[:k]
+    z = s[order] / T
+    w = np.exp(z - z.max())
+    w /= w.sum()
+    owners = np.asarray(owner)[order]
+    ids = np.unique(owners)
+    weight = np.array([w[owners == j].sum() for j in ids])
+    best = np.array([s[order][owners == j].max() for j in ids])
+    rank = np.lexsort((ids, -weight))
+    return ids[rank].astype(np.int64), weight[rank], best[rank]
+
+
+def vote(ids: np.ndarray, weights: np.ndarray, labels: Sequence[object]):
+    """The label with the largest summed weight (ties: first seen) — the 'label vote' ceiling."""
+    acc: dict[object, float] = {}
+    for j, w in zip(ids, weights):
+        acc[labels[j]] = acc.get(labels[j], 0.0) + float(w)
+    return max(acc.items(), key=lambda kv: kv[1])[0] if acc else None
+
+
+def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
+                     weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray]) -> np.ndarray | None:
+    """Norm(Σ_{j consistent} w_j d_{j,step}) or None when no retrieved answer continues the prefix.
+
+    A prototype j is consistent at ``step`` when its answer is longer than
+    ``step`` and its first ``step`` tokens equal ``generated[:step]``.
+    """
+    acc = None
+    prefix = list(generated[:step])
+    for j, w in zip(ids, weights):
+        seq = seqs[j]
+        if len(seq) <= step or list(seq[:step]) != prefix:
+            continue
+        d = np.asarray(dir_fn(int(j), step), np.float64) * float(w)
+        acc = d if acc is None else acc + d
+    if acc is None:
+        return None
+    n = np.linalg.norm(acc)
+    return (acc / n).astype(np.float32) if n > 0 else None
