@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from miita_edge.engine import Engine
+    from miita_edge.errors import BudgetError
     from miita_edge.metrics import normalize_label
     from miita_edge.miita import Miita, get_preset
     from miita_edge.steering import knn_prototypes, vote
@@ -74,7 +75,11 @@ def main(argv=None) -> int:
                 setattr(obj, last, type(cur)(v) if not isinstance(cur, bool) else v.lower() == "true")
             m = Miita(engine=eng, memory=tempfile.mkdtemp(), preset=preset, template=args.template)
             t = time.perf_counter()
-            rep = m.ingest(train, budget=budget, progress=False)
+            try:
+                rep = m.ingest(train, budget=budget, progress=False)
+            except BudgetError as exc:
+                print(f"{pname:8s} budget={budget:7s}: cannot hold the memory: {exc}", flush=True)
+                continue
             t_ing = time.perf_counter() - t
             # label vote over the same memory (default-style anchor vote; needs answer tokens)
             vote_acc = None

@@ -146,7 +146,7 @@ def cmd_ask(args) -> int:
 def cmd_info(args) -> int:
     from . import store as store_mod
     from .budget import parse_budget
-    from .miita import default_memory_dir
+    from .miita import Preset, default_memory_dir
 
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
     st = store_mod.Store(path)
@@ -159,7 +159,7 @@ def cmd_info(args) -> int:
     out = {"memory": str(path), "version": snap.version, "bytes": snap.bytes_on_disk, "budget": meta["budget"],
            "budget_bytes": budget_bytes, **{k: meta[k] for k in ("examples", "skipped", "prototypes", "anchors",
                                                                   "stream_bytes", "template", "fingerprint")},
-           "preset": meta["preset"]["name"], "hyperparameters": meta["preset"],
+           "preset": meta["preset"]["name"], "hyperparameters": Preset.from_json(meta["preset"]).describe(),
            "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()}}
     if args.json:
         print(json.dumps(out))

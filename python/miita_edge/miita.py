@@ -53,15 +53,38 @@ class Preset:
     correction_top_k: int = 0  # 0: exact R over all V rows
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        return d
+        """Only what differs from the named preset (the manifest is counted in the budget)."""
+        full, base = asdict(self), asdict(PRESETS[self.name]()) if self.name in PRESETS else {}
+        out = {"name": self.name}
+        for k, v in full.items():
+            if isinstance(v, dict):
+                diff = {kk: vv for kk, vv in v.items() if base.get(k, {}).get(kk) != vv}
+                if diff:
+                    out[k] = diff
+            elif k != "name" and base.get(k) != v:
+                out[k] = v
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Preset":
-        d = dict(d)
-        d["bank"] = BankConfig(**d["bank"])
-        d["retrieval"] = RetrievalConfig(**d["retrieval"])
-        return cls(**d)
+        if d.get("name") not in PRESETS:
+            raise StoreError(f"unknown preset {d.get('name')!r} in memory manifest")
+        p = PRESETS[d["name"]]()
+        for k, v in d.items():
+            if k == "name":
+                continue
+            if isinstance(v, dict):
+                sub = getattr(p, k)
+                for kk, vv in v.items():
+                    setattr(sub, kk, vv)
+            else:
+                setattr(p, k, v)
+        p.bank.validate()
+        p.retrieval.validate()
+        return p
+
+    def describe(self) -> dict:
+        return asdict(self)
 
 
 def paper_preset() -> Preset:
@@ -166,7 +189,8 @@ class Miita:
             self.preset = stored
             self.template = get_template(meta["template"])
             try:
-                self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays)
+                mean = self.calibration_mean() if stored.center_keys else None
+                self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean)
             except (KeyError, ValueError) as exc:
                 raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({exc})") from None
             self.budget_spec = meta["budget"]
@@ -177,7 +201,8 @@ class Miita:
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
             self.template = get_template(template or "plain")
-            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd)
+            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd,
+                                   self.calibration_mean() if self.preset.center_keys else None)
             self.budget_spec = DEFAULT_BUDGET
             self.stream_bytes = self.examples = self.skipped = 0
             self.version = 0
@@ -243,13 +268,33 @@ class Miita:
         return None if b.unlimited else b.resolve(self.stream_bytes if stream is None else stream)
 
     # ---------------------------------------------------------------- ingest
-    def _ensure_key_mean(self, extracted: list) -> None:
-        if not self.preset.center_keys or self.bank.key_mean is not None:
-            return
-        keys = [e.key for e in extracted if e is not None]
-        if len(keys) < 8:
-            keys = keys + [self._raw_key(x) for x in CALIBRATION_INPUTS]
-        self.bank.key_mean = np.mean(keys, axis=0).astype(np.float16).astype(np.float32)
+    def calibration_mean(self) -> np.ndarray:
+        """The centring vector: the mean key of CALIBRATION_INPUTS through this template.
+
+        It depends only on the model, the template and the key settings — no
+        information from the training stream — so, like the LM head, it is
+        derived again rather than stored in the memory (and is not counted in
+        its budget). Cached per (model sha256, template, key layer, BOS rule)
+        in the user cache directory; computing it costs 16 prompt passes.
+        """
+        fp = self.fingerprint()
+        tag = f"{fp['sha256'][:16]}-{self.template.name}-L{fp['key_layer']}-bos{int(not self.preset.skip_bos)}"
+        path = _cache_dir() / f"keymean-{tag}.npy"
+        try:
+            mean = np.load(path)
+            if mean.shape == (self.engine.n_embd,):
+                return mean.astype(np.float32)
+        except (OSError, ValueError):
+            pass
+        mean = np.mean([self._raw_key(x) for x in CALIBRATION_INPUTS], axis=0).astype(np.float32)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+            np.save(tmp, mean)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return mean
 
     def _raw_key(self, x: str) -> np.ndarray:
         toks = self.engine.tokenize(self.template.render_prompt(x))
@@ -295,7 +340,6 @@ class Miita:
                                      corrections=need_R, top_k=pr.correction_top_k))
             bar.update(1)
         bar.close()
-        self._ensure_key_mean(extracted)
         total_log = {"pruned": 0, "merged": 0, "evicted": 0}
         skipped_lines = []
         stream = self.stream_bytes
@@ -387,7 +431,16 @@ class Miita:
                 "prototypes": self.bank.n_prototypes, "anchors": self.bank.n_anchors,
                 "bytes": self.nbytes(), "budget": self.budget_spec, "budget_bytes": b,
                 "stream_bytes": self.stream_bytes, "fingerprint": self.fingerprint(),
-                "hyperparameters": self.preset.to_json()}
+                "hyperparameters": self.preset.describe()}
+
+
+def _cache_dir() -> Path:
+    try:
+        from platformdirs import user_cache_dir
+
+        return Path(user_cache_dir("miita-edge", appauthor=False))
+    except ImportError:  # pragma: no cover
+        return Path.home() / ".cache" / "miita-edge"
 
 
 def _progress(total: int, enabled: bool | None, desc: str):

@@ -1,0 +1,177 @@
+"""Ingest throughput, ask latency split and peak RSS, each against a plain baseline.
+
+1. ingest examples/s of each preset vs a plain forward pass (llama-cpp-python
+   low-level API, no callback) over the same prompt+answer texts (target >= 0.8x);
+2. ask latency split into prompt decode, retrieval (with the uncertainty
+   direction for the paper preset) and generation, vs plain generation, with a
+   synthetic memory of --prototypes prototypes (target: retrieval and
+   uncertainty together <= 3% of the prompt decode at 10,000 prototypes);
+3. peak RSS of a process running `ask` vs one running plain llama-cpp-python
+   on the same model and prompt (target <= 1.15x).
+
+    python bench/memory.py [--examples 60] [--prototypes 10000] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engine import PlainLlama  # noqa: E402  (bench/engine.py)
+
+
+def plain_forward_rate(pl: PlainLlama, texts: list[list[int]]) -> float:
+    t0 = time.perf_counter()
+    for toks in texts:
+        pl.reset()
+        pl.decode(toks)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def synthetic_bank(m, n_protos: int, rng) -> None:
+    """Fill m.bank with n_protos random prototypes of the preset's form (for timing only)."""
+    from miita_edge.memory import Prototype
+    from miita_edge import codecs
+
+    H = m.engine.n_embd
+    bank = m.bank
+    if bank.key_mean is None and m.preset.center_keys:
+        bank.key_mean = np.zeros(H, np.float32)
+    for j in range(n_protos):
+        k = codecs.roundtrip(rng.standard_normal((1, H)).astype(np.float32), bank.config.key_precision)
+        if bank.config.payload == "mean":
+            d = rng.standard_normal((1, H)).astype(np.float32)
+            d /= np.linalg.norm(d)
+            bank.protos.append(Prototype(d, np.zeros(0, np.int32), k, 1))
+        else:
+            toks = rng.integers(1000, 200000, 3).astype(np.int32)
+            bank.protos.append(Prototype(np.zeros((0, H), np.float32), toks, k, 1))
+
+
+def ask_split(m, text: str, max_tokens: int, reps: int) -> dict:
+    eng = m.engine
+    rows = []
+    for _ in range(reps):
+        toks = eng.tokenize(m.template.render_prompt(text))
+        t0 = time.perf_counter()
+        st = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        t1 = time.perf_counter()
+        ids, scores, weights, plan = m.plan(st)
+        t2 = time.perf_counter()
+        eta = m.preset.eta * float(np.linalg.norm(st.h_q))
+        g = eng.generate(st, max_tokens=max_tokens, stop=(), plan=plan, eta=eta, mode=m.preset.gate)
+        t3 = time.perf_counter()
+        rows.append((t1 - t0, t2 - t1, t3 - t2, len(g.tokens)))
+    med = [statistics.median(r[i] for r in rows) for i in range(3)]
+    return {"prompt_ms": med[0] * 1e3, "retrieval_ms": med[1] * 1e3, "generate_ms": med[2] * 1e3,
+            "tokens": rows[0][3]}
+
+
+RSS_CHILD = r"""
+import json, resource, sys
+mode, model, memory, prompt = sys.argv[1:5]
+if mode == "plain":
+    sys.path.insert(0, sys.argv[5])
+    from engine import PlainLlama
+    from miita_edge.engine import Engine
+    import numpy as np
+    pl = PlainLlama(model, 2)
+    import llama_cpp as L
+    vocab = L.llama_model_get_vocab(pl.model)
+    buf = (L.llama_token * 512)()
+    n = L.llama_tokenize(vocab, prompt.encode(), len(prompt.encode()), buf, 512, True, False)
+    logits = pl.decode(list(buf[:n]))
+    tok = int(np.argmax(logits))
+    for _ in range(16):
+        tok = int(np.argmax(pl.decode([tok])))
+else:
+    from miita_edge import Miita
+    m = Miita(model, memory)
+    m.ask(prompt, max_tokens=16, stop=())
+print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def peak_rss(mode: str, model: str, memory: str, prompt: str) -> int:
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, mode, model, memory, prompt,
+                          str(Path(__file__).resolve().parent)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["maxrss_kib"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=60)
+    ap.add_argument("--prototypes", type=int, default=10000)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    from miita_edge.demo_run import demo_stream
+    from miita_edge.engine import Engine, EngineConfig
+    from miita_edge.miita import Miita
+
+    train, test = demo_stream()
+    train = train[: args.examples]
+    eng = Engine(None, EngineConfig(n_threads=args.threads))
+    pl = PlainLlama(eng.info.path, args.threads)
+    print(f"# bench/memory.py  model={eng.info.path.name}  threads={args.threads}  cpus={os.cpu_count()}")
+
+    # 1. ingest rate vs plain forward pass over the same texts
+    m0 = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
+    texts = [eng.tokenize(m0.template.render_prompt(e.input) + m0.template.render_target(e.output)) for e in train]
+    plain_forward_rate(pl, texts[:5])  # warm-up
+    print(f"\n1. ingest of {len(train)} demo examples (budget none), examples/s")
+    for preset in ("default", "paper"):
+        base = plain_forward_rate(pl, texts)
+        m = Miita(engine=eng, memory=tempfile.mkdtemp(), preset=preset, template="plain")
+        t0 = time.perf_counter()
+        m.ingest(train, budget="none", progress=False)
+        rate = len(train) / (time.perf_counter() - t0)
+        base2 = plain_forward_rate(pl, texts)
+        b = (base + base2) / 2
+        print(f"   {preset:8s} ingest {rate:7.2f}/s   plain forward {b:7.2f}/s   ratio {rate / b:.2f}  (target >= 0.8)")
+
+    # 2. ask latency split at N prototypes
+    print(f"\n2. ask latency at {args.prototypes} synthetic prototypes (median of {args.reps}), ms")
+    q = test[0].input
+    for preset in ("default", "paper"):
+        m = Miita(engine=eng, memory=tempfile.mkdtemp(), preset=preset, template="plain")
+        synthetic_bank(m, args.prototypes, np.random.default_rng(0))
+        r = ask_split(m, q, 16, args.reps)
+        plain = []
+        for _ in range(args.reps):
+            toks = eng.tokenize(m.template.render_prompt(q))
+            t0 = time.perf_counter()
+            st = eng.query(toks)
+            eng.generate(st, max_tokens=16, stop=())
+            plain.append(time.perf_counter() - t0)
+        share = r["retrieval_ms"] / r["prompt_ms"] * 100
+        print(f"   {preset:8s} prompt {r['prompt_ms']:6.1f}  retrieval {r['retrieval_ms']:6.2f} ({share:.1f}% of prompt; "
+              f"target <= 3%)  generate {r['generate_ms']:6.1f} ({r['tokens']} tok)  "
+              f"total {r['prompt_ms'] + r['retrieval_ms'] + r['generate_ms']:6.1f}  plain {statistics.median(plain) * 1e3:6.1f}")
+
+    # 3. peak RSS: ask on a real (demo) memory vs plain llama-cpp-python
+    mem = tempfile.mkdtemp()
+    m = Miita(engine=eng, memory=mem, template="plain")
+    m.ingest(train, budget="64KiB", progress=False)
+    pl.close()
+    eng.close()
+    rss_plain = peak_rss("plain", str(m.engine.info.path), mem, m.template.render_prompt(q))
+    rss_ask = peak_rss("ask", str(m.engine.info.path), mem, q)
+    print(f"\n3. peak RSS: plain llama-cpp-python {rss_plain / 1024:.0f} MiB, miita-edge ask {rss_ask / 1024:.0f} MiB, "
+          f"ratio {rss_ask / rss_plain:.3f} (target <= 1.15)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
