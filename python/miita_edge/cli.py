@@ -81,7 +81,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    _add_bench(sub)
     return ap
+
+
+def _bench_epilog() -> str:
+    from .evaluation import BENCHMARKS, METHODS
+
+    lines = ["benchmarks (data directory under shared/data; metric; max new tokens; prompt cut):"]
+    for b in BENCHMARKS.values():
+        cut = "none" if b.max_prompt_tokens is None else f"{b.max_prompt_tokens} tokens"
+        lines.append(f"  {b.name:10s} {b.data_name}/; {b.metric}; {b.max_tokens}; {cut}")
+    lines.append("methods:")
+    for m in METHODS.values():
+        lines.append(f"  {m.name:24s} {m.description}")
+    lines += ["outputs (under --out): result.json, result.md, heatmap.png; cells/ (one JSON per finished cell),",
+              "state/ (the memory after each stage), baseline/ (frozen per-stage scores). Rerunning the same",
+              "command resumes: finished cells are loaded, learning restarts from the last saved stage.",
+              "docs/evaluation.md describes the protocol."]
+    return "\n".join(lines) + "\n\n" + EPILOG
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="continual-learning benchmark: learn stages in order, score every stage after each",
+                       description="Learn the stages of a benchmark in the order of its meta.json; after each stage "
+                                   "score every stage's test set, filling A[t, tau]; report OP, BWT, FWT (against the "
+                                   "frozen model), per-stage scores, wall time and memory bytes against the budget.",
+                       epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--benchmark", required=True, metavar="NAME", help="banking77, dsc, xquad or superni")
+    p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's directory (meta.json, train.jsonl, "
+                   "test.jsonl), e.g. ../shared/data/banking77")
+    p.add_argument("--method", required=True, metavar="M", help="method name (listed below)")
+    p.add_argument("--budget", default="1%", help="memory budget for every storing method: bytes with a unit (64KiB, "
+                   "1.5MB, 4096), a percentage of the UTF-8 bytes of all inputs and outputs this run learns (after "
+                   "--stages and the limits), resolved once to bytes before stage 1, or none (default: 1%%)")
+    p.add_argument("--stages", metavar="LIST", help="stages to run, 1-based in meta.json order: 1,2 or 2-4 or stage "
+                   "names (default: all); always learned in meta.json order")
+    p.add_argument("--limit-per-stage", type=int, metavar="N", help="at most N test rows per stage (the first N), and "
+                   "N training rows unless --limit-train-per-stage is given (default: all)")
+    p.add_argument("--limit-train-per-stage", type=int, metavar="N", help="at most N training rows per stage (the "
+                   "first N; default: --limit-per-stage, else all)")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: bench-results/BENCHMARK/METHOD-BUDGET); "
+                   "a rerun with the same options resumes there")
+    p.add_argument("--max-tokens", type=int, metavar="N", help="new tokens per answer (default: the benchmark's: "
+                   "8 for labels, 24 for QA, 48 for SuperNI)")
+    p.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cut prompts longer than N tokens, keeping the "
+                   "first N-32 and the last 32 (default: 512 for superni, no cut otherwise; 0 = never cut)")
+    p.add_argument("--baseline-cache", metavar="DIR", help="where the frozen model's per-stage scores (FWT baseline) "
+                   "are cached; share one DIR between methods to compute them once (default: OUT/baseline)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the frozen baseline (no FWT)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress on stderr (default: when stderr is a terminal)")
+    p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: $MIITA_EDGE_MODEL or the embedded "
+                   "Gemma-3-270M Q4_K_M)")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a summary")
 
 
 
@@ -190,19 +245,71 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    import shlex
+
+    from .evaluation import run_benchmark
+
+    out = args.out
+    if out is None:
+        tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in args.budget.replace("%", "pct"))
+        out = os.path.join("bench-results", args.benchmark, f"{args.method}-{tag}")
+    for flag in ("limit_per_stage", "limit_train_per_stage", "max_tokens"):
+        v = getattr(args, flag)
+        if v is not None and v < 1:
+            raise InputError(f"--{flag.replace('_', '-')} must be >= 1, got {v}")
+    if args.threads < 0:
+        raise InputError(f"--threads must be >= 0, got {args.threads}")
+    mpt = "auto" if args.max_prompt_tokens is None else (None if args.max_prompt_tokens == 0 else args.max_prompt_tokens)
+    progress = sys.stderr.isatty() if args.progress is None else args.progress
+    res = run_benchmark(args.benchmark, args.data, args.method, out, budget=args.budget, stages=args.stages,
+                        limit_per_stage=args.limit_per_stage, limit_train_per_stage=args.limit_train_per_stage,
+                        max_tokens=args.max_tokens, progress=progress, max_prompt_tokens=mpt,
+                        baseline=None if args.no_baseline else "frozen", baseline_dir=args.baseline_cache,
+                        model=args.model, threads=args.threads,
+                        command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
+    if args.json:
+        from .report import _json_default
+
+        print(json.dumps(res, default=_json_default, allow_nan=False))
+        return 0
+    A = res["matrix"].A
+    names = res["stage_names"]
+    print(f"{res['benchmark']} / {res['method']}: {len(names)} stages, metric {res['metric']} (0..100)")
+    for t, row in enumerate(A):
+        print(f"  after {t + 1} {names[t][:28]:28s} " + " ".join(f"{v:6.2f}" for v in row))
+    if res["baseline"] is not None:
+        print(f"  frozen baseline {'':22s}" + " ".join(f"{v:6.2f}" for v in res["baseline"]))
+    fmt = (lambda v: "n/a" if v is None else f"{v:.2f}")
+    print(f"OP {fmt(res['op'])}  BWT {fmt(res['bwt'])}  FWT {fmt(res['fwt'])}")
+    if "oracle_alignment" in res:
+        print(f"Oracle Alignment {res['oracle_alignment']['final']:.4f}")
+    budget = "unlimited" if res["budget_bytes"] is None else f"{res['budget_bytes']} bytes"
+    stored = f"{res['memory_bytes']} bytes" if res["stores_memory"] else "nothing stored"
+    print(f"memory {stored} of {budget} (--budget {res['budget_spec']} of a "
+          f"{res['stream_bytes']}-byte learned stream)")
+    print(f"time {res['wall_time_s']:.1f} s (learn {res['seconds']['learn']:.1f}, eval {res['seconds']['eval']:.1f}; "
+          f"baseline {res['seconds']['baseline']:.1f}; this session {res['seconds']['this_session']:.1f})")
+    print(f"wrote {res['files']['json']}, {res['files']['markdown']}, {res['files']['heatmap']}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
     if not args.command:
         parser.print_help()
         return 2
     try:
-        return {"ingest": cmd_ingest, "ask": cmd_ask, "info": cmd_info, "demo": cmd_demo}[args.command](args)
+        return {"ingest": cmd_ingest, "ask": cmd_ask, "info": cmd_info, "demo": cmd_demo,
+                "bench": cmd_bench}[args.command](args)
     except MiitaError as exc:
         print(f"miita-edge: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("miita-edge: interrupted; the memory keeps its last committed version", file=sys.stderr)
+        print("miita-edge: interrupted; the memory keeps its last committed version"
+              + ("; rerun the same bench command to resume" if args.command == "bench" else ""), file=sys.stderr)
         return 130
 
 

@@ -14,6 +14,30 @@ import numpy as np
 from .engine import Engine
 from .templates import Template
 
+#: Tokens kept from the END of a prompt that is cut to a token budget: the end of the input
+#: and the template's answer cue (SuperNI's "Output:") must survive, or the model does not
+#: know that an answer is due. See :func:`truncate_tokens`.
+PROMPT_TAIL_TOKENS = 32
+
+
+def truncate_tokens(tokens: list[int], max_tokens: int | None, tail: int = PROMPT_TAIL_TOKENS) -> list[int]:
+    """Cut a tokenized prompt to ``max_tokens``: the first ``max_tokens - tail`` tokens (BOS,
+    instruction, start of the input) plus the last ``tail`` (end of the input, answer cue).
+
+    ``None`` or a prompt that fits: returned unchanged. The middle of a long input is what is
+    lost, which for SuperNI is the bulk of a long document, not the task definition.
+    """
+    if max_tokens is None or len(tokens) <= max_tokens:
+        return list(tokens)
+    if max_tokens <= tail:
+        raise ValueError(f"max_prompt_tokens must be > {tail} (the kept tail), got {max_tokens}")
+    return list(tokens[:max_tokens - tail]) + list(tokens[len(tokens) - tail:])
+
+
+def prompt_tokens(engine: Engine, template: Template, x: str, max_tokens: int | None = None) -> list[int]:
+    """``template``'s prompt for ``x``, tokenized (with BOS) and cut by :func:`truncate_tokens`."""
+    return truncate_tokens(engine.tokenize(template.render_prompt(x)), max_tokens)
+
 
 @dataclass
 class Extracted:
@@ -29,9 +53,11 @@ class Extracted:
 
 
 def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: bool,
-            corrections: bool = True, top_k: int = 0) -> Extracted | None:
-    """Returns None when the example carries no signal (empty answer, or R = 0)."""
-    prompt = engine.tokenize(template.render_prompt(x))
+            corrections: bool = True, top_k: int = 0, max_prompt_tokens: int | None = None) -> Extracted | None:
+    """Returns None when the example carries no signal (empty answer, or R = 0).
+
+    ``max_prompt_tokens`` cuts the prompt as :func:`truncate_tokens` does (None: no cut)."""
+    prompt = prompt_tokens(engine, template, x, max_prompt_tokens)
     target = engine.tokenize(template.render_target(y), add_bos=False)
     if not target or not prompt:
         return None

@@ -21,7 +21,7 @@ from . import store as store_mod
 from .budget import Budget, parse_budget
 from .engine import Engine, EngineConfig, Generation
 from .errors import BudgetError, InputError, StoreError
-from .extract import extract
+from .extract import extract, prompt_tokens
 from .memory import BankConfig, MemoryBank
 from .retrieval import RetrievalConfig, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -100,7 +100,7 @@ def default_preset() -> Preset:
     """Our default; every choice is measured in docs/method.md."""
     return Preset("default", BankConfig(payload="tokens", key_precision="bit"),
                   skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
-                  retrieval=RetrievalConfig(T_agg=0.05), eta=0.3)
+                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3)
 
 
 PRESETS = {"paper": paper_preset, "default": default_preset}
@@ -207,6 +207,9 @@ class Miita:
             self.stream_bytes = self.examples = self.skipped = 0
             self.version = 0
         self._labels_cache = None
+        # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
+        # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
+        self.max_prompt_tokens: int | None = None
 
     # ---------------------------------------------------------------- life
     def close(self) -> None:
@@ -337,7 +340,8 @@ class Miita:
         extracted = []
         for ex in examples:
             extracted.append(extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
-                                     corrections=need_R, top_k=pr.correction_top_k))
+                                     corrections=need_R, top_k=pr.correction_top_k,
+                                     max_prompt_tokens=self.max_prompt_tokens))
             bar.update(1)
         bar.close()
         total_log = {"pruned": 0, "merged": 0, "evicted": 0}
@@ -375,18 +379,20 @@ class Miita:
     # ---------------------------------------------------------------- ask
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
             mode: str | None = None, gate: str | None = None, eta: float | None = None,
-            temperature: float = 0.0, seed: int = 0) -> Answer:
-        """Answer one query; the hidden-state update is discarded afterwards."""
+            temperature: float = 0.0, seed: int = 0, oracle_dir: np.ndarray | None = None) -> Answer:
+        """Answer one query; the hidden-state update is discarded afterwards.
+
+        ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (an upper bound)."""
         pr = self.preset
         eng = self.engine
-        toks = eng.tokenize(self.template.render_prompt(text))
+        toks = prompt_tokens(eng, self.template, text, self.max_prompt_tokens)
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
         if not adapt or self.bank.n_prototypes == 0:
             g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed)
             return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason)
         eta_abs = (pr.eta if eta is None else eta) * float(np.linalg.norm(state.h_q))
         gate_mode = gate or pr.gate
-        ids, scores, weights, plan = self.plan(state, mode=mode)
+        ids, scores, weights, plan = self.plan(state, mode=mode, oracle_dir=oracle_dir)
         g: Generation = eng.generate(state, max_tokens=max_tokens, stop=stop, plan=plan, eta=eta_abs,
                                      mode=gate_mode, temperature=temperature, seed=seed)
         return Answer(g.text, True, [int(i) for i in ids], [float(s) for s in scores],

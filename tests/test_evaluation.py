@@ -1,0 +1,443 @@
+"""The continual-learning runner (``miita_edge.evaluation``, ``miita-edge bench``).
+
+Two tiers. Without the model: test doubles registered as methods (a memorising "learner" with a
+capacity of two stages, and a non-learning baseline) run on a small benchmark written here, so
+every expected number is known by construction and written down as a literal. With the model
+(``-m model``): budget accounting of every storing method against the bytes on disk / the UTF-8
+bytes counted here, and one smoke run of the CLI on Banking77.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from miita_edge import evaluation as ev
+from miita_edge.cli import main
+from miita_edge.errors import InputError
+from miita_edge.extract import truncate_tokens
+
+BANKING = Path(__file__).resolve().parents[2] / "shared" / "data" / "banking77"  # ../shared/data
+
+# --------------------------------------------------------------------------- a benchmark written here
+STAGES = ["s1", "s2", "s3"]
+
+
+def _rows():
+    """Per stage: 3 training rows; 4 test rows of which 2 repeat a training input (answerable
+    from memory), 1 is new, 1 starts with "easy" (answered by the baseline double)."""
+    train, test = [], []
+    for k, s in enumerate(STAGES, 1):
+        for i in range(3):
+            train.append({"task": s, "input": f"{k}-q{i}", "output": f"label {k}{i}"})
+        test += [{"task": s, "input": f"{k}-q0", "output": f"label {k}0"},
+                 {"task": s, "input": f"{k}-q1", "output": f"label {k}1"},
+                 {"task": s, "input": f"{k}-new", "output": f"label {k}x"},
+                 {"task": s, "input": f"easy {k}", "output": f"label {k}e"}]
+    return train, test
+
+
+@pytest.fixture
+def bench_dir(tmp_path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    train, test = _rows()
+    (d / "meta.json").write_text(json.dumps({"benchmark": "banking77 (test double)", "stage_order": STAGES}))
+    for name, rows in (("train.jsonl", train), ("test.jsonl", test)):
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return d
+
+
+CALLS: dict[str, list] = {}
+
+
+class StubMem(ev.Method):
+    """Remembers input -> output of the last two stages it learned (older ones are forgotten)."""
+
+    needs_model = False
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        CALLS["budget"].append(ctx.budget_bytes)
+        self.reset()
+
+    def reset(self):
+        self.stages = []
+
+    def learn(self, stage_examples):
+        CALLS["learn"].append([e.input for e in stage_examples])
+        self.stages = (self.stages + [{e.input: e.output for e in stage_examples}])[-2:]
+
+    def predict(self, examples):
+        CALLS["predict"].append([e.input for e in examples])
+        mem = {}
+        for d in self.stages:
+            mem.update(d)
+        self.extra = {"oracle_alignment_per_example": [0.5 if e.input in mem else 0.0 for e in examples]}
+        return [mem.get(e.input, "unknown") for e in examples]
+
+    def memory_bytes(self):
+        return sum(len(k.encode()) + len(v.encode()) for d in self.stages for k, v in d.items())
+
+    def save(self, dst):
+        dst.mkdir(parents=True)
+        (dst / "mem.json").write_text(json.dumps(self.stages))
+
+    def load(self, src):
+        self.stages = json.loads((src / "mem.json").read_text())
+
+
+class StubBase(ev.Method):
+    """Learns nothing; answers only the "easy" rows (by reading the gold: a double, not a model)."""
+
+    needs_model = False
+    learns = False
+    stores = False
+
+    def predict(self, examples):
+        CALLS["predict_base"].append([e.input for e in examples])
+        return [e.output if e.input.startswith("easy") else "nope" for e in examples]
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    for k in ("learn", "predict", "predict_base", "budget"):
+        CALLS[k] = []
+    monkeypatch.setitem(ev.METHODS, "stub-mem", ev.MethodInfo("stub-mem", StubMem, "test double"))
+    monkeypatch.setitem(ev.METHODS, "stub-base", ev.MethodInfo("stub-base", StubBase, "test double"))
+    return CALLS
+
+
+def _run(bench_dir, out, **kw):
+    args = dict(budget="none", progress=False, baseline="stub-base")
+    args.update(kw)
+    return ev.run_benchmark("banking77", bench_dir, "stub-mem", out, **args)
+
+
+# Known by construction: after stage t the double remembers stages t-1 and t; on a remembered
+# stage 2 of 4 test rows are right (50), otherwise none (0). The baseline gets 1 of 4 (25).
+EXPECTED_A = [[50.0, 0.0, 0.0],
+              [50.0, 50.0, 0.0],
+              [0.0, 50.0, 50.0]]
+
+
+def _cell_scores(out: Path, T: int) -> list[list[float]]:
+    return [[json.loads((out / "cells" / f"A-{t:02d}-{tau:02d}.json").read_text())["score"] for tau in range(T)]
+            for t in range(T)]
+
+
+# --------------------------------------------------------------------------- OP / BWT / FWT
+def test_matrix_and_summary_match_hand_computation(bench_dir, tmp_path, stubs):
+    out = tmp_path / "out"
+    res = _run(bench_dir, out)
+    assert res["matrix"].A.tolist() == EXPECTED_A
+    assert res["baseline"] == [25.0, 25.0, 25.0]
+    # by hand from the literal matrix: OP = (0 + 50 + 50)/3; BWT = ((0-50) + (50-50))/2;
+    # FWT = ((A[0,1] - 25) + (A[1,2] - 25))/2 = ((0-25) + (0-25))/2
+    assert res["op"] == pytest.approx(100 / 3)
+    assert res["bwt"] == pytest.approx(-25.0)
+    assert res["fwt"] == pytest.approx(-25.0)
+
+    # the same from the cached cell files, each re-scored here from its predictions and golds
+    S = _cell_scores(out, 3)
+    for t in range(3):
+        for tau in range(3):
+            c = json.loads((out / "cells" / f"A-{t:02d}-{tau:02d}.json").read_text())
+            hits = sum(p.strip().lower() == g[0].strip().lower() for p, g in zip(c["predictions"], c["golds"]))
+            assert S[t][tau] == pytest.approx(100 * hits / len(c["golds"]))
+    op = sum(S[2]) / 3
+    bwt = sum(S[2][tau] - S[tau][tau] for tau in range(2)) / 2
+    assert res["op"] == pytest.approx(op) and res["bwt"] == pytest.approx(bwt)
+
+    # Oracle Alignment: the double reports 0.5 for each remembered query; the final row
+    # remembers stages 2 and 3 (2 of 4 queries each) -> (0 + 2*0.5 + 2*0.5) / 12
+    assert res["oracle_alignment"]["final"] == pytest.approx(2.0 / 12)
+
+    on_disk = json.loads((out / "result.json").read_text())
+    assert on_disk["matrix"]["A"] == EXPECTED_A and on_disk["op"] == pytest.approx(100 / 3)
+    md = (out / "result.md").read_text()
+    assert "| OP | 33.33 |" in md and "| BWT | -25.00 |" in md and "| FWT | -25.00 |" in md
+    assert (out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # per-stage memory bytes: the double's own count, done here from the rows it holds
+    mem_after = [r["memory_bytes_after"] for r in res["per_stage"]]
+    row_bytes = [sum(len(f"{k}-q{i}") + len(f"label {k}{i}") for i in range(3)) for k in (1, 2, 3)]
+    assert mem_after == [row_bytes[0], row_bytes[0] + row_bytes[1], row_bytes[1] + row_bytes[2]]
+    assert res["memory_bytes"] == mem_after[-1]
+
+
+# --------------------------------------------------------------------------- resume
+def test_resume_recomputes_only_the_missing_cell(bench_dir, tmp_path, stubs):
+    out = tmp_path / "out"
+    first = _run(bench_dir, out)
+    assert len(stubs["learn"]) == 3 and len(stubs["predict"]) == 9 and len(stubs["predict_base"]) == 3
+
+    (out / "cells" / "A-01-00.json").unlink()  # after stage 2, test of stage 1
+    for k in ("learn", "predict", "predict_base"):
+        stubs[k].clear()
+    again = _run(bench_dir, out)
+    assert stubs["learn"] == []  # the state after stage 2 was restored, not relearned
+    assert stubs["predict"] == [["1-q0", "1-q1", "1-new", "easy 1"]]
+    assert stubs["predict_base"] == []  # baseline cached
+    assert again["matrix"] == first["matrix"]
+    assert again["computed_this_session"] == {"cells": 1, "stages_learned": 0, "baseline_cells": 0}
+
+
+def test_resume_learns_only_stages_after_the_last_saved_state(bench_dir, tmp_path, stubs):
+    out = tmp_path / "out"
+    first = _run(bench_dir, out)
+    for tau in range(3):
+        (out / "cells" / f"A-02-{tau:02d}.json").unlink()
+    (out / "state" / "stage-02.json").unlink()  # the state after stage 3 is gone
+    for k in ("learn", "predict", "predict_base"):
+        stubs[k].clear()
+    again = _run(bench_dir, out)
+    assert stubs["learn"] == [["3-q0", "3-q1", "3-q2"]]  # from the saved state after stage 2
+    assert len(stubs["predict"]) == 3
+    assert again["matrix"] == first["matrix"]
+
+
+def test_non_learning_method_predicts_each_test_set_once(bench_dir, tmp_path, stubs):
+    res = ev.run_benchmark("banking77", bench_dir, "stub-base", tmp_path / "o", budget="none", progress=False,
+                           baseline=None)
+    assert len(stubs["predict_base"]) == 3  # not 9: predictions do not depend on what was learned
+    assert res["matrix"].A.tolist() == [[25.0] * 3] * 3
+    # as its own baseline: the baseline's predictions are reused, nothing is predicted twice
+    stubs["predict_base"].clear()
+    ev.run_benchmark("banking77", bench_dir, "stub-base", tmp_path / "o2", budget="none", progress=False,
+                     baseline="stub-base")
+    assert len(stubs["predict_base"]) == 3
+
+
+def test_changed_configuration_in_the_same_out_dir_is_refused(bench_dir, tmp_path, stubs):
+    out = tmp_path / "out"
+    _run(bench_dir, out)
+    with pytest.raises(InputError, match="another configuration.*budget"):
+        _run(bench_dir, out, budget="10%")
+
+
+# --------------------------------------------------------------------------- budgets and limits
+@pytest.mark.parametrize("pct", [10, 100])
+def test_fractional_budget_is_of_the_learned_stream(bench_dir, tmp_path, stubs, pct):
+    res = _run(bench_dir, tmp_path / "o", budget=f"{pct}%", stages="1,3", limit_train_per_stage=2)
+    rows = [(f"{k}-q{i}", f"label {k}{i}") for k in (1, 3) for i in range(2)]
+    stream = sum(len(x.encode("utf-8")) + len(y.encode("utf-8")) for x, y in rows)
+    assert res["stream_bytes"] == stream
+    assert res["budget_bytes"] == stream * pct // 100
+    assert stubs["budget"] == [stream * pct // 100]  # what the method was handed: absolute bytes
+    assert res["stage_names"] == ["s1", "s3"] and [r["n_train"] for r in res["per_stage"]] == [2, 2]
+
+
+def test_limit_per_stage_caps_test_and_train(bench_dir, tmp_path, stubs):
+    res = _run(bench_dir, tmp_path / "o", limit_per_stage=2)
+    assert [(r["n_train"], r["n_test"]) for r in res["per_stage"]] == [(2, 2)] * 3
+    res = _run(bench_dir, tmp_path / "o2", limit_per_stage=2, limit_train_per_stage=3)
+    assert [(r["n_train"], r["n_test"]) for r in res["per_stage"]] == [(3, 2)] * 3
+
+
+def test_parse_stages():
+    names = ["a", "b", "c", "d"]
+    assert ev.parse_stages("1,2", names) == [0, 1]
+    assert ev.parse_stages("3,1", names) == [0, 2]
+    assert ev.parse_stages("2-4", names) == [1, 2, 3]
+    assert ev.parse_stages("d,a", names) == [0, 3]
+    assert ev.parse_stages([2, "c"], names) == [1, 2]
+    assert ev.parse_stages(None, names) == [0, 1, 2, 3]
+    for bad in ("0", "5", "x", "3-2", ""):
+        with pytest.raises(InputError):
+            ev.parse_stages(bad, names)
+
+
+def test_truncate_tokens_keeps_head_and_tail():
+    toks = list(range(600))
+    assert truncate_tokens(toks, 512) == list(range(480)) + list(range(568, 600))
+    assert truncate_tokens(toks, 600) == toks and truncate_tokens(toks, None) == toks
+    assert truncate_tokens(toks, 40, tail=32) == list(range(8)) + list(range(568, 600))
+    with pytest.raises(ValueError):
+        truncate_tokens(toks, 32)
+
+
+# --------------------------------------------------------------------------- one-line errors
+@pytest.mark.parametrize("argv, needle", [
+    (["--benchmark", "nope", "--data", "X", "--method", "frozen"], "unknown benchmark 'nope'"),
+    (["--benchmark", "banking77", "--data", "X", "--method", "nope"], "unknown method 'nope'"),
+    (["--benchmark", "xquad", "--data", "X", "--method", "label-vote"], "classification benchmarks only"),
+    (["--benchmark", "banking77", "--data", "/nonexistent/dir", "--method", "frozen"], "does not exist"),
+    (["--benchmark", "dsc", "--data", str(BANKING), "--method", "frozen"], "not a dsc benchmark"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--stages", "9"], "out of range 1..7"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--budget", "lots"], "not understood"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--limit-per-stage", "0"], ">= 1"),
+])
+def test_bad_input_is_one_line(argv, needle, tmp_path, capsys):
+    rc = main(["bench", *argv, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("miita-edge: error:") and needle in err, err
+
+
+def test_help_names_every_option_and_method(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--benchmark", "--data", "--method", "--budget", "--stages", "--limit-per-stage",
+                "--limit-train-per-stage", "--out", "--json", "--max-tokens", "--max-prompt-tokens",
+                "--baseline-cache", "--no-baseline", "--threads", "--model"):
+        assert opt in text
+    for name in ("frozen", "miita-default", "token-mem", "miita-paper", "miita-dense", "miita-ungated",
+                 "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle",
+                 "label-vote", "example-mem"):
+        assert name in text
+
+
+# =========================================================================== real model
+def _version_dir_bytes(mem: Path) -> int:
+    """Bytes of the committed version CURRENT names: every file in it, by the file system."""
+    vdir = mem / (mem / "CURRENT").read_text("ascii").strip()
+    return sum(f.stat().st_size for f in vdir.iterdir() if f.is_file())
+
+
+def _banking_rows(split: str, stages: list[str], n: int) -> list[dict]:
+    rows = [json.loads(line) for line in (BANKING / f"{split}.jsonl").read_text("utf-8").splitlines() if line]
+    return [r for s in stages for r in [r for r in rows if r["task"] == s][:n]]
+
+
+@pytest.fixture(scope="module")
+def engine1():
+    from miita_edge.engine import Engine, EngineConfig
+
+    eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
+    yield eng
+    eng.close()
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("method", ["miita-default", "miita-paper", "miita-dense", "label-vote"])
+def test_memory_bytes_are_the_bytes_on_disk(method, engine1, tmp_path):
+    out = tmp_path / method
+    res = ev.run_benchmark("banking77", BANKING, method, out, budget="16KiB", stages="1,2", limit_per_stage=1,
+                           limit_train_per_stage=3, max_tokens=2, progress=False, engine=engine1, baseline=None)
+    assert res["budget_bytes"] == 16 * 1024
+    for t, r in enumerate(res["per_stage"]):
+        on_disk = _version_dir_bytes(out / "state" / f"stage-{t:02d}")
+        assert r["memory_bytes_after"] == on_disk
+        assert 0 < on_disk <= 16 * 1024
+    assert res["memory_bytes"] == _version_dir_bytes(out / "state" / "stage-01")
+    # the arms really differ in what they store: a direction matrix only where one is kept
+    mem = out / "state" / "stage-01"
+    files = {f.name for f in (mem / (mem / "CURRENT").read_text("ascii").strip()).iterdir()}
+    assert ("dirs.npy" in files) == (method in ("miita-paper", "miita-dense"))
+    assert ("tokens.npy" in files) == (method != "miita-paper")
+    if method == "miita-dense":
+        import numpy as np
+
+        n_tokens = np.load(mem / (mem / "CURRENT").read_text("ascii").strip() / "tokens.npy")
+        dirs = np.load(mem / (mem / "CURRENT").read_text("ascii").strip() / "dirs.npy")
+        assert len(dirs) == int((n_tokens >= 0).sum())  # one stored direction per target token
+
+
+@pytest.mark.model
+def test_example_mem_bytes_and_evict_oldest(engine1, tmp_path):
+    out = tmp_path / "ex"
+    budget = 400
+    res = ev.run_benchmark("banking77", BANKING, "example-mem", out, budget=str(budget), stages="1,2",
+                           limit_per_stage=1, limit_train_per_stage=3, max_tokens=2, progress=False,
+                           engine=engine1, baseline=None)
+    key_bytes = 640 // 8  # Gemma-3-270M: hidden size 640, one bit per dimension
+
+    def cost(r):
+        return len(r["input"].encode("utf-8")) + len(r["output"].encode("utf-8")) + key_bytes
+
+    stages = ["banking77_task1", "banking77_task2"]
+    for t in range(2):
+        learned = _banking_rows("train", stages[:t + 1], 3)
+        kept = []  # the longest suffix of the learned rows that fits: what evict-oldest keeps
+        for r in reversed(learned):
+            if sum(map(cost, kept)) + cost(r) > budget:
+                break
+            kept.insert(0, r)
+        assert 0 < len(kept) < len(learned)  # the budget did force evictions
+        snap = out / "state" / f"stage-{t:02d}"
+        stored = [json.loads(line) for line in (snap / "examples.jsonl").read_text("utf-8").splitlines()]
+        assert [(r["input"], r["output"]) for r in stored] == [(r["input"], r["output"]) for r in kept]
+        import numpy as np
+
+        assert np.load(snap / "keys.npy").shape == (len(kept), key_bytes)
+        assert res["per_stage"][t]["memory_bytes_after"] == sum(map(cost, kept)) <= budget
+
+
+@pytest.mark.model
+def test_one_percent_of_a_tiny_stream_is_a_one_line_budget_error(tmp_path, capsys):
+    rows = _banking_rows("train", ["banking77_task1", "banking77_task2"], 20)
+    stream = sum(len(r["input"].encode()) + len(r["output"].encode()) for r in rows)
+    rc = main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "miita-default",
+               "--stages", "1,2", "--limit-per-stage", "4", "--limit-train-per-stage", "20", "--no-baseline",
+               "--threads", "1", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert f"1% of the {stream}-byte learned stream = {stream // 100} bytes" in err, err
+
+
+@pytest.mark.model
+def test_cli_smoke_banking77(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    t0 = time.perf_counter()
+    rc = main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "miita-default",
+               "--stages", "1,2", "--limit-per-stage", "4", "--limit-train-per-stage", "20",
+               "--budget", "16KiB", "--threads", "1", "--out", str(out), "--json"])
+    elapsed = time.perf_counter() - t0
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    res = json.loads(captured.out)
+    assert elapsed < 120
+    assert res["stage_names"] == ["banking77_task1", "banking77_task2"]
+    assert [(r["n_train"], r["n_test"]) for r in res["per_stage"]] == [(20, 4), (20, 4)]
+    A = res["matrix"]["A"]
+    golds = [[r["output"] for r in _banking_rows("test", [s], 4)] for s in res["stage_names"]]
+    for t in range(2):
+        for tau in range(2):
+            c = json.loads((out / "cells" / f"A-{t:02d}-{tau:02d}.json").read_text())
+            norm = [" ".join(p.strip().split("\n")[0].replace("_", " ").lower().split()).rstrip(".")
+                    for p in c["predictions"]]
+            assert A[t][tau] == pytest.approx(100 * sum(p == g for p, g in zip(norm, golds[tau])) / 4)
+    assert res["op"] == pytest.approx((A[1][0] + A[1][1]) / 2)
+    assert res["bwt"] == pytest.approx(A[1][0] - A[0][0])
+    assert res["memory_bytes"] == _version_dir_bytes(out / "state" / "stage-01") <= 16 * 1024
+    assert len(res["baseline"]) == 2 and res["fwt"] == pytest.approx(A[0][1] - res["baseline"][1])
+    for f in ("result.json", "result.md", "heatmap.png"):
+        assert (out / f).stat().st_size > 0
+
+
+@pytest.mark.model
+def test_prompt_budget_cuts_the_middle(engine1):
+    from miita_edge.extract import extract, prompt_tokens
+    from miita_edge.templates import get_template
+
+    tpl = get_template("superni")
+    x = "Definition: copy.\n\nNow complete the following example -\nInput: " + "word " * 300 + "\nOutput: "
+    full = engine1.tokenize(x)
+    assert len(full) > 300
+    cut = prompt_tokens(engine1, tpl, x, 64)
+    assert cut == full[:32] + full[-32:]
+    e = extract(engine1, tpl, x, "yes", skip_bos=True, corrections=False, max_prompt_tokens=64)
+    assert e.prompt == cut
+
+
+@pytest.mark.model
+def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
+    import numpy as np
+
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    rows = _banking_rows("train", ["banking77_task1"], 8)
+    m = Miita(memory=tmp_path / "mem", preset="paper", template="banking77", engine=engine1)
+    m.ingest([Example(r["input"], r["output"]) for r in rows], budget="none")
+    D = m.bank.directions(0).astype(np.float64)
+    assert len(D) > m.preset.retrieval.M  # so that the ranking selects
+    rng = np.random.default_rng(0)
+    d = D[2] + 0.3 * rng.standard_normal(D.shape[1]) / np.sqrt(D.shape[1])
+    cos = (D @ d) / (np.linalg.norm(D, axis=1) * np.linalg.norm(d))
+    expect = list(np.argsort(-cos, kind="stable")[:m.preset.retrieval.M])
+    ans = m.ask("I am still waiting for my card", max_tokens=2, mode="oracle", oracle_dir=d)
+    assert ans.prototypes == [int(j) for j in expect] and ans.prototypes[0] == 2
