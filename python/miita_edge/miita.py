@@ -206,7 +206,7 @@ class Miita:
             self.budget_spec = DEFAULT_BUDGET
             self.stream_bytes = self.examples = self.skipped = 0
             self.version = 0
-        self._labels_cache = None
+        self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
         # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
         self.max_prompt_tokens: int | None = None
@@ -406,7 +406,7 @@ class Miita:
         if pr.aggregation == "paper":
             D = bank.directions(0)
             res = retrieve(k_q, A, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
-                           oracle_dir=oracle_dir)
+                           oracle_dir=oracle_dir, rng=self._rng)
             d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
             return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
         ids, weights, best = knn_prototypes(k_q, A, owner, pr.k_anchors, pr.retrieval.T_agg)
