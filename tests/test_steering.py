@@ -236,3 +236,21 @@ def test_duplicate_anchors_tie_exactly():
         owner = np.arange(A)[::-1]  # lower anchor index = higher prototype id
         ids, _, _ = check_knn(q, anchors, owner, 2, 0.1)
         assert sorted(ids.tolist()) == sorted(owner[pos[:2]].tolist())
+
+
+def test_unit_anchor_fast_path_matches_reference_path():
+    """The serving path (cached unit float32 anchors, BLAS scores, partition before sort)
+    selects the same prototypes with the same weights as the float64 reference path."""
+    from miita_edge.steering import knn_prototypes
+
+    rng = np.random.default_rng(11)
+    for n, H, k in ((3000, 64, 8), (500, 32, 4), (40, 16, 8)):
+        B = rng.standard_normal((n, H))
+        owner = rng.integers(0, 50, n)
+        q = rng.standard_normal(H)
+        ref = knn_prototypes(q, B, owner, k, 0.05)
+        unit = (B / np.linalg.norm(B, axis=1, keepdims=True)).astype(np.float32)
+        fast = knn_prototypes(q, unit, owner, k, 0.05, unit_anchors=True)
+        np.testing.assert_array_equal(fast[0], ref[0])
+        np.testing.assert_allclose(fast[1], ref[1], atol=1e-5)
+        np.testing.assert_allclose(fast[2], ref[2], atol=1e-5)

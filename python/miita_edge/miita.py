@@ -90,10 +90,10 @@ class Preset:
 def paper_preset() -> Preset:
     """Section 3 as written: one averaged direction per experience, max-anchor
     semantic score + uncertainty rerank, softmax aggregation, gated addition.
-    η: the paper's 0.5 is absolute on Qwen3; here η is relative to ‖h_q‖ and
-    0.05 (≈ 5 absolute on Gemma-3-270M, the best faithful value in DESIGN §7)."""
+    η: the paper's 0.5 is absolute on Qwen3; here η is relative to ‖h_q‖, and
+    0.2 was the best of 0.05/0.1/0.2/0.4 on Banking77 stage 1 (docs/method.md §7)."""
     return Preset("paper", BankConfig(payload="mean", dir_precision="float32", key_precision="float32"),
-                  skip_bos=False, center_keys=False, aggregation="paper", eta=0.05)
+                  skip_bos=False, center_keys=False, aggregation="paper", eta=0.2)
 
 
 def default_preset() -> Preset:
@@ -206,6 +206,7 @@ class Miita:
             self.budget_spec = DEFAULT_BUDGET
             self.stream_bytes = self.examples = self.skipped = 0
             self.version = 0
+        self._index = None  # retrieval matrices derived from the bank; rebuilt after each ingest
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
         # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
@@ -329,6 +330,8 @@ class Miita:
             except BaseException:
                 self.bank, self.budget_spec, self.stream_bytes, self.examples, self.skipped = saved
                 raise
+            finally:
+                self._index = None
         return report
 
     def _ingest_locked(self, examples: list[Example], budget: str | None, progress, t0) -> IngestReport:
@@ -402,15 +405,13 @@ class Miita:
         """Retrieval for one query: (prototype ids, scores, weights, steering plan)."""
         pr, bank, eng = self.preset, self.bank, self.engine
         k_q = bank.prepare_key(state.key)
-        A, owner = bank.anchor_matrix()
+        A, A_unit, owner, D, seqs = self.retrieval_index()
         if pr.aggregation == "paper":
-            D = bank.directions(0)
-            res = retrieve(k_q, A, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
+            res = retrieve(k_q, A_unit, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
                            oracle_dir=oracle_dir, rng=self._rng)
             d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
             return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
-        ids, weights, best = knn_prototypes(k_q, A, owner, pr.k_anchors, pr.retrieval.T_agg)
-        seqs = [p.tokens for p in bank.protos]
+        ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg, unit_anchors=True)
         cache: dict[tuple[int, int], np.ndarray] = {}
 
         def dir_fn(j: int, s: int) -> np.ndarray:
@@ -428,6 +429,17 @@ class Miita:
             return prefix_direction(step, generated, seqs, ids, weights, dir_fn)
 
         return ids, best, weights, plan
+
+    def retrieval_index(self):
+        """(anchors, unit anchors f32, owners, directions at position 0, answer tokens), cached:
+        rebuilding them from 10,000 prototypes per query would cost more than the prompt pass."""
+        if self._index is None:
+            bank = self.bank
+            A, owner = bank.anchor_matrix()
+            n = np.linalg.norm(A, axis=1, keepdims=True)
+            A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
+            self._index = (A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos])
+        return self._index
 
     # ---------------------------------------------------------------- info
     def info(self) -> dict:

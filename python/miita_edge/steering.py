@@ -37,25 +37,38 @@ def anchor_scores(k_q: np.ndarray, anchors: np.ndarray) -> np.ndarray:
     return np.einsum("ah,h->a", A, _unit(np.asarray(k_q, np.float64)))
 
 
-def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: int, T: float
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: int, T: float,
+                   unit_anchors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k anchors -> prototypes with summed softmax weights, by weight descending.
 
     Returns (prototype ids, weights summing to 1, best anchor score of each).
     Ties in anchor score go to the lower anchor index; ties in weight to the
-    lower prototype id.
+    lower prototype id. ``unit_anchors``: the rows are already unit-norm
+    float32 (the serving path caches them); scores then come from one BLAS
+    matrix-vector product, whose rounding can differ by an ulp between equal
+    rows, so exact ties may break either way there.
     """
-    s = anchor_scores(k_q, anchors)
+    if unit_anchors:
+        q = _unit(np.asarray(k_q, np.float64)).astype(anchors.dtype)
+        s = (anchors @ q).astype(np.float64) if len(anchors) else np.zeros(0)
+    else:
+        s = anchor_scores(k_q, anchors)
     if len(s) == 0 or k <= 0:
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
-    order = np.lexsort((np.arange(len(s)), -s))[:k]
+    if len(s) > 4 * k:  # only rows scoring at least the k-th best can be chosen; keep ties
+        kth = np.partition(s, len(s) - k)[len(s) - k]
+        cand = np.flatnonzero(s >= kth)
+        order = cand[np.lexsort((cand, -s[cand]))][:k]
+    else:
+        order = np.lexsort((np.arange(len(s)), -s))[:k]
     z = s[order] / T
     w = np.exp(z - z.max())
     w /= w.sum()
     owners = np.asarray(owner)[order]
     ids = np.unique(owners)
+    so = s[order]
     weight = np.array([w[owners == j].sum() for j in ids])
-    best = np.array([s[order][owners == j].max() for j in ids])
+    best = np.array([so[owners == j].max() for j in ids])
     rank = np.lexsort((ids, -weight))
     return ids[rank].astype(np.int64), weight[rank], best[rank]
 
