@@ -144,6 +144,16 @@ py::array_t<float> lm_correction(const py::buffer & W, int type, int64_t n_rows,
     return out;
 }
 
+py::array_t<float> bit_scores(const py::array_t<uint8_t, py::array::c_style | py::array::forcecast> & bits,
+                              const f32_in & q) {
+    if (bits.ndim() != 2) throw std::invalid_argument("bits must be (n, ceil(H/8)) uint8");
+    const int64_t H = q.size();
+    if (bits.shape(1) != (H + 7) / 8) throw std::invalid_argument("bits has the wrong number of bytes per row for q");
+    py::array_t<float> out(bits.shape(0));
+    check(miita_bit_scores(bits.data(), bits.shape(0), H, q.data(), out.mutable_data()));
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -154,6 +164,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("callback_address", [] { return reinterpret_cast<uintptr_t>(&miita_eval_callback); },
           "Address of the C eval callback, to put into llama_context_params.cb_eval.");
     m.def("compiled_tensor_size", &miita_compiled_tensor_size);
+    m.def("bit_scores", &bit_scores, py::arg("bits"), py::arg("q"),
+          "q · s for every packed sign vector s (rows of np.packbits output), float32.");
 
     py::class_<State>(m, "State", "Eval-callback state owned by one llama context.")
         .def(py::init<int64_t>(), py::arg("n_embd"))

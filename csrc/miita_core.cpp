@@ -249,6 +249,30 @@ int64_t miita_state_hits(const miita_state * st, int which) { return which == 0 
 
 size_t miita_compiled_tensor_size(void) { return sizeof(struct ggml_tensor); }
 
+int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out) {
+    if (n < 0 || H <= 0 || (n > 0 && (!bits || !q || !out))) return fail("bad bit_scores arguments");
+    const int64_t nb = (H + 7) / 8;
+    std::vector<float> lut(nb * 256);
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int v = 0; v < 256; ++v) {
+            float acc = 0.0f;
+            for (int j = 0; j < 8; ++j) {
+                const int64_t dim = 8 * b + j;
+                if (dim >= H) break;
+                acc += ((v >> (7 - j)) & 1) ? q[dim] : -q[dim];
+            }
+            lut[b * 256 + v] = acc;
+        }
+    }
+    for (int64_t a = 0; a < n; ++a) {
+        const uint8_t * row = bits + a * nb;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) acc += lut[b * 256 + row[b]];
+        out[a] = acc;
+    }
+    return 0;
+}
+
 }  // extern "C"
 
 // ---------------------------------------------------------------------------

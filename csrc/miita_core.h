@@ -111,6 +111,12 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
                         const float * logits, const int32_t * targets, int64_t T,
                         int64_t top_k, int per_position, float * out, int n_threads);
 
+/* Dot products of one float query with sign vectors stored as packed bits
+ * (np.packbits order: bit 7 of byte 0 is dimension 0): out[a] = sum_i q_i * s_{a,i},
+ * s = +1 for a set bit, -1 otherwise. A per-byte lookup table makes it 1 add per
+ * 8 dimensions, reading n * ceil(H/8) bytes instead of n * H floats. */
+int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out);
+
 /* ABI facts of the ggml this file was compiled against, for the import-time check. */
 /* sizeof(struct ggml_tensor) in the headers this file was compiled against; the
  * loaded library's ggml_tensor_overhead() must equal it plus sizeof(ggml_object). */

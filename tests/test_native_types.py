@@ -60,3 +60,33 @@ def test_kernels_on_type(qt, n_rows, n_embd):
     top = np.argsort(-z, axis=1, kind="stable")[:, :k]
     Rk = np.stack([ref[targets[t]] - p[t, top[t]] @ ref[top[t]] for t in range(T)])
     np.testing.assert_allclose(_native.lm_correction(*args, logits, targets, k, True, 2), Rk, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("H", [640, 64, 13, 8, 1])
+def test_bit_scores_match_dense_sign_dot(H):
+    """The packed-bit kernel equals q · s with s = ±1 from np.packbits' bit order (dense numpy)."""
+    rng = np.random.default_rng(H)
+    S = rng.standard_normal((257, H)) >= 0
+    q = rng.standard_normal(H).astype(np.float32)
+    ref = np.where(S, 1.0, -1.0) @ q.astype(np.float64)
+    got = _native.bit_scores(np.packbits(S, axis=1), q)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * max(1.0, np.abs(ref).max()))
+    with pytest.raises(ValueError, match="wrong number of bytes"):
+        _native.bit_scores(np.packbits(S, axis=1)[:, :0], q) if H > 0 else None
+
+
+def test_bit_scores_drive_the_same_vote_as_float_anchors():
+    from miita_edge import codecs
+    from miita_edge.steering import knn_prototypes
+
+    rng = np.random.default_rng(5)
+    H = 64
+    A = codecs.roundtrip(rng.standard_normal((400, H)).astype(np.float32), "bit")  # ±1 rows
+    owner = rng.integers(0, 12, 400)
+    q = rng.standard_normal(H)
+    ref = knn_prototypes(q, A, owner, 8, 0.05)
+    qn = (q / np.linalg.norm(q)).astype(np.float32)
+    s = _native.bit_scores(np.packbits(A >= 0, axis=1), qn) / np.sqrt(H)
+    got = knn_prototypes(q, A, owner, 8, 0.05, scores=s)
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_allclose(got[1], ref[1], atol=1e-5)

@@ -405,13 +405,20 @@ class Miita:
         """Retrieval for one query: (prototype ids, scores, weights, steering plan)."""
         pr, bank, eng = self.preset, self.bank, self.engine
         k_q = bank.prepare_key(state.key)
-        A, A_unit, owner, D, seqs = self.retrieval_index()
+        A, A_unit, owner, D, seqs, packed = self.retrieval_index()
         if pr.aggregation == "paper":
             res = retrieve(k_q, A_unit, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
                            oracle_dir=oracle_dir, rng=self._rng)
             d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
             return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
-        ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg, unit_anchors=True)
+        scores = None
+        if packed is not None and len(packed):
+            from . import _native
+
+            q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
+            scores = _native.bit_scores(packed, q) / np.sqrt(bank.n_embd)  # cos: anchors are ±1/√H
+        ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
+                                            unit_anchors=True, scores=scores)
         cache: dict[tuple[int, int], np.ndarray] = {}
 
         def dir_fn(j: int, s: int) -> np.ndarray:
@@ -431,14 +438,18 @@ class Miita:
         return ids, best, weights, plan
 
     def retrieval_index(self):
-        """(anchors, unit anchors f32, owners, directions at position 0, answer tokens), cached:
+        """(anchors, unit anchors f32, owners, directions at position 0, answer tokens, packed
+        sign bits or None), cached per memory version:
         rebuilding them from 10,000 prototypes per query would cost more than the prompt pass."""
         if self._index is None:
             bank = self.bank
             A, owner = bank.anchor_matrix()
             n = np.linalg.norm(A, axis=1, keepdims=True)
             A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
-            self._index = (A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos])
+            # 1-bit anchors are scored in packed form by the native kernel: 80 bytes per anchor
+            # to read instead of 2,560 (the float matrix falls out of the caches during the prompt pass)
+            packed = np.packbits(A >= 0, axis=1) if bank.config.key_precision == "bit" else None
+            self._index = (A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos], packed)
         return self._index
 
     # ---------------------------------------------------------------- info

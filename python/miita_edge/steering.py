@@ -38,7 +38,8 @@ def anchor_scores(k_q: np.ndarray, anchors: np.ndarray) -> np.ndarray:
 
 
 def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: int, T: float,
-                   unit_anchors: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   unit_anchors: bool = False, scores: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Top-k anchors -> prototypes with summed softmax weights, by weight descending.
 
     Returns (prototype ids, weights summing to 1, best anchor score of each).
@@ -46,9 +47,13 @@ def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: i
     lower prototype id. ``unit_anchors``: the rows are already unit-norm
     float32 (the serving path caches them); scores then come from one BLAS
     matrix-vector product, whose rounding can differ by an ulp between equal
-    rows, so exact ties may break either way there.
+    rows, so exact ties may break either way there. ``scores``: the anchor
+    cosines computed elsewhere (the native packed-bit kernel); then
+    ``k_q`` and ``anchors`` are not read.
     """
-    if unit_anchors:
+    if scores is not None:
+        s = np.asarray(scores, np.float64)
+    elif unit_anchors:
         q = _unit(np.asarray(k_q, np.float64)).astype(anchors.dtype)
         s = (anchors @ q).astype(np.float64) if len(anchors) else np.zeros(0)
     else:
