@@ -11,7 +11,6 @@ machines this runs on are noisy: only the ratios are meant to be compared.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import platform
 import statistics

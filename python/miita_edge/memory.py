@@ -31,7 +31,7 @@ Choices the paper leaves open (docs/method.md has the reasons):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -7,11 +7,10 @@ with; opening it with another model is refused.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -25,7 +24,7 @@ from .extract import extract, prompt_tokens
 from .memory import BankConfig, MemoryBank
 from .retrieval import RetrievalConfig, retrieve
 from .steering import knn_prototypes, prefix_direction
-from .streams import Example, stream_bytes
+from .streams import Example
 from .templates import get_template
 
 MEMORY_ENV = "MIITA_EDGE_MEMORY"
