@@ -353,8 +353,7 @@ class Engine:
             generated.append(tok)
             text_bytes += self.token_bytes(tok)
             text = text_bytes.decode("utf-8", errors="ignore")
-            hit = [text.find(s) for s in stop if s and s in text]
-            if hit:
+            if any(s and s in text for s in stop):
                 reason = "stop"
                 break
         self.set_steer(None, None, 0.0, "off")
