@@ -217,6 +217,28 @@ def test_changed_configuration_in_the_same_out_dir_is_refused(bench_dir, tmp_pat
         _run(bench_dir, out, budget="10%")
 
 
+def test_summary_cells_compute_only_what_op_bwt_fwt_read(bench_dir, tmp_path, stubs):
+    full = _run(bench_dir, tmp_path / "full")
+    stubs["predict"].clear()
+    res = _run(bench_dir, tmp_path / "sum", cells="summary")
+    # T = 3: 3T-2 = 7 cells; A[0, 2] and A[1, 0] are neither in the final row, on the diagonal
+    # nor on the first super-diagonal
+    assert len(stubs["predict"]) == 7 and res["cells_filled"] == 7 and res["cells"] == "summary"
+    A = res["matrix"].A
+    skipped = {(0, 2), (1, 0)}
+    for t in range(3):
+        for tau in range(3):
+            if (t, tau) in skipped:
+                assert A[t, tau] != A[t, tau]  # NaN: not computed
+            else:
+                assert A[t, tau] == EXPECTED_A[t][tau]
+    assert (res["op"], res["bwt"], res["fwt"]) == (full["op"], full["bwt"], full["fwt"])
+    assert not (tmp_path / "sum" / "cells" / "A-00-02.json").exists()
+    assert "7 of 9 filled" in (tmp_path / "sum" / "result.md").read_text()
+    with pytest.raises(InputError, match="cells"):
+        _run(bench_dir, tmp_path / "bad", cells="some")
+
+
 # --------------------------------------------------------------------------- budgets and limits
 @pytest.mark.parametrize("pct", [10, 100])
 def test_fractional_budget_is_of_the_learned_stream(bench_dir, tmp_path, stubs, pct):

@@ -131,6 +131,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--baseline-cache", metavar="DIR", help="where the frozen model's per-stage scores (FWT baseline) "
                    "are cached; share one DIR between methods to compute them once (default: OUT/baseline)")
     p.add_argument("--no-baseline", action="store_true", help="skip the frozen baseline (no FWT)")
+    p.add_argument("--cells", choices=["all", "summary"], default="all", help="all: fill the whole matrix A "
+                   "(default); summary: only the cells OP, BWT and FWT read (final row, diagonal, first "
+                   "super-diagonal: 3T-2 of T*T), the others left empty; for sweeps on small machines")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress on stderr (default: when stderr is a terminal)")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: $MIITA_EDGE_MODEL or the embedded "
@@ -266,7 +269,7 @@ def cmd_bench(args) -> int:
                         limit_per_stage=args.limit_per_stage, limit_train_per_stage=args.limit_train_per_stage,
                         max_tokens=args.max_tokens, progress=progress, max_prompt_tokens=mpt,
                         baseline=None if args.no_baseline else "frozen", baseline_dir=args.baseline_cache,
-                        model=args.model, threads=args.threads,
+                        model=args.model, threads=args.threads, cells=args.cells,
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
         from .report import _json_default

@@ -54,6 +54,12 @@ __all__ = ["BENCHMARKS", "METHODS", "BenchSpec", "Context", "Method", "MethodInf
            "get_benchmark", "get_method", "load_benchmark", "parse_stages", "register_method", "run_benchmark"]
 
 RESULT_FORMAT = "miita-edge-bench/1"
+CELL_MODES = ("all", "summary")
+
+
+def _cell_wanted(mode: str, t: int, tau: int, T: int) -> bool:
+    """Whether cell A[t, τ] is computed: all of them, or only those OP/BWT/FWT read."""
+    return mode == "all" or t == T - 1 or tau == t or tau == t + 1
 AUTO = "auto"  # max_prompt_tokens: the benchmark's own limit
 
 
@@ -725,7 +731,7 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                   limit_train_per_stage: int | None = None, max_tokens: int | None = None, progress: bool = True,
                   engine=None, *, max_prompt_tokens: int | None | str = AUTO, baseline: str | None = "frozen",
                   baseline_dir: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
-                  threads: int = 0, command: str | None = None) -> dict:
+                  threads: int = 0, command: str | None = None, cells: str = "all") -> dict:
     """Run (or resume) one method on one benchmark; returns the result dict (also written to
     ``out_dir/result.json``, ``result.md`` and ``heatmap.png``).
 
@@ -736,10 +742,16 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     FWT); cached under ``baseline_dir`` (default ``out_dir/baseline``), shareable across runs.
     ``engine``: an open Engine to use (otherwise one is loaded from ``model`` with ``threads``
     only when something has to be computed).
+    ``cells``: ``"all"`` fills the whole matrix A (the protocol); ``"summary"`` computes only the
+    cells that OP, BWT and FWT read — the final row, the diagonal and the first super-diagonal
+    (3T−2 of T² cells; 43 instead of 225 on SuperNI) — and leaves the rest empty (NaN). It is for
+    sweeps on small machines and is recorded in the result.
     """
     session_t0 = time.perf_counter()
     spec = get_benchmark(benchmark)
     info = get_method(method)
+    if cells not in CELL_MODES:
+        raise InputError(f"cells must be one of {', '.join(CELL_MODES)}, got {cells!r}")
     if baseline is not None:
         base_info = get_method(baseline)
     probe = info.factory()
@@ -778,6 +790,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
               "n_test": [len(s.test) for s in stages_], "data": data_hashes, "template": spec.template,
               "metric": spec.metric, "max_tokens": max_tokens, "max_prompt_tokens": max_prompt_tokens,
               "model": model_id}
+    if cells != "all":  # absent for "all", so results written before the option still resume
+        config["cells"] = cells
     config_hash = _sha(config)
     run_path = out / "run.json"
     old = _read_json(run_path)
@@ -788,6 +802,7 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                          "use another --out or delete it")
     out.mkdir(parents=True, exist_ok=True)
     _write_json(run_path, {"config": config, "config_hash": config_hash})
+    cells_mode = cells
     cells = _Cells(out / "cells", config_hash)
     state_root = out / "state"
     work = out / "work"
@@ -895,6 +910,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
         col_cache: dict[int, dict] = {}  # non-learning methods: one computation per test stage
         for t in range(T):
             for tau in range(T):
+                if not _cell_wanted(cells_mode, t, tau, T):
+                    continue
                 c = cells.get(t, tau, len(stages_[tau].test))
                 if c is None and not probe.learns:
                     src = col_cache.get(tau)
@@ -948,7 +965,7 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
 
     # -------------------------------------------------------------------- result
     learn_s = math.fsum(records[t]["learn_seconds"] for t in range(T))
-    eval_s = math.fsum(cell_data[(t, tau)]["seconds"] for t in range(T) for tau in range(T))
+    eval_s = math.fsum(c["seconds"] for c in cell_data.values())
     base_s = math.fsum(c.get("seconds", 0.0) for c in base_cells)
     final_mem = int(records[T - 1]["memory_bytes"])
     per_stage = []
@@ -976,12 +993,14 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
         "wall_time_s": learn_s + eval_s, "seconds": {"learn": learn_s, "eval": eval_s, "baseline": base_s,
                                                       "this_session": time.perf_counter() - session_t0},
         "computed_this_session": computed,
+        "cells": cells_mode, "cells_filled": len(cell_data),
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
                     "engine": engine_info},
         "command": command, "out_dir": str(out),
     }
-    if any("oracle_alignment" in cell_data[(t, tau)].get("extra", {}) for t in range(T) for tau in range(T)):
-        oa = [[cell_data[(t, tau)]["extra"].get("oracle_alignment") for tau in range(T)] for t in range(T)]
+    if any("oracle_alignment" in c.get("extra", {}) for c in cell_data.values()):
+        oa = [[cell_data[(t, tau)]["extra"].get("oracle_alignment") if (t, tau) in cell_data else None
+               for tau in range(T)] for t in range(T)]
         last = [(oa[T - 1][tau], len(stages_[tau].test)) for tau in range(T) if oa[T - 1][tau] is not None]
         result["oracle_alignment"] = {"final": math.fsum(v * n for v, n in last) / sum(n for _, n in last),
                                       "matrix": oa,
@@ -1003,7 +1022,8 @@ def _write_reports(result: dict, out: Path) -> None:
     lines += [f"method `{result['method']}`: {result['method_description']}; budget `{result['budget_spec']}` of the "
               f"{result['stream_bytes']}-byte learned stream = "
               + ("unlimited" if result["budget_bytes"] is None else f"{result['budget_bytes']} bytes") +
-              f"; max new tokens {result['max_tokens']}, prompt cut "
+              f"; max new tokens {result['max_tokens']}; cells {result.get('cells', 'all')} "
+              f"({result.get('cells_filled', '?')} of {len(result['stage_names']) ** 2} filled); prompt cut "
               + ("none" if result["max_prompt_tokens"] is None else f"{result['max_prompt_tokens']} tokens"), ""]
     lines += ["| stage | train | test | A[τ,τ] | A[T,τ] | baseline | learn s | memory bytes after |",
               "|---|---:|---:|---:|---:|---:|---:|---:|"]
