@@ -359,7 +359,15 @@ def test_memory_bytes_are_the_bytes_on_disk(method, engine1, tmp_path):
 
 
 @pytest.mark.model
-def test_example_mem_bytes_and_evict_oldest(engine1, tmp_path):
+def _prio_ref(*parts: str) -> float:
+    """Independent re-derivation of the retention priority: sha256 over length-prefixed UTF-8."""
+    import hashlib
+
+    data = b"".join(len(p.encode()).to_bytes(8, "little") + p.encode() for p in parts)
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "little") / 2.0 ** 64
+
+
+def test_example_mem_bytes_and_uniform_retention(engine1, tmp_path):
     out = tmp_path / "ex"
     budget = 400
     res = ev.run_benchmark("banking77", BANKING, "example-mem", out, budget=str(budget), stages="1,2",
@@ -371,14 +379,14 @@ def test_example_mem_bytes_and_evict_oldest(engine1, tmp_path):
         return len(r["input"].encode("utf-8")) + len(r["output"].encode("utf-8")) + key_bytes
 
     stages = ["banking77_task1", "banking77_task2"]
+    kept: list[dict] = []
+    evicted_any = False
     for t in range(2):
-        learned = _banking_rows("train", stages[:t + 1], 3)
-        kept = []  # the longest suffix of the learned rows that fits: what evict-oldest keeps
-        for r in reversed(learned):
-            if sum(map(cost, kept)) + cost(r) > budget:
-                break
-            kept.insert(0, r)
-        assert 0 < len(kept) < len(learned)  # the budget did force evictions
+        for r in _banking_rows("train", stages[t:t + 1], 3):  # brute force: add, then drop lowest priority
+            kept.append(r)
+            while sum(map(cost, kept)) > budget:
+                kept.remove(min(kept, key=lambda q: _prio_ref(q["input"], q["output"])))
+                evicted_any = True
         snap = out / "state" / f"stage-{t:02d}"
         stored = [json.loads(line) for line in (snap / "examples.jsonl").read_text("utf-8").splitlines()]
         assert [(r["input"], r["output"]) for r in stored] == [(r["input"], r["output"]) for r in kept]
@@ -386,6 +394,7 @@ def test_example_mem_bytes_and_evict_oldest(engine1, tmp_path):
 
         assert np.load(snap / "keys.npy").shape == (len(kept), key_bytes)
         assert res["per_stage"][t]["memory_bytes_after"] == sum(map(cost, kept)) <= budget
+    assert evicted_any and kept  # the budget did force evictions
 
 
 @pytest.mark.model

@@ -464,7 +464,10 @@ class ExampleMem(Method):
 
     Memory: the kept examples' UTF-8 text plus one 1-bit key each (the default preset's key:
     BOS row dropped, centred on the calibration mean, sign per dimension: H/8 bytes). Budget:
-    after each new example, the oldest are evicted while the bytes exceed the budget.
+    after each new example, while the bytes exceed the budget the example of lowest retention
+    priority is evicted — a reproducible uniform draw from its text
+    (``baselines.priority``), so what is kept is a uniform sample of the whole stream and early
+    stages are not forgotten first (evicting the oldest would make BWT a property of the policy).
     Retrieval: cosine of the query's prepared key with the stored ±1 keys, top-4 (ties: older
     first); demonstrations are placed least similar first, so the best sits next to the query.
     Each demonstration's prompt is cut like any prompt; if the whole prompt still does not fit
@@ -512,8 +515,11 @@ class ExampleMem(Method):
             self.keys.append(bits)
             total = self.memory_bytes()
             while self.items and self.ctx.budget_bytes is not None and total > self.ctx.budget_bytes:
-                x, y = self.items.pop(0)
-                self.keys.pop(0)
+                from .baselines import priority
+
+                i = min(range(len(self.items)), key=lambda j: (priority(*self.items[j]), j))
+                x, y = self.items.pop(i)
+                self.keys.pop(i)
                 total -= self.item_bytes(x, y, self.n_key_bytes)
 
     def retrieve(self, x: str) -> list[int]:
@@ -579,6 +585,12 @@ def _dense_preset():
     return p
 
 
+def _baseline(name: str) -> Method:
+    from . import baselines  # imports this module: loaded on first use, not at import
+
+    return getattr(baselines, name)()
+
+
 def _register_builtins() -> None:
     reg = register_method
     reg("frozen", Frozen, "the model alone, no memory")
@@ -597,7 +609,12 @@ def _register_builtins() -> None:
         reg(f"miita-paper-{mode}", (lambda m=mode: MiitaMethod("paper", mode=m, oracle_alignment=True)),
             f"paper preset, retrieval variant {mode} (appendix C.3); reports Oracle Alignment")
     reg("label-vote", LabelVote, "classification only: majority label of the top-8 anchors of a default memory, no LM")
-    reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, evict oldest")
+    reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, a uniform "
+        "sample of the stream kept")
+    reg("semantic-mem", lambda: _baseline("SemanticMem"), "semantic prototypes (key + answer-state centroids, "
+        "merged by key similarity), no correction information, used like MIITA's paper preset (appendix C.2)")
+    reg("knn-lm", lambda: _baseline("KnnLM"), "kNN-LM datastore of (final hidden state, next answer token), int8 "
+        "keys, k=8, lambda=0.25, a uniform sample of the stream kept (Khandelwal et al. 2020)")
 
 
 _register_builtins()

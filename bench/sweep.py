@@ -1,0 +1,111 @@
+"""Run the results sweep of docs/RESULTS.md: many ``miita-edge bench`` jobs, by several workers.
+
+Why a driver and not a shell loop: the jobs run for hours on a 2-core machine, must survive an
+interrupted session (each job resumes from its cached cells), and two workers must never take
+the same job. A worker claims a job by creating ``OUT/claims/<job>`` exclusively, runs it with
+one llama.cpp thread, and writes ``OUT/done/<job>.json`` (result summary or the one-line error,
+for example a budget too small for one prototype). The plan file is re-read before every claim,
+so jobs can be appended while workers run.
+
+    python bench/sweep.py --plan bench/sweep_plan.txt --data ../shared/data --out bench-results/sweep &
+    python bench/sweep.py --plan bench/sweep_plan.txt --data ../shared/data --out bench-results/sweep &
+
+Plan lines: ``BENCHMARK METHOD BUDGET`` (``#`` starts a comment). Subsample and cells are fixed
+per benchmark below (LIMITS) and recorded in every result.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA_DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
+
+#: (training rows per stage, test rows per stage): the first N in file order (the data builders
+#: shuffled within a stage). Chosen so the whole sweep fits a few hours on 2 cores; see RESULTS.md.
+LIMITS = {"banking77": (100, 15), "dsc": (40, 10), "xquad": (25, 10), "superni": (10, 3)}
+
+
+def job_name(bench: str, method: str, budget: str) -> str:
+    return f"{bench}__{method}__{budget.replace('%', 'pct')}"
+
+
+def read_plan(path: Path) -> list[tuple[str, str, str]]:
+    jobs = []
+    for line in path.read_text("utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            b, m, bud = line.split()
+            jobs.append((b, m, bud))
+    return jobs
+
+
+def claim(out: Path, name: str) -> bool:
+    (out / "claims").mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(out / "claims" / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def run_job(args, bench: str, method: str, budget: str) -> dict:
+    name = job_name(bench, method, budget)
+    tr, te = LIMITS[bench]
+    jdir = args.out / "runs" / name
+    cmd = ["miita-edge", "bench", "--benchmark", bench, "--data", str(args.data / DATA_DIRS[bench]),
+           "--method", method, "--budget", budget, "--limit-train-per-stage", str(tr), "--limit-per-stage", str(te),
+           "--cells", "summary", "--threads", str(args.threads), "--out", str(jdir),
+           "--baseline-cache", str(args.out / "baseline" / bench), "--no-progress", "--json"]
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.time() - t0
+    rec = {"job": name, "benchmark": bench, "method": method, "budget": budget, "rc": p.returncode,
+           "wall_s": round(wall, 1), "command": " ".join(cmd)}
+    if p.returncode == 0:
+        res = json.loads(p.stdout)
+        rec.update({k: res.get(k) for k in ("op", "bwt", "fwt", "budget_bytes", "stream_bytes", "memory_bytes",
+                                             "wall_time_s")})
+        if "oracle_alignment" in res:
+            rec["oracle_alignment"] = res["oracle_alignment"]["final"]
+        rec["result"] = str(jdir / "result.json")
+    else:
+        rec["error"] = (p.stderr.strip().splitlines() or ["?"])[-1]
+    return rec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "done").mkdir(exist_ok=True)
+    while True:
+        todo = [j for j in read_plan(args.plan) if not (args.out / "claims" / job_name(*j)).exists()]
+        if not todo:
+            return 0
+        bench, method, budget = todo[0]
+        name = job_name(bench, method, budget)
+        if not claim(args.out, name):
+            continue
+        # the frozen baseline of this benchmark is shared: wait for whoever computes it
+        frozen = job_name(bench, "frozen", "none")
+        while method != "frozen" and (args.out / "claims" / frozen).exists() \
+                and not (args.out / "done" / f"{frozen}.json").exists():
+            time.sleep(5)
+        print(f"[{time.strftime('%H:%M:%S')}] start {name}", flush=True)
+        rec = run_job(args, bench, method, budget)
+        (args.out / "done" / f"{name}.json").write_text(json.dumps(rec, indent=1))
+        print(f"[{time.strftime('%H:%M:%S')}] done {name}: rc={rec['rc']} {rec.get('op')} {rec.get('error', '')} "
+              f"({rec['wall_s']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
