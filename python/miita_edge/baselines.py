@@ -61,6 +61,19 @@ def target_states(engine, template, x: str, y: str, *, skip_bos: bool,
     return TargetStates(np.asarray(s, np.float64) / max(n, 1), list(target), hidden.astype(np.float32))
 
 
+def cached_target_states(ctx, ex: Example, skip_bos: bool) -> TargetStates | None:
+    """:func:`target_states` through the run's extract cache (``Context.cached``)."""
+    eng, tpl = ctx.engine, ctx.template
+
+    def compute():
+        ts = target_states(eng, tpl, ex.input, ex.output, skip_bos=skip_bos, max_prompt_tokens=ctx.max_prompt_tokens)
+        return None if ts is None else {"key": ts.key, "target": np.asarray(ts.target, np.int64), "hidden": ts.hidden}
+
+    a = ctx.cached("target_states", {"prompt": tpl.render_prompt(ex.input), "target": tpl.render_target(ex.output),
+                                     "skip_bos": skip_bos, "max_prompt_tokens": ctx.max_prompt_tokens}, compute)
+    return None if a is None else TargetStates(a["key"], [int(t) for t in a["target"]], a["hidden"])
+
+
 def priority(*parts: str | bytes) -> float:
     """A reproducible uniform(0, 1) draw from stored content: keeping the highest priorities that
     fit is a uniform random sample of the stream (bottom-k sampling), the same on every rerun, and
@@ -150,10 +163,9 @@ class SemanticMem(Method):
             self.K, self.S, self.n = self.K[keep], self.S[keep], self.n[keep]
 
     def learn(self, stage_examples: list[Example]) -> None:
-        eng, c = self.ctx.engine, self.ctx
+        c = self.ctx
         for ex in stage_examples:
-            ts = target_states(eng, c.template, ex.input, ex.output, skip_bos=self.preset.skip_bos,
-                               max_prompt_tokens=c.max_prompt_tokens)
+            ts = cached_target_states(c, ex, self.preset.skip_bos)
             if ts is None:
                 continue
             self._write(ts.key.astype(np.float32), _unit(ts.hidden.astype(np.float64).mean(axis=0)))
@@ -271,14 +283,13 @@ class KnnLM(Method):
         return self._keys_f
 
     def learn(self, stage_examples):
-        eng, c = self.ctx.engine, self.ctx
+        c = self.ctx
         budget = c.budget_bytes
         if budget is not None and budget < self.entry_bytes:
             raise BudgetError(f"knn-lm: one entry takes {self.entry_bytes} bytes, more than the budget of "
                               f"{budget} bytes")
         for ex in stage_examples:
-            ts = target_states(eng, c.template, ex.input, ex.output, skip_bos=True,
-                               max_prompt_tokens=c.max_prompt_tokens)
+            ts = cached_target_states(c, ex, skip_bos=True)
             if ts is None:
                 continue
             enc = codecs.encode(ts.hidden, "int8")

@@ -121,7 +121,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--limit-per-stage", type=int, metavar="N", help="at most N test rows per stage (the first N), and "
                    "N training rows unless --limit-train-per-stage is given (default: all)")
     p.add_argument("--limit-train-per-stage", type=int, metavar="N", help="at most N training rows per stage (the "
-                   "first N; default: --limit-per-stage, else all)")
+                   "first N; 0 = all; default: --limit-per-stage, else all)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: bench-results/BENCHMARK/METHOD-BUDGET); "
                    "a rerun with the same options resumes there")
     p.add_argument("--max-tokens", type=int, metavar="N", help="new tokens per answer (default: the benchmark's: "
@@ -131,6 +131,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--baseline-cache", metavar="DIR", help="where the frozen model's per-stage scores (FWT baseline) "
                    "are cached; share one DIR between methods to compute them once (default: OUT/baseline)")
     p.add_argument("--no-baseline", action="store_true", help="skip the frozen baseline (no FWT)")
+    p.add_argument("--extract-cache", metavar="DIR", help="cache the frozen model's decode pass per training "
+                   "example in DIR and reuse it across budgets and methods (results are unchanged; default: none)")
     p.add_argument("--cells", choices=["all", "summary"], default="all", help="all: fill the whole matrix A "
                    "(default); summary: only the cells OP, BWT and FWT read (final row, diagonal, first "
                    "super-diagonal: 3T-2 of T*T), the others left empty; for sweeps on small machines")
@@ -259,7 +261,7 @@ def cmd_bench(args) -> int:
         out = os.path.join("bench-results", args.benchmark, f"{args.method}-{tag}")
     for flag in ("limit_per_stage", "limit_train_per_stage", "max_tokens"):
         v = getattr(args, flag)
-        if v is not None and v < 1:
+        if v is not None and v < (0 if flag == "limit_train_per_stage" else 1):
             raise InputError(f"--{flag.replace('_', '-')} must be >= 1, got {v}")
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
@@ -270,6 +272,7 @@ def cmd_bench(args) -> int:
                         max_tokens=args.max_tokens, progress=progress, max_prompt_tokens=mpt,
                         baseline=None if args.no_baseline else "frozen", baseline_dir=args.baseline_cache,
                         model=args.model, threads=args.threads, cells=args.cells,
+                        extract_cache_dir=args.extract_cache,
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
         from .report import _json_default

@@ -235,8 +235,11 @@ class Context:
     the resolved budget (bytes; None = unlimited) and the generation limits."""
 
     def __init__(self, spec: BenchSpec, work_dir: Path, budget_bytes: int | None, max_tokens: int,
-                 max_prompt_tokens: int | None, engine=None, model=None, threads: int = 0, progress: bool = False):
+                 max_prompt_tokens: int | None, engine=None, model=None, threads: int = 0, progress: bool = False,
+                 extract_cache_dir: str | os.PathLike | None = None):
         self.spec = spec
+        self.extract_cache_dir = extract_cache_dir
+        self._extract_cache = None
         self.work_dir = Path(work_dir)
         self.budget_bytes = budget_bytes
         self.max_tokens = max_tokens
@@ -247,6 +250,25 @@ class Context:
     @property
     def engine(self):
         return self.holder.get()
+
+    @property
+    def extract_cache(self):
+        """The shared decode-pass cache (extract_cache.ExtractCache), or None when not asked for."""
+        if self.extract_cache_dir is None:
+            return None
+        if self._extract_cache is None:
+            from .extract_cache import ExtractCache
+            from .fingerprint import model_sha256
+
+            self._extract_cache = ExtractCache(self.extract_cache_dir, model_sha256(self.engine.info.path))
+        return self._extract_cache
+
+    def cached(self, kind: str, fields: dict, compute):
+        """``compute()`` through the extract cache when there is one (arrays dict or None)."""
+        c = self.extract_cache
+        if c is None:
+            return compute()
+        return c.get_or_compute(kind, {**fields, "n_batch": self.engine.config.n_batch}, compute)
 
     @property
     def budget_arg(self) -> str:
@@ -367,6 +389,7 @@ class MiitaMethod(Method):
         self.m = Miita(memory=self.mem_dir, preset=self._preset(), template=self.ctx.spec.template,
                        engine=self.ctx.engine)
         self.m.max_prompt_tokens = self.ctx.max_prompt_tokens
+        self.m.extract_cache = self.ctx.extract_cache
 
     def reset(self):
         self.close()
@@ -495,9 +518,15 @@ class ExampleMem(Method):
     def _key(self, x: str) -> np.ndarray:
         from .extract import prompt_tokens
 
-        eng = self.ctx.engine
-        st = eng.query(prompt_tokens(eng, self.ctx.template, x, self.ctx.max_prompt_tokens), skip_bos_in_key=True)
-        return self._keyer.bank.prepare_key(st.key)
+        eng, c = self.ctx.engine, self.ctx
+
+        def compute():
+            st = eng.query(prompt_tokens(eng, c.template, x, c.max_prompt_tokens), skip_bos_in_key=True)
+            return {"key": np.asarray(st.key)}
+
+        a = c.cached("query_key", {"prompt": c.template.render_prompt(x), "skip_bos": True,
+                                   "max_prompt_tokens": c.max_prompt_tokens}, compute)
+        return self._keyer.bank.prepare_key(a["key"])
 
     @staticmethod
     def item_bytes(x: str, y: str, key_bytes: int) -> int:
@@ -748,7 +777,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                   limit_train_per_stage: int | None = None, max_tokens: int | None = None, progress: bool = True,
                   engine=None, *, max_prompt_tokens: int | None | str = AUTO, baseline: str | None = "frozen",
                   baseline_dir: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
-                  threads: int = 0, command: str | None = None, cells: str = "all") -> dict:
+                  threads: int = 0, command: str | None = None, cells: str = "all",
+                  extract_cache_dir: str | os.PathLike | None = None) -> dict:
     """Run (or resume) one method on one benchmark; returns the result dict (also written to
     ``out_dir/result.json``, ``result.md`` and ``heatmap.png``).
 
@@ -763,6 +793,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     cells that OP, BWT and FWT read — the final row, the diagonal and the first super-diagonal
     (3T−2 of T² cells; 43 instead of 225 on SuperNI) — and leaves the rest empty (NaN). It is for
     sweeps on small machines and is recorded in the result.
+    ``extract_cache_dir``: where the frozen model's per-example decode passes are cached
+    (extract_cache.py) so that other budgets and methods reuse them; results are unchanged.
     """
     session_t0 = time.perf_counter()
     spec = get_benchmark(benchmark)
@@ -788,6 +820,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     b = parse_budget(budget)
     if limit_train_per_stage is None:
         limit_train_per_stage = limit_per_stage
+    elif limit_train_per_stage == 0:  # explicitly: every training row
+        limit_train_per_stage = None
     meta, stages_ = load_benchmark(spec, data_dir, stages, limit_per_stage, limit_train_per_stage)
     names = [s.name for s in stages_]
     T = len(stages_)
@@ -826,7 +860,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     shutil.rmtree(work, ignore_errors=True)  # the live state of an interrupted run is not trusted
 
     holder = _EngineHolder(engine, model, threads)
-    ctx = Context(spec, work / "method", budget_bytes, max_tokens, max_prompt_tokens, holder, progress=progress)
+    ctx = Context(spec, work / "method", budget_bytes, max_tokens, max_prompt_tokens, holder, progress=progress,
+                  extract_cache_dir=extract_cache_dir)
     computed = {"cells": 0, "stages_learned": 0, "baseline_cells": 0}
     m_obj: Method | None = None
     try:

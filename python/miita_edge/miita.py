@@ -20,7 +20,7 @@ from . import store as store_mod
 from .budget import Budget, parse_budget
 from .engine import Engine, EngineConfig, Generation
 from .errors import BudgetError, InputError, StoreError
-from .extract import extract, prompt_tokens
+from .extract import Extracted, extract, prompt_tokens
 from .memory import BankConfig, MemoryBank
 from .retrieval import RetrievalConfig, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -210,6 +210,8 @@ class Miita:
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
         # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
         self.max_prompt_tokens: int | None = None
+        # Optional extract_cache.ExtractCache: reuse decode passes across memories (sweeps).
+        self.extract_cache = None
 
     # ---------------------------------------------------------------- life
     def close(self) -> None:
@@ -341,9 +343,7 @@ class Miita:
         bar = _progress(len(examples), progress, "extract")
         extracted = []
         for ex in examples:
-            extracted.append(extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
-                                     corrections=need_R, top_k=pr.correction_top_k,
-                                     max_prompt_tokens=self.max_prompt_tokens))
+            extracted.append(self._extract(ex, need_R))
             bar.update(1)
         bar.close()
         total_log = {"pruned": 0, "merged": 0, "evicted": 0}
@@ -377,6 +377,36 @@ class Miita:
                             prototypes=self.bank.n_prototypes, anchors=self.bank.n_anchors, bytes=self.nbytes(),
                             budget_bytes=self.budget_bytes(), repair=total_log,
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
+
+    def _extract(self, ex: Example, need_R: bool):
+        """eqs. 1-2 for one example, through ``extract_cache`` when one is set."""
+        pr = self.preset
+
+        def run():
+            return extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
+                           corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens)
+
+        if self.extract_cache is None:
+            return run()
+
+        def compute():
+            e = run()
+            if e is None:
+                return None
+            out = {"prompt": np.asarray(e.prompt, np.int64), "target": np.asarray(e.target, np.int64),
+                   "key": np.asarray(e.key)}
+            if e.R is not None:
+                out["R"] = np.asarray(e.R)
+            return out
+
+        fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
+                  "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
+                  "corrections": need_R, "top_k": pr.correction_top_k,
+                  "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
+        a = self.extract_cache.get_or_compute("extract", fields, compute)
+        if a is None:
+            return None
+        return Extracted([int(t) for t in a["prompt"]], [int(t) for t in a["target"]], a["key"], a.get("R"))
 
     # ---------------------------------------------------------------- ask
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
