@@ -63,8 +63,8 @@ def run_job(args, bench: str, method: str, budget: str) -> dict:
            "--cells", "summary", "--threads", str(args.threads), "--out", str(jdir),
            "--baseline-cache", str(args.out / "baseline" / bench),
            "--extract-cache", str(args.out / "extract" / bench), "--no-progress", "--json"]
-    if tr is not None:
-        cmd[cmd.index("--limit-per-stage"):cmd.index("--limit-per-stage")] = ["--limit-train-per-stage", str(tr)]
+    # 0 = every training row (otherwise --limit-per-stage would cap training too)
+    cmd[cmd.index("--limit-per-stage"):cmd.index("--limit-per-stage")] = ["--limit-train-per-stage", str(tr or 0)]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0

@@ -154,6 +154,25 @@ py::array_t<float> bit_scores(const py::array_t<uint8_t, py::array::c_style | py
     return out;
 }
 
+py::array_t<float> i8_scores(const py::array_t<int8_t, py::array::c_style | py::array::forcecast> & rows,
+                             const f32_in & scales, const f32_in & q) {
+    if (rows.ndim() != 2) throw std::invalid_argument("rows must be (n, H) int8");
+    const int64_t n = rows.shape(0), H = rows.shape(1);
+    if (q.size() != H) throw std::invalid_argument("q must have H values");
+    if (scales.size() != n) throw std::invalid_argument("scales must have one value per row");
+    py::array_t<float> out(n);
+    check(miita_i8_scores(rows.data(), scales.data(), n, H, q.data(), out.mutable_data()));
+    return out;
+}
+
+py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
+    if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
+    if (k < 0 || k > x.size()) throw std::invalid_argument("k must be in 0..len(x)");
+    py::array_t<int32_t> out(k);
+    check(miita_top_k(x.data(), x.size(), k, out.mutable_data()));
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -166,6 +185,10 @@ PYBIND11_MODULE(_native, m) {
     m.def("compiled_tensor_size", &miita_compiled_tensor_size);
     m.def("bit_scores", &bit_scores, py::arg("bits"), py::arg("q"),
           "q · s for every packed sign vector s (rows of np.packbits output), float32.");
+    m.def("top_k", &top_k, py::arg("x"), py::arg("k"),
+          "Indices of the k largest values, by value descending then index ascending (int32).");
+    m.def("i8_scores", &i8_scores, py::arg("rows"), py::arg("scales"), py::arg("q"),
+          "scales[a] * (q · rows[a]) for int8 rows, float32.");
 
     py::class_<State>(m, "State", "Eval-callback state owned by one llama context.")
         .def(py::init<int64_t>(), py::arg("n_embd"))

@@ -12,6 +12,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 thread_local std::string g_last_error;
@@ -287,6 +291,10 @@ struct RowReader {
     ggml_type type = GGML_TYPE_F32;
     ggml_to_float_t to_float = nullptr;
 
+    // Q8_0 as ggml lays it out: blocks of {fp16 scale, 32 int8}; checked against the type traits
+    bool is_q8_0() const { return type == GGML_TYPE_Q8_0 && q8_layout; }
+    bool q8_layout = false;
+
     void read(int64_t row, float * out) const {
         const void * src = base + (size_t) row * stride;
         if (type == GGML_TYPE_F32) std::memcpy(out, src, sizeof(float) * n_embd);
@@ -311,7 +319,18 @@ int make_reader(const void * W, int type, int64_t n_rows, int64_t n_embd, RowRea
     rr.n_embd = n_embd;
     rr.type = gt;
     rr.to_float = tr->to_float;
+    rr.q8_layout = gt == GGML_TYPE_Q8_0 && tr->blck_size == 32 && tr->type_size == 34 && n_embd % 32 == 0;
     return 0;
+}
+
+// fp16 -> fp32 for all 65,536 bit patterns, from ggml's own conversion (256 KiB, built once)
+const float * fp16_table() {
+    static const std::vector<float> table = [] {
+        std::vector<float> t(65536);
+        for (uint32_t i = 0; i < 65536; ++i) t[i] = ggml_fp16_to_fp32((ggml_fp16_t) i);
+        return t;
+    }();
+    return table.data();
 }
 
 int clamp_threads(int n_threads, int64_t work) {
@@ -343,15 +362,81 @@ int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
     return 0;
 }
 
+// sum_h q[h] * r[h] over int8 r
+inline float dot_f32_i8(const float * q, const int8_t * r, int64_t H) {
+    int64_t h = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (; h + 32 <= H; h += 32) {
+        const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(r + h));
+        const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(r + h + 16));
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)), _mm512_loadu_ps(q + h), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), _mm512_loadu_ps(q + h + 16), a1);
+    }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#endif
+    for (; h < H; ++h) s += q[h] * (float) r[h];
+    return s;
+}
+
+// a[j] += s * qs[j] for one Q8_0 block of 32
+inline void axpy_q8_block(float * a, float s, const int8_t * qs) {
+#if defined(__AVX512F__)
+    const __m512 vs = _mm512_set1_ps(s);
+    const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+    const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs + 16));
+    _mm512_storeu_ps(a, _mm512_fmadd_ps(vs, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)), _mm512_loadu_ps(a)));
+    _mm512_storeu_ps(a + 16, _mm512_fmadd_ps(vs, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), _mm512_loadu_ps(a + 16)));
+#else
+    for (int j = 0; j < 32; ++j) a[j] += s * (float) qs[j];
+#endif
+}
+
 }  // namespace
 
 extern "C" {
+
+int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
+                    float * out) {
+    if (n < 0 || H <= 0 || (n > 0 && (!rows || !scales || !q || !out))) return fail("bad i8_scores arguments");
+    // One thread on purpose: this runs right after a prompt pass, while llama.cpp's worker
+    // threads still poll for work on the other cores; a second thread here competes with them
+    // (measured: 1-3.4 ms with two threads vs ~0.6-1 ms with one, 10,000 x 640 rows).
+    for (int64_t a = 0; a < n; ++a) out[a] = scales[a] * dot_f32_i8(q, rows + a * H, H);
+    return 0;
+}
+
+int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
+    if (n < 0 || k < 0 || k > n || (k > 0 && (!x || !out))) return fail("bad top_k arguments");
+    if (k == 0) return 0;
+    // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
+    // stable descending sort; one pass, most elements rejected by one comparison with the root
+    auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    std::vector<int32_t> heap;
+    heap.reserve(k);
+    for (int64_t i = 0; i < n; ++i) {
+        const int32_t v = (int32_t) i;
+        if ((int64_t) heap.size() < k) {
+            heap.push_back(v);
+            std::push_heap(heap.begin(), heap.end(), better);
+        } else if (better(v, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), better);
+            heap.back() = v;
+            std::push_heap(heap.begin(), heap.end(), better);
+        }
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);
+    std::copy(heap.begin(), heap.end(), out);
+    return 0;
+}
 
 int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids, int64_t n,
                     float * out, int n_threads) {
     RowReader rr;
     if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(ids, n, n_rows)) return -1;
-    parallel_for(clamp_threads(n_threads, n / 64 + 1), n, [&](int, int64_t b, int64_t e) {
+    // a thread costs more to start than dequantising a thousand rows (K_v = 64 rows per query)
+    parallel_for(clamp_threads(n_threads, n / 1024 + 1), n, [&](int, int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) rr.read(ids[i], out + i * n_embd);
     });
     return 0;
@@ -421,25 +506,43 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
         }
     }
 
-    // E[t] = sum_v p_t(v) W[v]
-    std::vector<float> E(T * H, 0.0f);
+    // E[t] = sum_v p_t(v) W[v]; for the mean (per_position == 0) only mean_t E[t] is needed, and
+    // by linearity that is one weighted sum with the averaged distribution: 1 row pass, not T.
+    const int64_t TP = (exact && !per_position) ? 1 : T;
+    std::vector<float> E(TP * H, 0.0f);
     if (exact) {
-        // One pass over W for all positions: dequantize a row once, use it T times.
-        std::vector<float> P(T * V);
-        for (int64_t t = 0; t < T; ++t) {
-            const float * l = logits + t * V;
-            float * p = P.data() + t * V;
-            const float off = lmax[t] + lse[t];
-            for (int64_t v = 0; v < V; ++v) p[v] = std::exp(l[v] - off);
-        }
+        // One pass over W for all positions: read a row once, use it TP times.
+        std::vector<float> P(TP * V, 0.0f);
         const int nt = clamp_threads(n_threads, V / 4096 + 1);
-        std::vector<std::vector<float>> acc(nt, std::vector<float>(T * H, 0.0f));
+        parallel_for(nt, V, [&](int, int64_t b, int64_t e) {  // T x V exps: split like the row pass
+            for (int64_t t = 0; t < T; ++t) {
+                const float * l = logits + t * V;
+                float * p = P.data() + (TP == 1 ? 0 : t * V);
+                const float off = lmax[t] + lse[t];
+                const float sc = TP == 1 ? 1.0f / (float) T : 1.0f;
+                for (int64_t v = b; v < e; ++v) p[v] += sc * std::exp(l[v] - off);
+            }
+        });
+        std::vector<std::vector<float>> acc(nt, std::vector<float>(TP * H, 0.0f));
+        const bool q8 = rr.is_q8_0();
         parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
             std::vector<float> row(H);
             float * a = acc[ti].data();
             for (int64_t v = b; v < e; ++v) {
+                if (q8) {  // fused dequantise + accumulate, no row buffer
+                    const uint8_t * src = rr.base + (size_t) v * rr.stride;
+                    for (int64_t blk = 0; blk < H / 32; ++blk) {
+                        const uint8_t * bp = src + blk * 34;
+                        uint16_t hb;
+                        std::memcpy(&hb, bp, 2);
+                        const float d = fp16_table()[hb];
+                        const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
+                        for (int64_t t = 0; t < TP; ++t) axpy_q8_block(a + t * H + blk * 32, P[t * V + v] * d, qs);
+                    }
+                    continue;
+                }
                 rr.read(v, row.data());
-                for (int64_t t = 0; t < T; ++t) {
+                for (int64_t t = 0; t < TP; ++t) {
                     const float w = P[t * V + v];
                     float * at = a + t * H;
                     for (int64_t k = 0; k < H; ++k) at[k] += w * row[k];
@@ -447,7 +550,7 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
             }
         });
         for (int ti = 0; ti < nt; ++ti)
-            for (int64_t i = 0; i < T * H; ++i) E[i] += acc[ti][i];
+            for (int64_t i = 0; i < TP * H; ++i) E[i] += acc[ti][i];
     } else {
         // Per position, split V across threads: each finds its local top_k by
         // selecting on plain float values (cheaper than sorting indices), then
@@ -492,6 +595,13 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
             rr.read(targets[t], wy.data());
             for (int64_t k = 0; k < H; ++k) out[t * H + k] = wy[k] - E[t * H + k];
         }
+    } else if (TP == 1) {  // exact mean: mean_t W[y_t] - W^T pbar
+        std::fill(out, out + H, 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+            rr.read(targets[t], wy.data());
+            for (int64_t k = 0; k < H; ++k) out[k] += wy[k] / (float) T;
+        }
+        for (int64_t k = 0; k < H; ++k) out[k] -= E[k];
     } else {
         std::fill(out, out + H, 0.0f);
         for (int64_t t = 0; t < T; ++t) {

@@ -117,6 +117,16 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
  * 8 dimensions, reading n * ceil(H/8) bytes instead of n * H floats. */
 int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out);
 
+/* The indices of the k largest of n floats, ordered by value descending then index ascending
+ * (the first k of a stable descending sort); NaN must be excluded by the caller. */
+int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out);
+
+/* out[a] = scales[a] * sum_h q[h] * rows[a*H + h] for n int8 rows of H values: the scan of
+ * int8 shadow copies of float memory matrices (4x fewer bytes than float32); the caller bounds
+ * the error and re-ranks exactly. */
+int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
+                    float * out);
+
 /* ABI facts of the ggml this file was compiled against, for the import-time check. */
 /* sizeof(struct ggml_tensor) in the headers this file was compiled against; the
  * loaded library's ggml_tensor_overhead() must equal it plus sizeof(ggml_object). */

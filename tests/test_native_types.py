@@ -90,3 +90,17 @@ def test_bit_scores_drive_the_same_vote_as_float_anchors():
     got = knn_prototypes(q, A, owner, 8, 0.05, scores=s)
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("n,H", [(1, 1), (3, 31), (5, 32), (4097, 64), (9000, 640), (17, 645)])
+def test_i8_scores_match_numpy(n, H):
+    """Both SIMD widths, the scalar tail and the two-thread split against float64 numpy."""
+    rng = np.random.default_rng(H)
+    rows = rng.integers(-127, 128, (n, H)).astype(np.int8)
+    scales = rng.random(n).astype(np.float32)
+    q = rng.standard_normal(H).astype(np.float32)
+    ref = scales.astype(np.float64) * (rows.astype(np.float64) @ q.astype(np.float64))
+    got = _native.i8_scores(rows, scales, q)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.sqrt(H) * 127)
+    with pytest.raises(ValueError):
+        _native.i8_scores(rows, scales[:-1], q) if n > 1 else _native.i8_scores(rows, scales, q[:0])

@@ -428,7 +428,7 @@ class MiitaMethod(Method):
             from .retrieval import normalize
 
             e = extract(self.ctx.engine, self.m.template, ex.input, ex.output, skip_bos=self.m.preset.skip_bos,
-                        corrections=True, top_k=0, max_prompt_tokens=self.ctx.max_prompt_tokens)
+                        corrections=True, top_k=0, max_prompt_tokens=self.ctx.max_prompt_tokens, per_position=False)
             self._dstar[key] = (np.zeros(self.ctx.engine.n_embd) if e is None
                                 else normalize(np.asarray(e.R_mean, np.float64)))
         return self._dstar[key]

@@ -44,7 +44,7 @@ class Extracted:
     prompt: list[int]
     target: list[int]  # answer tokens y_1..y_L (the template's target, newline included)
     key: np.ndarray  # (H,) mean of the key layer over the selected prompt rows (eq. 1, before Norm)
-    R: np.ndarray | None  # (L, H) per-position R_t = W[y_t] − Wᵀp_t, or None if not computed
+    R: np.ndarray | None  # (L, H) per-position R_t = W[y_t] − Wᵀp_t; (1, H) = their mean; None: not computed
 
     @property
     def R_mean(self) -> np.ndarray:
@@ -53,8 +53,12 @@ class Extracted:
 
 
 def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: bool,
-            corrections: bool = True, top_k: int = 0, max_prompt_tokens: int | None = None) -> Extracted | None:
+            corrections: bool = True, top_k: int = 0, max_prompt_tokens: int | None = None,
+            per_position: bool = True) -> Extracted | None:
     """Returns None when the example carries no signal (empty answer, or R = 0).
+
+    ``per_position=False`` computes only R_m (eq. 2, the mean), as one (1, H) row: in exact mode
+    that is one pass over the LM head with the averaged distribution instead of one per position.
 
     ``max_prompt_tokens`` cuts the prompt as :func:`truncate_tokens` does (None: no cut)."""
     prompt = prompt_tokens(engine, template, x, max_prompt_tokens)
@@ -73,7 +77,9 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
     logits = engine.decode(prompt + target, flags, key_mask=mask + [False] * len(target))
     s, n = engine.native.key()
-    R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=True)
+    R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=per_position)
+    if not per_position:
+        R = R.reshape(1, -1)
     if not np.any(R):
         return None
     return Extracted(prompt, target, s / max(n, 1), R)

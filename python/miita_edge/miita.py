@@ -22,7 +22,7 @@ from .engine import Engine, EngineConfig, Generation
 from .errors import BudgetError, InputError, StoreError
 from .extract import Extracted, extract, prompt_tokens
 from .memory import BankConfig, MemoryBank
-from .retrieval import RetrievalConfig, retrieve
+from .retrieval import RetrievalConfig, ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
 from .streams import Example
 from .templates import get_template
@@ -206,6 +206,7 @@ class Miita:
             self.stream_bytes = self.examples = self.skipped = 0
             self.version = 0
         self._index = None  # retrieval matrices derived from the bank; rebuilt after each ingest
+        self._scan = None  # retrieval.ScanIndex for the paper preset; same life as _index
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
         # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
@@ -332,7 +333,7 @@ class Miita:
                 self.bank, self.budget_spec, self.stream_bytes, self.examples, self.skipped = saved
                 raise
             finally:
-                self._index = None
+                self._index = self._scan = None
         return report
 
     def _ingest_locked(self, examples: list[Example], budget: str | None, progress, t0) -> IngestReport:
@@ -381,10 +382,12 @@ class Miita:
     def _extract(self, ex: Example, need_R: bool):
         """eqs. 1-2 for one example, through ``extract_cache`` when one is set."""
         pr = self.preset
+        per_position = pr.bank.payload != "mean"  # the mean payload needs only R_m
 
         def run():
             return extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
-                           corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens)
+                           corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens,
+                           per_position=per_position)
 
         if self.extract_cache is None:
             return run()
@@ -401,7 +404,7 @@ class Miita:
 
         fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
                   "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
-                  "corrections": need_R, "top_k": pr.correction_top_k,
+                  "corrections": need_R, "top_k": pr.correction_top_k, "per_position": per_position,
                   "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
         a = self.extract_cache.get_or_compute("extract", fields, compute)
         if a is None:
@@ -436,8 +439,10 @@ class Miita:
         k_q = bank.prepare_key(state.key)
         A, A_unit, owner, D, seqs, packed = self.retrieval_index()
         if pr.aggregation == "paper":
+            if self._scan is None:
+                self._scan = ScanIndex.build(A_unit, owner, D)
             res = retrieve(k_q, A_unit, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
-                           oracle_dir=oracle_dir, rng=self._rng)
+                           oracle_dir=oracle_dir, rng=self._rng, index=self._scan)
             d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
             return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
         scores = None
@@ -479,6 +484,7 @@ class Miita:
             # to read instead of 2,560 (the float matrix falls out of the caches during the prompt pass)
             packed = np.packbits(A >= 0, axis=1) if bank.config.key_precision == "bit" else None
             self._index = (A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos], packed)
+            self._scan = None  # derived from _index: rebuilt with it
         return self._index
 
     # ---------------------------------------------------------------- info

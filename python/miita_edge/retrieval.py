@@ -69,6 +69,7 @@ __all__ = [
     "MODES",
     "RetrievalConfig",
     "Retrieved",
+    "ScanIndex",
     "aggregate",
     "candidate_set",
     "cosine_matrix",
@@ -174,14 +175,27 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
     cancels) because that never under-flows the whole set to zero. ``k`` is
     clipped to ``V``. Runs in ``O(V)`` (partition, not a full sort).
     """
-    z = _f64(logits, "logits", 1)
+    # Selection runs in the logits' own float precision (float32 from llama.cpp: widening is exact,
+    # so the order and the ties are the same) and only the k chosen logits are widened to float64:
+    # copying 262,144 logits to float64 per query cost more than the selection itself.
+    z = np.asarray(logits)
+    if not np.issubdtype(z.dtype, np.floating):
+        z = z.astype(np.float64)
+    if z.ndim != 1:
+        raise ValueError(f"logits: expected 1-D array, got shape {z.shape}")
     V = z.shape[0]
     if V == 0:
         raise ValueError("top_k_restricted: empty logits")
-    if np.isnan(z).any() or np.isposinf(z).any():
+    zmax = z.max()
+    if np.isnan(zmax) or np.isposinf(zmax):  # max propagates NaN; +inf can only be the max
         raise ValueError("top_k_restricted: logits contain NaN or +inf")
     k = int(min(max(k, 1), V))
-    if k < V:
+    if k < V and z.dtype == np.float32 and V >= 4096:
+        # llama.cpp's float32 logits: one native heap pass (same order and ties as below)
+        from . import _native
+
+        ids = _native.top_k(np.ascontiguousarray(z), k).astype(np.int64)
+    elif k < V:
         # k-th largest value; everything strictly above is in, ties at the
         # threshold are filled by the lowest ids (deterministic tie-break).
         thr = np.partition(z, V - k)[V - k]
@@ -191,7 +205,7 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
     else:
         ids = np.arange(V)
     ids = ids[np.lexsort((ids, -z[ids]))].astype(np.int64)
-    zr = z[ids]
+    zr = z[ids].astype(np.float64)
     if not np.isfinite(zr[0]):
         raise ValueError("top_k_restricted: every logit is -inf")
     e = np.exp(zr - zr[0])  # zr[0] is the max
@@ -261,6 +275,171 @@ def semantic_scores(k_q, anchors, anchor_owner, n_protos: int) -> np.ndarray:
         cos = _cos_rows(X, kq)
         np.maximum.at(S, own.astype(np.int64), cos)
     return S
+
+
+class _FullScores:
+    """Scores of every row, computed outright (small memories, and the reference path)."""
+
+    def __init__(self, s: np.ndarray):
+        self.s = s
+
+    def top(self, R: int) -> np.ndarray:
+        return top_indices(self.s, R)
+
+    def at(self, ids) -> np.ndarray:
+        return self.s[np.asarray(ids, dtype=np.int64)]
+
+    def full(self) -> np.ndarray:
+        return self.s
+
+
+class _BoundedScores:
+    """Scores known within [lower, upper] for every row and exactly on demand.
+
+    ``top(R)`` is the exact ``Top_R``: only rows whose upper bound reaches the R-th largest lower
+    bound can be in it, and only those are scored exactly (ties -> lower index, as top_indices).
+    """
+
+    def __init__(self, lower: np.ndarray, upper: np.ndarray, exact):
+        self.lower, self.upper, self.exact = lower, upper, exact
+
+    def top(self, R: int) -> np.ndarray:
+        if R <= 0:
+            return np.zeros(0, dtype=np.int64)
+        fin = np.isfinite(self.lower)
+        theta = -np.inf
+        if int(fin.sum()) >= R:
+            lo = self.lower[fin]
+            theta = np.partition(lo, lo.size - R)[lo.size - R]
+        cand = np.flatnonzero(np.isfinite(self.upper) & (self.upper >= theta))
+        return cand[top_indices(self.exact(cand), R)]
+
+    def at(self, ids) -> np.ndarray:
+        return self.exact(np.asarray(ids, dtype=np.int64))
+
+    def full(self) -> np.ndarray:
+        return self.exact(np.arange(self.lower.size))
+
+
+def _unit32(M) -> np.ndarray:
+    M = np.asarray(M, np.float64)
+    return np.ascontiguousarray((M / (np.linalg.norm(M, axis=1, keepdims=True) + NORM_EPS)).astype(np.float32))
+
+
+def _int8_shadow(U: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """int8 rows, their scales and the exact L2 norm of each row's rounding residual."""
+    U64 = U.astype(np.float64)
+    scale = np.abs(U64).max(axis=1) / 127.0 if U.size else np.zeros(U.shape[0])
+    safe = np.where(scale > 0, scale, 1.0)
+    q = np.clip(np.rint(U64 / safe[:, None]), -127, 127).astype(np.int8)
+    resid = np.linalg.norm(U64 - q.astype(np.float64) * scale[:, None], axis=1)
+    return np.ascontiguousarray(q), scale.astype(np.float32), resid
+
+
+@dataclass
+class ScanIndex:
+    """Prepared copies of a memory's anchors and directions, made once per memory version.
+
+    Why: eq. 8's two recall scans (``S_k`` over all anchors, ``cos(d_tilde, d_j)`` over all
+    directions) are ``O(AH)`` and ``O(JH)`` per query over float32 matrices of 25 MB each at
+    10,000 prototypes — memory traffic, not arithmetic, is their cost. So:
+
+    * rows are stored pre-divided by ``||row|| + eps`` (a dot product is :func:`_cos_rows`'s
+      cosine up to float32 rounding) and anchors sorted by owner (the per-prototype max is one
+      ``np.maximum.reduceat``);
+    * large memories are scanned through int8 copies (a quarter of the bytes, native kernel)
+      whose error is *bounded exactly*: for a unit query u, ``|u·a − s·(u·q)| ≤ ||a − s·q||``
+      (Cauchy–Schwarz), the residual norm being stored per row. ``Top_R`` is then exact: only the
+      rows whose upper bound reaches the R-th largest lower bound are re-scored in float32.
+    """
+
+    A_unit: np.ndarray  # (A, H) float32, Norm(anchor), sorted by owner (stable)
+    seg_start: np.ndarray  # (P,) start row of each owner's run in A_unit
+    seg_owner: np.ndarray  # (P,) the prototype of each run
+    D_unit: np.ndarray  # (J, H) float32, Norm(d_j)
+    seg_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (J,) run of j, -1 if none
+    shadow: tuple | None = None  # (A_q, A_s, A_err, D_q, D_s, D_err) int8 copies, or None (small memory)
+
+    #: below this many rows a full float32 scan is cheaper than the shadow's bookkeeping
+    SHADOW_MIN_ROWS = 2048
+
+    @classmethod
+    def build(cls, anchors, anchor_owner, D, shadow: bool | None = None) -> "ScanIndex":
+        Dm = _float_rows(D, "D")
+        J, H = Dm.shape
+        X = _float_rows(anchors, "anchors") if np.size(anchors) else np.zeros((0, H))
+        own = np.asarray(anchor_owner, dtype=np.int64).reshape(-1)
+        if own.shape[0] != X.shape[0]:
+            raise ValueError(f"ScanIndex: {X.shape[0]} anchors but anchor_owner has shape {own.shape}")
+        if own.size and (own.min() < 0 or own.max() >= J):
+            raise ValueError(f"ScanIndex: anchor_owner must be integers in 0..{J - 1}")
+        order = np.argsort(own, kind="stable")
+        own_s = own[order]
+        starts = np.flatnonzero(np.r_[True, own_s[1:] != own_s[:-1]]) if own_s.size else np.zeros(0, np.int64)
+        seg_of = np.full(J, -1, np.int64)
+        seg_of[own_s[starts]] = np.arange(starts.size)
+        A_unit, D_unit = _unit32(X[order]), _unit32(Dm)
+        if shadow is None:
+            shadow = max(A_unit.shape[0], J) >= cls.SHADOW_MIN_ROWS
+        sh = (*_int8_shadow(A_unit), *_int8_shadow(D_unit)) if shadow else None
+        return cls(A_unit, starts.astype(np.int64), own_s[starts].astype(np.int64), D_unit, seg_of, sh)
+
+    @property
+    def n_protos(self) -> int:
+        return int(self.D_unit.shape[0])
+
+    def semantic(self, k_q) -> np.ndarray:
+        """:func:`semantic_scores` from the prepared rows: (J,) float64, -inf without anchors."""
+        S = np.full(self.n_protos, -np.inf)
+        if self.seg_start.size:
+            cos = (self.A_unit @ normalize(k_q).astype(np.float32)).astype(np.float64)
+            S[self.seg_owner] = np.maximum.reduceat(cos, self.seg_start)
+        return S
+
+    def dir_cos(self, v) -> np.ndarray:
+        """``cos(v, d_j)`` for every prototype (J,) float64."""
+        return (self.D_unit @ normalize(v).astype(np.float32)).astype(np.float64)
+
+    # ------------------------------------------------------------ scorers for retrieve()
+    def semantic_scorer(self, k_q):
+        if self.shadow is None or not self.seg_start.size:
+            return _FullScores(self.semantic(k_q))
+        from . import _native
+
+        u = normalize(k_q).astype(np.float32)
+        A_q, A_s, A_err = self.shadow[:3]
+        approx = _native.i8_scores(A_q, A_s, u).astype(np.float64)
+        slack = A_err + 1e-6  # + float32 rounding of both sides
+        lower = np.full(self.n_protos, -np.inf)
+        upper = np.full(self.n_protos, -np.inf)
+        lower[self.seg_owner] = np.maximum.reduceat(approx - slack, self.seg_start)
+        upper[self.seg_owner] = np.maximum.reduceat(approx + slack, self.seg_start)
+        ends = np.r_[self.seg_start[1:], self.A_unit.shape[0]]
+
+        def exact(ids: np.ndarray) -> np.ndarray:
+            out = np.full(ids.size, -np.inf)
+            seg = self.seg_of[ids]
+            has = np.flatnonzero(seg >= 0)
+            if has.size:
+                b, e = self.seg_start[seg[has]], ends[seg[has]]
+                rows = np.concatenate([np.arange(x, y) for x, y in zip(b, e)])
+                cos = (self.A_unit[rows] @ u).astype(np.float64)
+                out[has] = np.maximum.reduceat(cos, np.r_[0, np.cumsum(e - b)[:-1]])
+            return out
+
+        return _BoundedScores(lower, upper, exact)
+
+    def dir_scorer(self, v):
+        if self.shadow is None:
+            return _FullScores(self.dir_cos(v))
+        from . import _native
+
+        u = normalize(v).astype(np.float32)
+        D_q, D_s, D_err = self.shadow[3:]
+        approx = _native.i8_scores(D_q, D_s, u).astype(np.float64)
+        slack = D_err + 1e-6
+        return _BoundedScores(approx - slack, approx + slack,
+                              lambda ids: (self.D_unit[ids] @ u).astype(np.float64))
 
 
 def candidate_set(S_k, dir_scores, R_k: int, R_d: int) -> np.ndarray:
@@ -443,6 +622,7 @@ def retrieve(
     *,
     rng: np.random.Generator | int | None = None,
     oracle_dir=None,
+    index: ScanIndex | None = None,
 ) -> Retrieved:
     """The full eqs. 6-10 pipeline for one query.
 
@@ -478,6 +658,10 @@ def retrieve(
 
     ``S_k`` is reported for every mode (it is cheap); ``U`` only where
     ``d_tilde`` was computed ("sem+unc", "uncertainty"), zeros elsewhere.
+
+    ``index``: a :class:`ScanIndex` built from these same ``anchors``, ``anchor_owner`` and
+    ``D``; the recall scans then read the prepared rows (the serving path caches one per memory
+    version). Same result up to float32 rounding of the cosines.
     """
     cfg = cfg or RetrievalConfig()
     if mode not in MODES:
@@ -487,8 +671,19 @@ def retrieve(
     kq = _f64(k_q, "k_q", 1)
     if kq.shape[0] != H:
         raise ValueError(f"retrieve: k_q has H={kq.shape[0]} but D has H={H}")
-    X = _float_rows(anchors, "anchors") if np.size(anchors) else np.zeros((0, H))
-    S_all = semantic_scores(kq, X, np.asarray(anchor_owner, dtype=np.int64).reshape(-1), J)
+    if index is not None:
+        if index.D_unit.shape != Dm.shape:
+            raise ValueError(f"retrieve: index has {index.D_unit.shape}, D has {Dm.shape}")
+        sem = index.semantic_scorer(kq)
+
+        def dirs(v):
+            return index.dir_scorer(v)
+    else:
+        X = _float_rows(anchors, "anchors") if np.size(anchors) else np.zeros((0, H))
+        sem = _FullScores(semantic_scores(kq, X, np.asarray(anchor_owner, dtype=np.int64).reshape(-1), J))
+
+        def dirs(v):
+            return _FullScores(_cos_rows(Dm, v))
 
     def result(ids, scores, weights, U, candidates, H_hat=float("nan"), has_dir=False) -> Retrieved:
         ids = np.asarray(ids, dtype=np.int64)
@@ -496,7 +691,7 @@ def retrieve(
             ids=ids,
             scores=np.asarray(scores, dtype=np.float64),
             weights=np.asarray(weights, dtype=np.float64),
-            S_k=S_all[ids],
+            S_k=sem.at(ids),
             U=np.asarray(U, dtype=np.float64),
             d_bar=aggregate(Dm[ids], weights) if ids.size else np.zeros(H),
             candidates=np.asarray(candidates, dtype=np.int64),
@@ -517,40 +712,42 @@ def retrieve(
     if mode == "oracle":
         if oracle_dir is None:
             raise ValueError("retrieve: mode 'oracle' needs oracle_dir")
-        od = _f64(oracle_dir, "oracle_dir", 1)
-        cos_o = _cos_rows(Dm, od)
-        order, w = select_and_weight(cos_o, cfg.M, cfg.T_agg)
-        return result(order, cos_o[order], w, np.zeros(order.size), np.arange(J))
+        od = dirs(_f64(oracle_dir, "oracle_dir", 1))
+        top = od.top(cfg.M)  # select_and_weight over all J = Top_M, then eq. 10 weights
+        order, w = select_and_weight(od.at(top), cfg.M, cfg.T_agg)
+        ids = top[order]
+        return result(ids, od.at(ids), w, np.zeros(ids.size), np.arange(J))
 
     if mode == "semantic":
-        cand = np.sort(top_indices(S_all, cfg.R_k))
-        s = S_all[cand]
+        cand = np.sort(sem.top(cfg.R_k))
+        s = sem.at(cand)
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
         return result(cand[order], s[order], w, np.zeros(order.size), cand)
 
     if W_rows_fn is None:
         raise ValueError(f"retrieve: mode {mode!r} needs W_rows_fn")
     g, W_V, r, d_tilde, H_hat = _restricted(logits_q, W_rows_fn, cfg, H)
-    dir_all = None if d_tilde is None else _cos_rows(Dm, d_tilde)
+    dsc = None if d_tilde is None else dirs(d_tilde)
 
     if mode == "uncertainty":
-        if dir_all is None:
+        if dsc is None:
             return result(empty, [], [], [], empty, H_hat, False)
-        cand = np.sort(top_indices(dir_all, cfg.R_d))
-        s = dir_all[cand]
+        cand = np.sort(dsc.top(cfg.R_d))
+        s = dsc.at(cand)
         U = uncertainty_utility(g, W_V, Dm[cand], cfg.probe_eps)
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
         return result(cand[order], s[order], w, U[order], cand, H_hat, True)
 
-    # "sem+unc": eqs. 8-10 as written.
-    cand = candidate_set(S_all, dir_all, cfg.R_k, cfg.R_d)
-    if dir_all is None:
+    # "sem+unc": eqs. 8-10 as written (candidate_set's union, from the two exact Top_R).
+    top_sem = sem.top(cfg.R_k)
+    cand = np.unique(top_sem) if dsc is None else np.union1d(top_sem, dsc.top(cfg.R_d)).astype(np.int64)
+    if dsc is None:
         U = np.zeros(cand.size)
     else:
         U = uncertainty_utility(g, W_V, Dm[cand], cfg.probe_eps)
-    s = score(S_all[cand], U, cfg.lam_k, cfg.lam_u)
+    s = score(sem.at(cand), U, cfg.lam_k, cfg.lam_u)
     order, w = select_and_weight(s, cfg.M, cfg.T_agg)
-    return result(cand[order], s[order], w, U[order], cand, H_hat, dir_all is not None)
+    return result(cand[order], s[order], w, U[order], cand, H_hat, dsc is not None)
 
 
 def oracle_alignment(d_bar, d_star) -> float:
