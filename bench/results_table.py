@@ -1,0 +1,108 @@
+"""Tables of docs/RESULTS.md from a finished (or running) sweep of bench/sweep.py.
+
+    python bench/results_table.py --sweep bench-results/sweep --heatmaps docs/results > /tmp/tables.md
+
+Prints Markdown: per benchmark, one row per method with OP / BWT / FWT at each budget, the
+budget in bytes and what the method really stored; jobs that failed (for example a budget too
+small for one prototype) show their one-line reason. ``--heatmaps DIR`` copies the heatmap PNG
+of every finished job into DIR as BENCH__METHOD__BUDGET.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+BENCHES = ["banking77", "dsc", "xquad", "superni"]
+CORE = ["frozen", "miita-default", "miita-paper", "example-mem", "knn-lm", "semantic-mem", "label-vote"]
+ABLATIONS = ["miita-default", "miita-dense", "miita-ungated", "miita-paper", "miita-paper-ungated",
+             "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle"]
+BUDGETS = ["1%", "5%", "20%"]
+
+
+def load(sweep: Path) -> dict[tuple[str, str, str], dict]:
+    out = {}
+    for f in sorted((sweep / "done").glob("*.json")):
+        r = json.loads(f.read_text())
+        if r.get("rc") == 0 and r.get("result"):
+            res = json.loads(Path(r["result"]).read_text())
+            r["per_stage"] = res["per_stage"]
+            r["n_test"] = sum(p["n_test"] for p in res["per_stage"])
+            r["n_train"] = sum(p["n_train"] for p in res["per_stage"])
+            r["heatmap"] = str(Path(r["result"]).parent / "heatmap.png")
+            r["this_session_s"] = res["seconds"]["this_session"]
+        out[(r["benchmark"], r["method"], r["budget"])] = r
+    return out
+
+
+def fmt(v, nd=1) -> str:
+    return "—" if v is None else f"{v:.{nd}f}"
+
+
+def cell(r: dict | None) -> str:
+    if r is None:
+        return "not run"
+    if r["rc"] != 0:
+        err = r.get("error", "")
+        if "cannot hold" in err or "one entry takes" in err or "one prototype takes" in err:
+            return "does not fit"
+        return "failed"
+    return f"{fmt(r['op'])} / {fmt(r['bwt'])} / {fmt(r['fwt'])}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", type=Path, default=Path("bench-results/sweep"))
+    ap.add_argument("--heatmaps", type=Path)
+    args = ap.parse_args()
+    R = load(args.sweep)
+    lines: list[str] = []
+    for b in BENCHES:
+        fr = R.get((b, "frozen", "none"))
+        if fr is None:
+            continue
+        lines += [f"### {b}", "",
+                  f"{fr.get('n_train', '?')} training rows learned ({fr.get('stream_bytes', '?'):,} B of inputs + "
+                  f"outputs), {fr.get('n_test', '?')} test rows; cells: OP / BWT / FWT (FWT against the frozen model)."]
+        bb_of = {}
+        for (bb, m, bud), r in R.items():
+            if bb == b and r.get("budget_bytes"):
+                bb_of.setdefault(bud, r["budget_bytes"])
+        if bb_of:
+            lines[-1] += " Budgets: " + ", ".join(f"{bud} = {bb_of[bud]:,} B" for bud in BUDGETS if bud in bb_of) + "."
+        lines += ["", "| method | " + " | ".join(BUDGETS) + " | bytes stored at 1% / 5% / 20% |",
+                  "|---|" + "---|" * (len(BUDGETS) + 1)]
+        lines.append(f"| frozen | {cell(fr)} (no memory) | | | 0 |")
+        for m in CORE[1:]:
+            rows = [R.get((b, m, bud)) for bud in BUDGETS]
+            if not any(rows):
+                continue
+            mem = " / ".join("—" if (r is None or r["rc"] != 0) else f"{r['memory_bytes']:,}" for r in rows)
+            lines.append(f"| {m} | " + " | ".join(cell(r) for r in rows) + f" | {mem} |")
+        abl = [(m, R.get((b, m, "20%"))) for m in ABLATIONS if (b, m, "20%") in R]
+        if len([1 for m, _ in abl if m not in ("miita-default", "miita-paper")]):
+            lines += ["", f"Ablations at 20% ({b}): OP / BWT / FWT, Oracle Alignment where measured.", "",
+                      "| method | OP / BWT / FWT | Oracle Alignment | bytes |", "|---|---|---|---|"]
+            for m, r in abl:
+                oa = fmt(r.get("oracle_alignment"), 3) if r and r["rc"] == 0 else "—"
+                mb = f"{r['memory_bytes']:,}" if r and r["rc"] == 0 else "—"
+                lines.append(f"| {m} | {cell(r)} | {oa} | {mb} |")
+        fails = [(m, bud, r["error"]) for (bb, m, bud), r in sorted(R.items()) if bb == b and r["rc"] != 0]
+        if fails:
+            lines += ["", "Did not run to the end:", ""]
+            lines += [f"- `{m}` at {bud}: {e.removeprefix('miita-edge: error: ')}" for m, bud, e in fails]
+        walls = [(m, bud, r["wall_s"]) for (bb, m, bud), r in sorted(R.items()) if bb == b and r["rc"] == 0]
+        lines += ["", "Wall time per job (s, one llama.cpp thread, two jobs at a time on 2 cores): "
+                  + ", ".join(f"{m} {bud} {w:.0f}" for m, bud, w in walls), ""]
+        if args.heatmaps:
+            args.heatmaps.mkdir(parents=True, exist_ok=True)
+            for (bb, m, bud), r in R.items():
+                if bb == b and r["rc"] == 0 and Path(r["heatmap"]).exists():
+                    shutil.copy(r["heatmap"], args.heatmaps / f"{b}__{m}__{bud.replace('%', 'pct')}.png")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
