@@ -28,7 +28,7 @@ DATA_DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_
 #: (training rows per stage or None = all, test rows per stage): the first N in file order (the
 #: data builders shuffled within a stage). Chosen so the whole sweep fits a few hours on 2 cores;
 #: see RESULTS.md. Banking77 learns its whole stream, so its budgets are the paper's.
-LIMITS = {"banking77": (None, 20), "dsc": (100, 10), "xquad": (50, 15), "superni": (20, 4)}
+LIMITS = {"banking77": (None, 20), "dsc": (100, 10), "xquad": (50, 8), "superni": (20, 2)}
 
 
 def job_name(bench: str, method: str, budget: str) -> str:
