@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -535,7 +535,11 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
                         const uint8_t * bp = src + blk * 34;
                         uint16_t hb;
                         std::memcpy(&hb, bp, 2);
+#if defined(__F16C__)
+                        const float d = _cvtsh_ss(hb);  // one instruction; the table is an L2 load per block
+#else
                         const float d = fp16_table()[hb];
+#endif
                         const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
                         for (int64_t t = 0; t < TP; ++t) axpy_q8_block(a + t * H + blk * 32, P[t * V + v] * d, qs);
                     }
