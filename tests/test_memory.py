@@ -570,6 +570,7 @@ def _bank_with_protos(payload="mean", dir_precision="float32", key_precision="fl
         L = j % 3 + 1
         tokens = list(range(10 * j, 10 * j + L))
         dirs = rng.standard_normal((L, H)) if payload != "mean" else rng.standard_normal(H)
+        prev_key = None
         for rep in range(1 + (j * 7) % 4):  # n_j in 1..4; repeats merge (same dirs, same tokens)
             key = rng.standard_normal(H) if rep % 2 == 0 else None
             if key is None:
@@ -692,7 +693,7 @@ def assert_one_fold(before: RefBank, after: RefBank, j: int, victim: int, surviv
     """``after`` is ``before`` with exactly the fold (j, victim -> survivor) applied, nothing else."""
     want = copy.deepcopy(before)
     ref_fold(want, j, victim, survivor)
-    kp, H = before.cfg.key_precision, before.H
+    kp = before.cfg.key_precision
     s_new = survivor - (survivor > victim)  # the survivor's index once the victim is gone
     assert len(after.protos) == len(want.protos)
     for k, (p, q) in enumerate(zip(after.protos, want.protos)):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -115,7 +114,6 @@ def test_knn_ties_go_to_lower_anchor_index_and_lower_prototype_id():
 
 
 def test_knn_sums_weights_of_a_prototypes_anchors():
-    H = 3
     q = np.array([1.0, 0.0, 0.0])
     anchors = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.2, 0.0], [0.0, 1.0, 0.0]])
     owner = np.array([0, 1, 1, 2])
