@@ -37,3 +37,13 @@ def W_ref(gguf_reader) -> np.ndarray:
 
     t = next(t for t in gguf_reader.tensors if t.name == "token_embd.weight")
     return quants.dequantize(t.data, GGMLQuantizationType(t.tensor_type))
+
+
+@pytest.fixture(scope="session")
+def engine1():
+    """One thread, a 2,048-token context: what the benchmark runner's tests and baselines use."""
+    from miita_edge.engine import Engine, EngineConfig
+
+    eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
+    yield eng
+    eng.close()

@@ -144,15 +144,6 @@ def test_semantic_retrieve_is_top_m_softmax_over_cosines():
 
 
 # --------------------------------------------------------------------------- with the model
-@pytest.fixture(scope="module")
-def engine1():
-    from miita_edge.engine import Engine, EngineConfig
-
-    eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
-    yield eng
-    eng.close()
-
-
 @pytest.mark.model
 def test_target_states_are_the_states_of_separate_decodes(engine1):
     from miita_edge.extract import prompt_tokens

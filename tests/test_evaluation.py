@@ -325,15 +325,6 @@ def _banking_rows(split: str, stages: list[str], n: int) -> list[dict]:
     return [r for s in stages for r in [r for r in rows if r["task"] == s][:n]]
 
 
-@pytest.fixture(scope="module")
-def engine1():
-    from miita_edge.engine import Engine, EngineConfig
-
-    eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
-    yield eng
-    eng.close()
-
-
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["miita-default", "miita-paper", "miita-dense", "label-vote"])
 def test_memory_bytes_are_the_bytes_on_disk(method, engine1, tmp_path):

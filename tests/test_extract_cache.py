@@ -47,15 +47,6 @@ def test_unreadable_entry_is_recomputed(tmp_path):
     np.testing.assert_array_equal(v["v"], np.full(3, 2.0))
 
 
-@pytest.fixture(scope="module")
-def engine1():
-    from miita_edge.engine import Engine, EngineConfig
-
-    eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
-    yield eng
-    eng.close()
-
-
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["miita-paper", "miita-default", "knn-lm", "example-mem"])
 def test_run_through_the_cache_equals_a_run_without(method, engine1, tmp_path):

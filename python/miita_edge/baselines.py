@@ -38,15 +38,12 @@ def target_states(engine, template, x: str, y: str, *, skip_bos: bool,
                   max_prompt_tokens: int | None) -> TargetStates | None:
     """One decode of prompt + answer: the key and the LM head's inputs that predict each answer
     token (teacher forcing). None for an empty answer."""
-    from .extract import prompt_tokens
+    from .extract import prompt_and_target
 
-    prompt = prompt_tokens(engine, template, x, max_prompt_tokens)
-    target = engine.tokenize(template.render_target(y), add_bos=False)
-    if not target or not prompt:
+    pt = prompt_and_target(engine, template, x, y, skip_bos=skip_bos, max_prompt_tokens=max_prompt_tokens)
+    if pt is None:
         return None
-    mask = [True] * len(prompt)
-    if skip_bos and prompt[0] == engine.bos and len(prompt) > 1:
-        mask[0] = False
+    prompt, target, mask = pt
     engine.reset()
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
     engine.native.set_capture(True, len(target))  # result_norm exists only on rows with logits

@@ -39,6 +39,20 @@ def prompt_tokens(engine: Engine, template: Template, x: str, max_tokens: int | 
     return truncate_tokens(engine.tokenize(template.render_prompt(x)), max_tokens)
 
 
+def prompt_and_target(engine: Engine, template: Template, x: str, y: str, *, skip_bos: bool,
+                      max_prompt_tokens: int | None) -> tuple[list[int], list[int], list[bool]] | None:
+    """(prompt tokens, answer tokens, key mask over the prompt) for one example; None when either
+    side is empty. The mask leaves out the BOS row when ``skip_bos``."""
+    prompt = prompt_tokens(engine, template, x, max_prompt_tokens)
+    target = engine.tokenize(template.render_target(y), add_bos=False)
+    if not target or not prompt:
+        return None
+    mask = [True] * len(prompt)
+    if skip_bos and prompt[0] == engine.bos and len(prompt) > 1:
+        mask[0] = False
+    return prompt, target, mask
+
+
 @dataclass
 class Extracted:
     prompt: list[int]
@@ -61,13 +75,10 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     that is one pass over the LM head with the averaged distribution instead of one per position.
 
     ``max_prompt_tokens`` cuts the prompt as :func:`truncate_tokens` does (None: no cut)."""
-    prompt = prompt_tokens(engine, template, x, max_prompt_tokens)
-    target = engine.tokenize(template.render_target(y), add_bos=False)
-    if not target or not prompt:
+    pt = prompt_and_target(engine, template, x, y, skip_bos=skip_bos, max_prompt_tokens=max_prompt_tokens)
+    if pt is None:
         return None
-    mask = [True] * len(prompt)
-    if skip_bos and prompt[0] == engine.bos and len(prompt) > 1:
-        mask[0] = False
+    prompt, target, mask = pt
     engine.reset()
     if not corrections:
         engine.decode(prompt, "none", key_mask=mask)
