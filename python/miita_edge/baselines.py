@@ -286,7 +286,7 @@ class KnnLM(Method):
             raise BudgetError(f"knn-lm: one entry takes {self.entry_bytes} bytes, more than the budget of "
                               f"{budget} bytes")
         for ex in stage_examples:
-            ts = cached_target_states(c, ex, skip_bos=True)
+            ts = cached_target_states(c, ex, skip_bos=False)  # key unused; shares semantic-mem's cache entries
             if ts is None:
                 continue
             enc = codecs.encode(ts.hidden, "int8")
