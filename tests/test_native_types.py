@@ -104,3 +104,24 @@ def test_i8_scores_match_numpy(n, H):
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.sqrt(H) * 127)
     with pytest.raises(ValueError):
         _native.i8_scores(rows, scales[:-1], q) if n > 1 else _native.i8_scores(rows, scales, q[:0])
+
+
+@pytest.mark.parametrize("spread", [0.1, 30.0, 400.0])
+def test_exact_mean_correction_q8_matches_dense_across_logit_ranges(spread):
+    """The exact mean path (vectorised exp, one head pass) against float64 numpy, from nearly
+    uniform distributions to ones whose small terms underflow float32 (spread 400)."""
+    rng = np.random.default_rng(int(spread * 10))
+    n_rows, n_embd, T = 1000 + 7, 96, 4  # a row count that is not a multiple of the vector width
+    W = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
+    raw = encode(W, QT.Q8_0)
+    ref = quants.dequantize(raw.reshape(n_rows, -1), QT.Q8_0).reshape(n_rows, n_embd).astype(np.float64)
+    logits = (rng.standard_normal((T, n_rows)) * spread).astype(np.float32)
+    targets = rng.integers(0, n_rows, T).astype(np.int32)
+    z = logits.astype(np.float64)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    R_ref = (ref[targets] - p @ ref).mean(0)
+    for threads in (1, 2, 3):
+        got = _native.lm_correction(raw, int(QT.Q8_0), n_rows, n_embd, raw.size // n_rows, logits, targets, 0,
+                                    False, threads)
+        np.testing.assert_allclose(got, R_ref, rtol=0, atol=2e-5 * max(1.0, np.abs(R_ref).max()))
