@@ -165,6 +165,23 @@ py::array_t<float> i8_scores(const py::array_t<int8_t, py::array::c_style | py::
     return out;
 }
 
+py::array_t<int64_t> i8_recall(const py::array_t<int8_t, py::array::c_style | py::array::forcecast> & rows,
+                               const f32_in & scales, const f32_in & errs,
+                               const py::array_t<int64_t, py::array::c_style | py::array::forcecast> & seg_start,
+                               const f32_in & q, int64_t R) {
+    if (rows.ndim() != 2) throw std::invalid_argument("rows must be (n, H) int8");
+    const int64_t n = rows.shape(0), H = rows.shape(1);
+    if (q.size() != H) throw std::invalid_argument("q must have H values");
+    if (scales.size() != n || errs.size() != n) throw std::invalid_argument("scales and errs need one value per row");
+    const bool segs = seg_start.size() > 0;
+    const int64_t n_seg = segs ? seg_start.size() : n;
+    py::array_t<int64_t> out(n_seg);
+    const int64_t m = miita_i8_recall(rows.data(), scales.data(), errs.data(), n, H, segs ? seg_start.data() : nullptr,
+                                      n_seg, q.data(), R, out.mutable_data());
+    if (m < 0) check(-1);
+    return py::array_t<int64_t>(m, out.data());
+}
+
 py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
     if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
     if (k < 0 || k > x.size()) throw std::invalid_argument("k must be in 0..len(x)");
@@ -187,6 +204,10 @@ PYBIND11_MODULE(_native, m) {
           "q · s for every packed sign vector s (rows of np.packbits output), float32.");
     m.def("top_k", &top_k, py::arg("x"), py::arg("k"),
           "Indices of the k largest values, by value descending then index ascending (int32).");
+    m.def("i8_recall", &i8_recall, py::arg("rows"), py::arg("scales"), py::arg("errs"), py::arg("seg_start"),
+          py::arg("q"), py::arg("R"),
+          "Segments (empty seg_start: rows) that may be in the exact Top_R of their max score, from int8 "
+          "rows with residual-norm bounds (int64 indices, ascending).");
     m.def("i8_scores", &i8_scores, py::arg("rows"), py::arg("scales"), py::arg("q"),
           "scales[a] * (q · rows[a]) for int8 rows, float32.");
 

@@ -520,11 +520,13 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
     if (n < 0 || k < 0 || k > n || (k > 0 && (!x || !out))) return fail("bad top_k arguments");
     if (k == 0) return 0;
     // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
-    // stable descending sort; one pass, most elements rejected by one comparison with the root
+    // stable descending sort; one pass, most elements rejected by one comparison with the root.
+    // Every element already in the heap has a lower index than the one scanned, so an element
+    // equal to the root's value loses the tie: only x[v] > root can enter.
     auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     std::vector<int32_t> heap;
     heap.reserve(k);
-    for (int64_t i = 0; i < n; ++i) {
+    auto offer = [&](int64_t i) {
         const int32_t v = (int32_t) i;
         if ((int64_t) heap.size() < k) {
             heap.push_back(v);
@@ -534,10 +536,64 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
             heap.back() = v;
             std::push_heap(heap.begin(), heap.end(), better);
         }
+    };
+    int64_t i = 0;
+    for (; i < n && (int64_t) heap.size() < k; ++i) offer(i);
+#if defined(__AVX512F__)
+    // 16 values per compare against the root; only the lanes above it take the scalar path
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
+        while (m) {
+            const int lane = __builtin_ctz(m);
+            m &= m - 1;
+            offer(i + lane);
+        }
     }
+#endif
+    for (; i < n; ++i) offer(i);
     std::sort_heap(heap.begin(), heap.end(), better);
     std::copy(heap.begin(), heap.end(), out);
     return 0;
+}
+
+int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                        const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out) {
+    if (n < 0 || H <= 0 || R < 0 || (n > 0 && (!rows || !scales || !errs || !q || !out)))
+        return fail("bad i8_recall arguments");
+    if (!seg_start) n_seg = n;
+    if (n_seg < 0 || n_seg > n || (n > 0 && n_seg == 0)) return fail("bad i8_recall segments");
+    for (int64_t g = 0; seg_start && g < n_seg; ++g)
+        if (seg_start[g] < 0 || seg_start[g] >= n || (g > 0 && seg_start[g] <= seg_start[g - 1]) ||
+            (g == 0 && seg_start[0] != 0))
+            return fail("i8_recall: segment starts must rise strictly from 0 and stay below the row count");
+    if (n_seg == 0 || R == 0) return 0;
+    // Per segment (a prototype's anchors, or one row), the bounds of its max score:
+    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm + 1e-6 (float32
+    // rounding of both sides); single-threaded for the reason given in miita_i8_scores.
+    std::vector<float> lo(n_seg), hi(n_seg);
+    for (int64_t g = 0; g < n_seg; ++g) {
+        const int64_t b = seg_start ? seg_start[g] : g;
+        const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
+        float l = -INFINITY, h = -INFINITY;
+        for (int64_t a = b; a < e; ++a) {
+            const float s = scales[a] * dot_f32_i8(q, rows + a * H, H);
+            const float slack = errs[a] + 1e-6f;
+            l = std::max(l, s - slack);
+            h = std::max(h, s + slack);
+        }
+        lo[g] = l;
+        hi[g] = h;
+    }
+    float theta = -INFINITY;
+    if (n_seg >= R) {  // the R-th largest lower bound: no segment below it can be in Top_R
+        std::vector<float> tmp(lo);
+        std::nth_element(tmp.begin(), tmp.begin() + (R - 1), tmp.end(), std::greater<float>());
+        theta = tmp[R - 1];
+    }
+    int64_t m = 0;
+    for (int64_t g = 0; g < n_seg; ++g)
+        if (hi[g] >= theta) out[m++] = g;
+    return m;
 }
 
 int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids, int64_t n,

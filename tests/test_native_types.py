@@ -125,3 +125,46 @@ def test_exact_mean_correction_q8_matches_dense_across_logit_ranges(spread):
         got = _native.lm_correction(raw, int(QT.Q8_0), n_rows, n_embd, raw.size // n_rows, logits, targets, 0,
                                     False, threads)
         np.testing.assert_allclose(got, R_ref, rtol=0, atol=2e-5 * max(1.0, np.abs(R_ref).max()))
+
+
+@pytest.mark.parametrize("n,k", [(5000, 64), (4099, 1), (70000, 300), (33, 33)])
+def test_top_k_equals_stable_descending_sort_with_many_ties(n, k):
+    """The vectorised heap pass against numpy's stable sort, on values with many exact ties
+    (small integers), so that the index tie-break is exercised on every path."""
+    rng = np.random.default_rng(n + k)
+    for x in (rng.integers(-20, 20, n).astype(np.float32), rng.standard_normal(n).astype(np.float32),
+              np.sort(rng.standard_normal(n)).astype(np.float32)):  # ascending: the heap changes all the time
+        ref = np.argsort(-x.astype(np.float64), kind="stable")[:k]
+        np.testing.assert_array_equal(_native.top_k(x, k), ref)
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_i8_recall_is_the_bounded_superset_of_the_exact_top_r(segmented):
+    """Brute force in float64: the returned segments are exactly those whose upper bound reaches
+    the R-th largest lower bound, and they contain the exact Top_R of the float scores."""
+    from miita_edge.retrieval import _int8_shadow, _unit32
+
+    rng = np.random.default_rng(7 + segmented)
+    n, H = 3000, 64
+    centers = rng.standard_normal((40, H))
+    U = _unit32(centers[rng.integers(0, 40, n)] + 0.05 * rng.standard_normal((n, H)))  # near-duplicates
+    q8, sc, err = _int8_shadow(U)
+    starts = np.r_[0, np.sort(rng.choice(np.arange(1, n), 799, replace=False))] if segmented else np.zeros(0, np.int64)
+    bounds = np.r_[starts, n] if segmented else np.arange(n + 1)
+    u = U[5] + 0.01 * rng.standard_normal(H)
+    u = (u / np.linalg.norm(u)).astype(np.float32)
+    approx = sc.astype(np.float64) * (q8.astype(np.float64) @ u.astype(np.float64))
+    slack = err.astype(np.float64) + 1e-6
+    lo = np.maximum.reduceat(approx - slack, bounds[:-1])
+    hi = np.maximum.reduceat(approx + slack, bounds[:-1])
+    exact = np.maximum.reduceat(U.astype(np.float64) @ u, bounds[:-1])
+    for R in (1, 8, 50):
+        got = _native.i8_recall(q8, sc, err, starts.astype(np.int64), u, R)
+        theta = np.sort(lo)[::-1][R - 1]
+        want = np.flatnonzero(hi >= theta)
+        # float32 vs float64 arithmetic can move a row that sits exactly on the threshold
+        assert set(want) - set(got) <= set(np.flatnonzero(np.abs(hi - theta) < 1e-5))
+        assert set(np.argsort(-exact, kind="stable")[:R]) <= set(got)
+        assert got.size < lo.size  # the bound prunes: the point of the shadow
+    with pytest.raises(RuntimeError, match="segment starts"):
+        _native.i8_recall(q8, sc, err, np.array([0, 5, 5], np.int64), u, 3)

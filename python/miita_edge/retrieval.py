@@ -293,34 +293,6 @@ class _FullScores:
         return self.s
 
 
-class _BoundedScores:
-    """Scores known within [lower, upper] for every row and exactly on demand.
-
-    ``top(R)`` is the exact ``Top_R``: only rows whose upper bound reaches the R-th largest lower
-    bound can be in it, and only those are scored exactly (ties -> lower index, as top_indices).
-    """
-
-    def __init__(self, lower: np.ndarray, upper: np.ndarray, exact):
-        self.lower, self.upper, self.exact = lower, upper, exact
-
-    def top(self, R: int) -> np.ndarray:
-        if R <= 0:
-            return np.zeros(0, dtype=np.int64)
-        fin = np.isfinite(self.lower)
-        theta = -np.inf
-        if int(fin.sum()) >= R:
-            lo = self.lower[fin]
-            theta = np.partition(lo, lo.size - R)[lo.size - R]
-        cand = np.flatnonzero(np.isfinite(self.upper) & (self.upper >= theta))
-        return cand[top_indices(self.exact(cand), R)]
-
-    def at(self, ids) -> np.ndarray:
-        return self.exact(np.asarray(ids, dtype=np.int64))
-
-    def full(self) -> np.ndarray:
-        return self.exact(np.arange(self.lower.size))
-
-
 def _unit32(M) -> np.ndarray:
     M = np.asarray(M, np.float64)
     return np.ascontiguousarray((M / (np.linalg.norm(M, axis=1, keepdims=True) + NORM_EPS)).astype(np.float32))
@@ -333,7 +305,9 @@ def _int8_shadow(U: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     safe = np.where(scale > 0, scale, 1.0)
     q = np.clip(np.rint(U64 / safe[:, None]), -127, 127).astype(np.int8)
     resid = np.linalg.norm(U64 - q.astype(np.float64) * scale[:, None], axis=1)
-    return np.ascontiguousarray(q), scale.astype(np.float32), resid
+    # float32 for the native scan, rounded up so the bound stays a bound
+    resid32 = np.nextafter(resid.astype(np.float32), np.float32(np.inf))
+    return np.ascontiguousarray(q), scale.astype(np.float32), resid32
 
 
 @dataclass
@@ -404,16 +378,8 @@ class ScanIndex:
     def semantic_scorer(self, k_q):
         if self.shadow is None or not self.seg_start.size:
             return _FullScores(self.semantic(k_q))
-        from . import _native
-
         u = normalize(k_q).astype(np.float32)
         A_q, A_s, A_err = self.shadow[:3]
-        approx = _native.i8_scores(A_q, A_s, u).astype(np.float64)
-        slack = A_err + 1e-6  # + float32 rounding of both sides
-        lower = np.full(self.n_protos, -np.inf)
-        upper = np.full(self.n_protos, -np.inf)
-        lower[self.seg_owner] = np.maximum.reduceat(approx - slack, self.seg_start)
-        upper[self.seg_owner] = np.maximum.reduceat(approx + slack, self.seg_start)
         ends = np.r_[self.seg_start[1:], self.A_unit.shape[0]]
 
         def exact(ids: np.ndarray) -> np.ndarray:
@@ -427,19 +393,43 @@ class ScanIndex:
                 out[has] = np.maximum.reduceat(cos, np.r_[0, np.cumsum(e - b)[:-1]])
             return out
 
-        return _BoundedScores(lower, upper, exact)
+        return _RecallScores(A_q, A_s, A_err, self.seg_start, u, self.seg_owner, self.n_protos, exact)
 
     def dir_scorer(self, v):
         if self.shadow is None:
             return _FullScores(self.dir_cos(v))
-        from . import _native
-
         u = normalize(v).astype(np.float32)
         D_q, D_s, D_err = self.shadow[3:]
-        approx = _native.i8_scores(D_q, D_s, u).astype(np.float64)
-        slack = D_err + 1e-6
-        return _BoundedScores(approx - slack, approx + slack,
-                              lambda ids: (self.D_unit[ids] @ u).astype(np.float64))
+        return _RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos,
+                             lambda ids: (self.D_unit[ids] @ u).astype(np.float64))
+
+
+class _RecallScores:
+    """Scores known within bounds for every row and exactly on demand: ``top(R)`` is the exact
+    ``Top_R`` (ties -> lower index, as top_indices). The bounds, the R-th largest lower bound and
+    the rows whose upper bound reaches it are one native pass (``_native.i8_recall``); only those
+    rows are re-scored in float32. (In numpy this was a dozen passes over 10,000-element arrays
+    per query, more time than the scan itself.) ``owners`` maps segments to prototypes (None: identity);
+    prototypes without a segment (no anchors) have score -inf and are never in Top_R."""
+
+    def __init__(self, q8, scales, errs, seg_start, u, owners, n: int, exact):
+        self.args = (q8, scales, errs, seg_start, u)
+        self.owners, self.n, self.exact = owners, n, exact
+
+    def top(self, R: int) -> np.ndarray:
+        if R <= 0:
+            return np.zeros(0, dtype=np.int64)
+        from . import _native
+
+        segs = _native.i8_recall(*self.args, int(R))
+        cand = segs if self.owners is None else np.sort(self.owners[segs])
+        return cand[top_indices(self.exact(cand), R)]
+
+    def at(self, ids) -> np.ndarray:
+        return self.exact(np.asarray(ids, dtype=np.int64))
+
+    def full(self) -> np.ndarray:
+        return self.exact(np.arange(self.n))
 
 
 def candidate_set(S_k, dir_scores, R_k: int, R_d: int) -> np.ndarray:
