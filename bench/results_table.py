@@ -55,6 +55,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=Path, default=Path("bench-results/sweep"))
     ap.add_argument("--heatmaps", type=Path)
+    ap.add_argument("--archive", type=Path,
+                    help="copy each finished job's result.json and the sweep's record of every job (done/*.json, "
+                         "failures included) into this folder, so the numbers survive the machine")
     args = ap.parse_args()
     R = load(args.sweep)
     lines: list[str] = []
@@ -100,6 +103,13 @@ def main() -> int:
             for (bb, m, bud), r in R.items():
                 if bb == b and r["rc"] == 0 and Path(r["heatmap"]).exists():
                     shutil.copy(r["heatmap"], args.heatmaps / f"{b}__{m}__{bud.replace('%', 'pct')}.png")
+    if args.archive:
+        args.archive.mkdir(parents=True, exist_ok=True)
+        for f in sorted((args.sweep / "done").glob("*.json")):
+            shutil.copy(f, args.archive / f.name.replace(".json", ".job.json"))
+        for (bb, m, bud), r in R.items():
+            if r["rc"] == 0:
+                shutil.copy(r["result"], args.archive / f"{bb}__{m}__{bud.replace('%', 'pct')}.result.json")
     print("\n".join(lines))
     return 0
 
