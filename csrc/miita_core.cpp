@@ -420,9 +420,10 @@ inline __m512 exp_ps_nonpos(__m512 x) {
 // and the generic loop spent most of its time elsewhere than reading it: two scalar exp passes
 // (normaliser, then p) over T x V logits, and a load + store of the accumulator per 32-value
 // block. Here the exps are one vectorised pass that writes e_t(v) = exp(z_t(v) - max_t) and sums
-// Z_t, the weight pbar(v) = sum_t e_t(v) / (T Z_t) is formed per row inside the head pass, and
-// the head pass runs over tiles of rows with the 32-value accumulator of a block held in two
-// registers across the tile. Same sum as the generic path up to float reassociation.
+// Z_t, and the weight pbar(v) = sum_t e_t(v) / (T Z_t) is formed per row inside the head pass,
+// which walks the rows in order (a tiled walk that kept accumulators in registers was 3x slower:
+// it defeats the prefetcher, docs/benchmarks.md). E_out = W^T pbar; same sum as the generic path
+// up to float reassociation.
 int correction_mean_q8(const RowReader & rr, int64_t V, int64_t H, const float * logits, int64_t T,
                        float * E_out, int n_threads) {
     const int nt = clamp_threads(n_threads, V / 8192 + 1);
@@ -638,20 +639,17 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
     if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(targets, T, n_rows)) return -1;
     const int64_t V = n_rows, H = n_embd;
     const bool exact = top_k <= 0 || top_k >= V;
+    // E[t] = sum_v p_t(v) W[v]; for the mean (per_position == 0) only mean_t E[t] is needed, and
+    // by linearity that is one weighted sum with the averaged distribution: 1 row pass, not T.
+    const int64_t TP = (exact && !per_position) ? 1 : T;
+    std::vector<float> E(TP * H, 0.0f);
 #if defined(__AVX512F__) && defined(__F16C__)
-    if (exact && !per_position && rr.is_q8_0()) {
-        std::vector<float> E(H);
-        if (correction_mean_q8(rr, V, H, logits, T, E.data(), n_threads)) return -1;
-        std::vector<float> wy(H);
-        std::fill(out, out + H, 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-            rr.read(targets[t], wy.data());
-            for (int64_t k = 0; k < H; ++k) out[k] += wy[k] / (float) T;
-        }
-        for (int64_t k = 0; k < H; ++k) out[k] -= E[k];
-        return 0;
-    }
+    const bool fast_mean = TP == 1 && exact && rr.is_q8_0();
+    if (fast_mean && correction_mean_q8(rr, V, H, logits, T, E.data(), n_threads)) return -1;
+#else
+    const bool fast_mean = false;
 #endif
+    if (!fast_mean) {
 
     // Softmax normaliser per position (exact over all V in both modes), V split across threads.
     std::vector<float> lmax(T), lse(T);
@@ -685,10 +683,6 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
         }
     }
 
-    // E[t] = sum_v p_t(v) W[v]; for the mean (per_position == 0) only mean_t E[t] is needed, and
-    // by linearity that is one weighted sum with the averaged distribution: 1 row pass, not T.
-    const int64_t TP = (exact && !per_position) ? 1 : T;
-    std::vector<float> E(TP * H, 0.0f);
     if (exact) {
         // One pass over W for all positions: read a row once, use it TP times.
         std::vector<float> P(TP * V, 0.0f);
@@ -771,6 +765,8 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
             }
         }
     }
+
+    }  // !fast_mean
 
     std::vector<float> wy(H);
     if (per_position) {

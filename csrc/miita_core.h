@@ -121,18 +121,18 @@ int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q
  * (the first k of a stable descending sort); NaN must be excluded by the caller. */
 int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out);
 
-/* out[a] = scales[a] * sum_h q[h] * rows[a*H + h] for n int8 rows of H values: the scan of
- * int8 shadow copies of float memory matrices (4x fewer bytes than float32); the caller bounds
- * the error and re-ranks exactly. */
-// Exact recall support for eq. 8 over int8 shadow rows: scores every row approximately
-// (scales[a] * q . rows[a]), bounds each segment's max score by the rows' residual norms errs[a]
-// (Cauchy-Schwarz, q a unit vector), and writes to out the indices of the segments whose upper
-// bound reaches the R-th largest lower bound: a superset of the exact Top_R, to be re-scored in
-// float. seg_start = NULL: every row is its own segment. Returns the count, or -1 on error.
-// out must hold n_seg (or n) values.
+/* Exact recall support for eq. 8 over int8 shadow rows: scores every row approximately
+ * (scales[a] * q . rows[a]), bounds each segment's max score by the rows' residual norms errs[a]
+ * (Cauchy-Schwarz, q a unit vector), and writes to out the indices of the segments whose upper
+ * bound reaches the R-th largest lower bound: a superset of the exact Top_R, to be re-scored in
+ * float. seg_start = NULL: every row is its own segment. Returns the count, or -1 on error.
+ * out must hold n_seg (or n) values. */
 int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
                         const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out);
 
+/* out[a] = scales[a] * sum_h q[h] * rows[a*H + h] for n int8 rows of H values: the scan of
+ * int8 shadow copies of float memory matrices (4x fewer bytes than float32); the caller bounds
+ * the error and re-ranks exactly. */
 int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
                     float * out);
 
