@@ -61,6 +61,7 @@ class State {
         return py::make_tuple(out, n);
     }
     void set_capture(bool enabled, int64_t max_rows) { check(miita_state_set_capture(st_, enabled, max_rows)); }
+    void set_stop_after_norm(bool enabled) { check(miita_state_set_stop_after_norm(st_, enabled)); }
     py::array_t<float> captured() const {
         const int64_t n = miita_state_captured_rows(st_);
         py::array_t<float> out({n, n_embd_});
@@ -144,6 +145,22 @@ py::array_t<float> lm_correction(const py::buffer & W, int type, int64_t n_rows,
     return out;
 }
 
+py::array_t<float> lm_correction_hidden(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd,
+                                        int64_t row_bytes, const f32_in & hidden, const i32_in & targets,
+                                        bool per_position, int n_threads) {
+    const int64_t T = targets.size();
+    if (hidden.ndim() != 2 || hidden.shape(0) != T || hidden.shape(1) != n_embd)
+        throw std::invalid_argument("hidden must be (len(targets), n_embd)");
+    const void * w = buffer_ptr(W, n_rows, row_bytes);
+    py::array_t<float> out = per_position ? py::array_t<float>({T, n_embd}) : py::array_t<float>(n_embd);
+    {
+        py::gil_scoped_release nogil;
+        check(miita_lm_correction_hidden(w, type, n_rows, n_embd, hidden.data(), targets.data(), T,
+                                         per_position ? 1 : 0, out.mutable_data(), n_threads));
+    }
+    return out;
+}
+
 py::array_t<float> bit_scores(const py::array_t<uint8_t, py::array::c_style | py::array::forcecast> & bits,
                               const f32_in & q) {
     if (bits.ndim() != 2) throw std::invalid_argument("bits must be (n, ceil(H/8)) uint8");
@@ -220,6 +237,7 @@ PYBIND11_MODULE(_native, m) {
         .def("begin_batch", &State::begin_batch, py::arg("mask") = py::none())
         .def("key", &State::key)
         .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
+        .def("set_stop_after_norm", &State::set_stop_after_norm, py::arg("enabled"))
         .def("captured", &State::captured)
         .def("capture_clear", &State::capture_clear)
         .def("set_steer", &State::set_steer, py::arg("dir"), py::arg("h_q"), py::arg("eta"), py::arg("mode"))
@@ -236,4 +254,8 @@ PYBIND11_MODULE(_native, m) {
     m.def("lm_correction", &lm_correction, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
           py::arg("row_bytes"), py::arg("logits"), py::arg("targets"), py::arg("top_k") = 0,
           py::arg("per_position") = false, py::arg("n_threads") = 0);
+    m.def("lm_correction_hidden", &lm_correction_hidden, py::arg("W"), py::arg("type"), py::arg("n_rows"),
+          py::arg("n_embd"), py::arg("row_bytes"), py::arg("hidden"), py::arg("targets"),
+          py::arg("per_position") = false, py::arg("n_threads") = 0,
+          "Eq. 2 from final hidden states (p_t = softmax(W h_t)) in one online-softmax pass over W.");
 }

@@ -51,6 +51,9 @@ struct miita_state {
     float h_q_norm = 0.0f;
     std::vector<float> alphas;
 
+    // stop the graph after result_norm (skip llama.cpp's LM-head product)
+    bool stop_after_norm = false;
+
     // diagnostics
     std::string error;
     int64_t hits_key = 0;
@@ -157,12 +160,24 @@ bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
     const bool is_norm = std::strcmp(t->name, k_result_norm) == 0;
     const bool is_key = !is_norm && !st->key_name.empty() && st->key_name == t->name;
     if (ask) {
-        if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF;
+        if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF || st->stop_after_norm;
         return is_key;
     }
     if (is_key) on_key_tensor(st, t);
-    else if (is_norm) on_result_norm(st, t);
-    return true;  // never false: false silently skips the rest of the split
+    else if (is_norm) {
+        on_result_norm(st, t);
+        // false makes the scheduler leave the rest of this graph split uncomputed and still report
+        // success (ggml-backend.cpp, ggml_backend_sched_compute_splits); after result_norm that is
+        // only the LM-head product, whose logits the caller then must not read.
+        if (st->stop_after_norm) return false;
+    }
+    return true;  // otherwise never false: it would silently skip the rest of the split
+}
+
+int miita_state_set_stop_after_norm(miita_state * st, bool enabled) {
+    if (!st) return fail("null state");
+    st->stop_after_norm = enabled;
+    return 0;
 }
 
 int miita_state_set_key_tensor(miita_state * st, const char * name) {
@@ -503,9 +518,221 @@ int correction_mean_q8(const RowReader & rr, int64_t V, int64_t H, const float *
 }
 #endif
 
+
+// ---------------------------------------------------------------------------
+// Eq. 2 from final hidden states: one pass over the head with an online softmax
+// ---------------------------------------------------------------------------
+// Why: computing R_t = W[y_t] - W^T softmax(W h_t) from llama.cpp's logits reads the 178 MB head
+// twice per example (llama.cpp's LM-head product at the T answer positions, then the W^T p pass),
+// and the second read comes from DRAM. From the captured h_t, one pass suffices: each row w_v is
+// read once, its T logits z_t(v) = w_v . h_t are formed, and sum_v exp(z_t(v) - m_t) w_v is
+// accumulated with a running maximum m_t (rescaling the sums when m_t rises, as flash attention
+// does). The caller stops llama.cpp's graph after result_norm, so the head is read once in all.
+//
+// Terms with z_t(v) < m_t - kDropLogit (m_t the running maximum, never above the final one) are
+// skipped: each has p_t(v) < e^-32 / 1 and all V of them together < V e^-32 = 3.3e-9 of the
+// probability mass for V = 262,144, below float32's resolution of the result (6e-8).
+constexpr float kDropLogit = 32.0f;
+
+struct OnlineSoftmaxAcc {
+    std::vector<float> m;     // T running maxima
+    std::vector<double> Z;    // T sums of exp(z - m)
+    std::vector<float> acc;   // T x H sums of exp(z - m) w
+    void init(int64_t T, int64_t H) {
+        m.assign(T, -INFINITY);
+        Z.assign(T, 0.0);
+        acc.assign((size_t) T * H, 0.0f);
+    }
+};
+
+// Portable SIMD: fixed-width loops over independent lanes, which GCC/Clang at -O3 turn into
+// AVX2, AVX-512 or NEON code alike (a plain `s += a[k] * b[k]` stays scalar: reassociating a
+// float sum is not allowed without -ffast-math). The kernels below are on the ingest path of
+// every CPU the product targets, so they must not depend on one instruction set.
+constexpr int kLanes = 16;
+
+inline float dot_f32(const float * a, const float * b, int64_t H) {
+    float acc[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= H; k += kLanes)
+        for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
+    float s = 0.0f;
+    for (int j = 0; j < kLanes; ++j) s += acc[j];
+    for (; k < H; ++k) s += a[k] * b[k];
+    return s;
+}
+
+inline void axpy_f32(float * y, float s, const float * x, int64_t H) {
+    for (int64_t k = 0; k < H; ++k) y[k] += s * x[k];
+}
+
+inline void scale_f32(float * y, float s, int64_t H) {
+    for (int64_t k = 0; k < H; ++k) y[k] *= s;
+}
+
+inline float fp16_to_f32(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    return fp16_table()[h];
+#endif
+}
+
+// One row of the head as float: Q8_0 dequantised in a vectorisable loop, else ggml's to_float.
+inline void read_row_f32(const RowReader & rr, int64_t v, float * out) {
+    if (rr.is_q8_0()) {
+        const uint8_t * src = rr.base + (size_t) v * rr.stride;
+        for (int64_t blk = 0; blk < rr.n_embd / 32; ++blk) {
+            const uint8_t * bp = src + blk * 34;
+            uint16_t hb;
+            std::memcpy(&hb, bp, 2);
+            const float d = fp16_to_f32(hb);
+            const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
+            float * o = out + blk * 32;
+            for (int j = 0; j < 32; ++j) o[j] = d * (float) qs[j];
+        }
+        return;
+    }
+    rr.read(v, out);
+}
+
+// 8 floats as a GCC/Clang vector: one ymm register on AVX2, half a zmm on AVX-512, two q
+// registers on NEON. Loads go through an unaligned, may_alias twin of the type (one vmovups;
+// a memcpy into the vector went through the stack and stalled on store forwarding, 10x slower).
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
+
+inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
+
+inline float hsum8(f32x8 v) {
+    float s = 0.0f;
+    for (int j = 0; j < 8; ++j) s += v[j];
+    return s;
+}
+
+// z[g] = w_g . h for G rows at once: 2G independent accumulator registers keep the FMA units busy
+// (one chain per row would wait on the FMA latency), and h is loaded once per G rows.
+template <int G>
+inline void dot_rows(const float * w, int64_t H, const float * h, float * z) {
+    f32x8 acc[G][2];
+    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = f32x8{};
+    int64_t k = 0;
+    for (; k + 16 <= H; k += 16) {
+        const f32x8 h0 = load8(h + k), h1 = load8(h + k + 8);
+        for (int g = 0; g < G; ++g) {
+            acc[g][0] += load8(w + g * H + k) * h0;
+            acc[g][1] += load8(w + g * H + k + 8) * h1;
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        float s = hsum8(acc[g][0] + acc[g][1]);
+        for (int64_t kk = k; kk < H; ++kk) s += w[g * H + kk] * h[kk];
+        z[g] = s;
+    }
+}
+
+// y += sum_g e[g] w_g: one load and one store of y per G rows instead of per row.
+template <int G>
+inline void axpy_rows(float * y, const float * e, const float * w, int64_t H) {
+    for (int64_t k = 0; k < H; ++k) {
+        float s = y[k];
+        for (int g = 0; g < G; ++g) s += e[g] * w[g * H + k];
+        y[k] = s;
+    }
+}
+
+// G consecutive rows (from v) into the T online-softmax sums; rows stay in order, so the walk over
+// the head is sequential (a strided walk defeats the prefetcher: docs/benchmarks.md).
+template <int G>
+void online_softmax_group(const RowReader & rr, const float * hidden, int64_t T, int64_t v, float * w,
+                          OnlineSoftmaxAcc & st) {
+    const int64_t H = rr.n_embd;
+    for (int g = 0; g < G; ++g) read_row_f32(rr, v + g, w + g * H);
+    for (int64_t t = 0; t < T; ++t) {
+        float z[G], e[G];
+        dot_rows<G>(w, H, hidden + t * H, z);
+        float & m = st.m[t];
+        float * a = st.acc.data() + t * H;
+        float zmax = z[0];
+        for (int g = 1; g < G; ++g) zmax = std::max(zmax, z[g]);
+        if (zmax > m) {  // a new maximum: rescale what was summed under the old one
+            if (m != -INFINITY) {
+                const float r = std::exp(m - zmax);
+                st.Z[t] *= r;
+                scale_f32(a, r, H);
+            }
+            m = zmax;
+        }
+        double zs = 0.0;
+        for (int g = 0; g < G; ++g) {
+            const float dz = z[g] - m;
+            e[g] = dz < -kDropLogit ? 0.0f : std::exp(dz);
+            zs += e[g];
+        }
+        st.Z[t] += zs;
+        axpy_rows<G>(a, e, w, H);
+    }
+}
+
+// Rows [b, e) of the head into one thread's online-softmax sums for the T hidden rows.
+void online_softmax_rows(const RowReader & rr, const float * hidden, int64_t T, int64_t b, int64_t e,
+                         OnlineSoftmaxAcc & st) {
+    constexpr int G = 4;
+    std::vector<float> w((size_t) G * rr.n_embd);
+    int64_t v = b;
+    for (; v + G <= e; v += G) online_softmax_group<G>(rr, hidden, T, v, w.data(), st);
+    for (; v < e; ++v) online_softmax_group<1>(rr, hidden, T, v, w.data(), st);
+}
+
 }  // namespace
 
 extern "C" {
+
+int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t n_embd, const float * hidden,
+                               const int32_t * targets, int64_t T, int per_position, float * out, int n_threads) {
+    RowReader rr;
+    if (T <= 0) return fail("correction needs at least one target position");
+    if (!hidden || !out) return fail("null hidden or output pointer");
+    if (make_reader(W, type, n_rows, n_embd, rr) || check_ids(targets, T, n_rows)) return -1;
+    const int64_t V = n_rows, H = n_embd;
+    for (int64_t i = 0; i < T * H; ++i)
+        if (!std::isfinite(hidden[i])) return fail("hidden states contain non-finite values");
+    const int nt = clamp_threads(n_threads, V / 8192 + 1);
+    std::vector<OnlineSoftmaxAcc> parts(nt);
+    for (auto & p : parts) p.init(T, H);
+    parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) { online_softmax_rows(rr, hidden, T, b, e, parts[ti]); });
+    // merge the threads' sums onto the global maximum: E_t = sum_i acc_i e^(m_i - m) / sum_i Z_i e^(m_i - m)
+    std::vector<float> E((size_t) T * H, 0.0f), wy(H);
+    for (int64_t t = 0; t < T; ++t) {
+        float m = -INFINITY;
+        for (const auto & p : parts) m = std::max(m, p.m[t]);
+        if (!std::isfinite(m)) return fail("logits contain non-finite values");
+        double Z = 0.0;
+        std::vector<double> e(H, 0.0);
+        for (const auto & p : parts) {
+            if (p.m[t] == -INFINITY) continue;
+            const double r = std::exp((double) p.m[t] - m);
+            Z += p.Z[t] * r;
+            const float * a = p.acc.data() + t * H;
+            for (int64_t k = 0; k < H; ++k) e[k] += r * a[k];
+        }
+        if (!(Z > 0.0) || !std::isfinite(Z)) return fail("logits contain non-finite values");
+        for (int64_t k = 0; k < H; ++k) E[t * H + k] = (float) (e[k] / Z);
+    }
+    if (per_position) {
+        for (int64_t t = 0; t < T; ++t) {
+            rr.read(targets[t], wy.data());
+            for (int64_t k = 0; k < H; ++k) out[t * H + k] = wy[k] - E[t * H + k];
+        }
+    } else {
+        std::fill(out, out + H, 0.0f);
+        for (int64_t t = 0; t < T; ++t) {
+            rr.read(targets[t], wy.data());
+            for (int64_t k = 0; k < H; ++k) out[k] += (wy[k] - E[t * H + k]) / (float) T;
+        }
+    }
+    return 0;
+}
 
 int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
                     float * out) {

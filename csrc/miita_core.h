@@ -13,8 +13,10 @@
  *         alpha = max(0, cos(h, h_q)) (gated), alpha = 1 (ungated) or no
  *         addition (off). Writing t->data there changes every later node, so
  *         the LM head sees the steered state.
- *     The callback asks only for those two tensors and always returns true
- *     (returning false would silently skip the rest of the graph split).
+ *     The callback asks only for those two tensors and returns true, except
+ *     after result_norm when asked to stop there (miita_state_set_stop_after_norm):
+ *     returning false makes the scheduler skip the rest of the graph split, which
+ *     after result_norm is only llama.cpp's LM-head product.
  *
  *  2. LM-head row kernels that read a (possibly quantized) LM-head matrix in
  *     place - e.g. a memory-mapped GGUF tensor - and dequantize only the rows
@@ -75,6 +77,10 @@ void miita_state_capture_clear(miita_state * st);
 
 /* Steering: dir and h_q are n_embd floats (copied); either may be NULL to keep the current one. */
 int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode);
+/* Stop each graph computation right after result_norm (callback returns false there), so that
+ * llama.cpp does not compute the logits: for callers that take the captured hidden rows to
+ * miita_lm_correction_hidden. The logits buffer then holds stale values and must not be read. */
+int miita_state_set_stop_after_norm(miita_state * st, bool enabled);
 /* alpha of every steered row since the last clear (mode OFF logs nothing). */
 int64_t miita_state_alpha_count(const miita_state * st);
 int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);
@@ -110,6 +116,16 @@ int miita_lm_weighted_sum(const void * W, int type, int64_t n_rows, int64_t n_em
 int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd,
                         const float * logits, const int32_t * targets, int64_t T,
                         int64_t top_k, int per_position, float * out, int n_threads);
+
+/* The same corrections from the final hidden states instead of logits (eq. 2 with
+ * p_t = softmax(W h_t)): ONE pass over W computes each row's T logits and accumulates
+ * sum_v exp(z_t(v) - m_t) W[v] with a running maximum m_t (an online softmax), so the head is
+ * read once instead of twice (logits, then W^T p). Terms below e^-32 of the running maximum are
+ * skipped (together < V e^-32 of the mass). hidden: T x n_embd floats (the result_norm rows at
+ * the positions that predict targets[t]). out as for miita_lm_correction (top_k is not offered). */
+int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t n_embd,
+                               const float * hidden, const int32_t * targets, int64_t T,
+                               int per_position, float * out, int n_threads);
 
 /* Dot products of one float query with sign vectors stored as packed bits
  * (np.packbits order: bit 7 of byte 0 is dimension 0): out[a] = sum_i q_i * s_{a,i},

@@ -220,6 +220,73 @@ def test_exact_correction_matches_dense_numpy(engine, W_ref):
     assert cos[-1] >= cos[0]
 
 
+def test_correction_from_hidden_skips_the_head_and_matches_dense_numpy(engine, W_ref):
+    """Exact eq. 2 from the captured hidden rows, with llama.cpp stopped after result_norm:
+    the rows are the ones a full decode feeds the head, R equals a float64 numpy softmax of
+    W h, and the KV cache the shortened graph leaves behind is the full decode's."""
+    toks = engine.tokenize(PROMPT)
+    target = engine.tokenize(" card arrival\n", add_bos=False)
+    flags = [False] * (len(toks) - 1) + [True] * len(target) + [False]
+    # the full decode: logits and the captured rows that produced them
+    engine.reset()
+    engine.native.set_capture(True, len(target))
+    logits = engine.decode(toks + target, flags)
+    h_full = engine.native.captured().copy()
+    engine.native.set_capture(False, 0)
+    nxt_full = engine.decode([target[-1]], "last")[0]
+    # the shortened graph: same rows, and a next decode on its KV cache gives the same logits
+    engine.reset()
+    hits = engine.native.hits(1)
+    hidden = engine.hidden_states(toks + target, flags)
+    assert engine.native.hits(1) > hits
+    np.testing.assert_allclose(hidden, h_full, rtol=0, atol=1e-4)
+    nxt = engine.decode([target[-1]], "last")[0]
+    np.testing.assert_allclose(nxt, nxt_full, rtol=0, atol=1e-3 * np.abs(nxt_full).max())
+    # the captured rows are what the head saw: llama.cpp's logits are W h up to its Q8_0 activations
+    # (that rounding moves logits by up to ~0.2, enough to flip near-ties of the argmax)
+    z = hidden.astype(np.float64) @ W_ref.T.astype(np.float64)
+    ref_logits = q8_0_roundtrip(hidden) @ W_ref.T
+    assert np.abs(logits - ref_logits).max() < 2e-3 * np.abs(ref_logits).max() + 1e-3
+    # R against the float64 softmax of W h (not llama.cpp's logits)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    W64 = W_ref.astype(np.float64)
+    per_pos_ref = W64[target] - p @ W64
+    lm = engine.lm_head
+    R = lm.correction_from_hidden(hidden, target)
+    np.testing.assert_allclose(R, per_pos_ref.mean(0), rtol=0, atol=1e-3 * np.abs(per_pos_ref).max())
+    per_pos = lm.correction_from_hidden(hidden, target, per_position=True)
+    np.testing.assert_allclose(per_pos, per_pos_ref, rtol=0, atol=1e-3 * np.abs(per_pos_ref).max())
+    for a, b in zip(per_pos, per_pos_ref):
+        assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99999
+    # and it is the logits path's R up to llama.cpp's activation rounding
+    R_logits = lm.correction(logits, target)
+    assert R @ R_logits / np.linalg.norm(R) / np.linalg.norm(R_logits) > 0.999
+
+
+@pytest.mark.parametrize("answer", [" card arrival", " my card has still not arrived after two weeks"])
+def test_extract_exact_R_by_either_path_matches_softmax_of_W_h(engine, W_ref, answer):
+    """extract() takes the one-pass hidden path for short answers and llama.cpp's logits for long
+    ones (HIDDEN_R_MAX_TOKENS); both give eq. 2's R_m for the model's own states."""
+    from miita_edge.extract import HIDDEN_R_MAX_TOKENS, extract
+    from miita_edge.templates import get_template
+
+    tpl = get_template("plain")
+    e = extract(engine, tpl, "my card has not arrived yet", answer, skip_bos=False, per_position=False)
+    T = len(e.target)
+    assert (T <= HIDDEN_R_MAX_TOKENS) == (answer == " card arrival")
+    flags = [False] * (len(e.prompt) - 1) + [True] * T + [False]
+    engine.reset()
+    hidden = engine.hidden_states(e.prompt + e.target, flags)
+    z = hidden.astype(np.float64) @ W_ref.T.astype(np.float64)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    W64 = W_ref.astype(np.float64)
+    R_ref = (W64[e.target] - p @ W64).mean(0)
+    cos = e.R_mean @ R_ref / np.linalg.norm(e.R_mean) / np.linalg.norm(R_ref)
+    assert cos > (0.99999 if T <= HIDDEN_R_MAX_TOKENS else 0.999), cos
+
+
 def test_uncertainty_gradient_matches_finite_differences(engine, W_ref):
     """r_q = W_Vᵀ g (eq. 7) is the gradient of the restricted entropy wrt the hidden state."""
     from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted

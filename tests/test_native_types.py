@@ -127,6 +127,54 @@ def test_exact_mean_correction_q8_matches_dense_across_logit_ranges(spread):
         np.testing.assert_allclose(got, R_ref, rtol=0, atol=2e-5 * max(1.0, np.abs(R_ref).max()))
 
 
+@pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("spread", [0.05, 3.0, 40.0])
+def test_correction_from_hidden_matches_dense_softmax(qt, spread):
+    """Eq. 2 from hidden states (one online-softmax pass: running maxima, rescaling, dropped
+    terms below e^-32, thread merge) against float64 numpy on the dequantised matrix. Rows are
+    ordered by ascending logit of position 0, so its running maximum rises on every row."""
+    rng = np.random.default_rng(int(qt) * 7 + int(spread * 100))
+    n_rows, n_embd, T = 3000 + 13, 64, 4
+    W = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
+    hidden = (rng.standard_normal((T, n_embd)) * spread / np.sqrt(n_embd)).astype(np.float32)
+    W = W[np.argsort(W @ hidden[0], kind="stable")]
+    raw = encode(W, qt)
+    row_bytes = raw.size // n_rows
+    if qt == QT.F32:
+        ref = W.astype(np.float64)
+    elif qt == QT.F16:
+        ref = W.astype(np.float16).astype(np.float64)
+    else:
+        ref = quants.dequantize(raw.reshape(n_rows, row_bytes), qt).reshape(n_rows, n_embd).astype(np.float64)
+    z = hidden.astype(np.float64) @ ref.T
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    targets = rng.integers(0, n_rows, T).astype(np.int32)
+    R_ref = ref[targets] - p @ ref
+    tol = 2e-4 * max(1.0, np.abs(R_ref).max())
+    for threads in (1, 2, 3):
+        got = _native.lm_correction_hidden(raw, int(qt), n_rows, n_embd, row_bytes, hidden, targets, True, threads)
+        np.testing.assert_allclose(got, R_ref, rtol=0, atol=tol)
+        got = _native.lm_correction_hidden(raw, int(qt), n_rows, n_embd, row_bytes, hidden, targets, False, threads)
+        np.testing.assert_allclose(got, R_ref.mean(0), rtol=0, atol=tol)
+    # the same R as the logits path fed with the same (float64-exact) logits
+    via_logits = _native.lm_correction(raw, int(qt), n_rows, n_embd, row_bytes, z.astype(np.float32), targets, 0,
+                                       True, 2)
+    np.testing.assert_allclose(got, via_logits.mean(0), rtol=0, atol=tol)
+
+
+def test_correction_from_hidden_rejects_bad_input():
+    W = np.zeros((10, 32), np.float32).view(np.uint8).reshape(-1)
+    h = np.ones((2, 32), np.float32)
+    with pytest.raises(ValueError, match="hidden must be"):
+        _native.lm_correction_hidden(W, int(QT.F32), 10, 32, 128, h[:1], np.array([1, 2], np.int32))
+    with pytest.raises(RuntimeError, match="outside the vocabulary"):
+        _native.lm_correction_hidden(W, int(QT.F32), 10, 32, 128, h, np.array([1, 10], np.int32))
+    h[1, 3] = np.nan
+    with pytest.raises(RuntimeError, match="non-finite"):
+        _native.lm_correction_hidden(W, int(QT.F32), 10, 32, 128, h, np.array([1, 2], np.int32))
+
+
 @pytest.mark.parametrize("n,k", [(5000, 64), (4099, 1), (70000, 300), (33, 33)])
 def test_top_k_equals_stable_descending_sort_with_many_ties(n, k):
     """The vectorised heap pass against numpy's stable sort, on values with many exact ties

@@ -246,12 +246,14 @@ class Engine:
         self.n_past = n_keep
 
     def decode(self, tokens: Sequence[int], logits: Sequence[bool] | str = "last",
-               key_mask: Sequence[bool] | None = None) -> np.ndarray:
+               key_mask: Sequence[bool] | None = None, read_logits: bool = True) -> np.ndarray:
         """Append tokens to the sequence; return the requested logits rows (n_req, V), copied.
 
         logits: "last", "none", "all", or one flag per token.
         key_mask: one flag per token, which rows enter the semantic key sum
         (None: no key is collected in this call). The sum accumulates until ``reset()``.
+        read_logits=False: the flagged rows are computed up to result_norm (for the callback's
+        capture) but nothing is copied out; returns an empty (0, V) array.
         """
         n = len(tokens)
         if n == 0:
@@ -265,7 +267,7 @@ class Engine:
         if len(flags) != n or (key_mask is not None and len(key_mask) != n):
             raise ValueError("logits/key_mask must have one flag per token")
         L, b, nb = self._L, self._batch, self.config.n_batch
-        out = np.empty((sum(flags), self.n_vocab), np.float32)
+        out = np.empty((sum(flags) if read_logits else 0, self.n_vocab), np.float32)
         n_out = 0
         # Ask the callback for the key layer only while a key is being collected:
         # every watched tensor splits the graph computation once more.
@@ -288,11 +290,31 @@ class Engine:
             if err:
                 raise ModelError(f"native callback: {err}")
             for i, j in enumerate(chunk):
-                if flags[j]:
+                if flags[j] and read_logits:
                     ptr = L.llama_get_logits_ith(self._ctx, i)
                     out[n_out] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
                     n_out += 1
             self.n_past += len(chunk)
+        return out
+
+    def hidden_states(self, tokens: Sequence[int], rows: Sequence[bool],
+                      key_mask: Sequence[bool] | None = None) -> np.ndarray:
+        """Append tokens; return the final hidden states (``result_norm``, before the LM head) at
+        the flagged positions, (n_req, H), in order. The graph stops after result_norm, so
+        llama.cpp does not compute these positions' logits: exact eq. 2 then reads the head once
+        (``LMHeadRows.correction_from_hidden``) instead of twice. No steering may be active."""
+        n_req = sum(bool(r) for r in rows)
+        st = self.native
+        st.set_capture(True, n_req)
+        st.set_stop_after_norm(True)
+        try:
+            self.decode(tokens, rows, key_mask=key_mask, read_logits=False)
+            out = st.captured()[:n_req].copy()
+        finally:
+            st.set_stop_after_norm(False)
+            st.set_capture(False, 0)
+        if out.shape[0] != n_req:
+            raise ModelError(f"captured {out.shape[0]} result_norm rows, expected {n_req}")
         return out
 
     def set_steer(self, direction: np.ndarray | None, h_q: np.ndarray | None = None, eta: float = 0.0,
@@ -401,6 +423,12 @@ class LMHeadRows:
         """Σ_i w_i W[ids_i] (eq. 7's W_Vᵀ g)."""
         return self._n.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
                                        np.asarray(weights, np.float32), self.n_threads)
+
+    def correction_from_hidden(self, hidden: np.ndarray, targets: Sequence[int],
+                               per_position: bool = False) -> np.ndarray:
+        """Exact eq. 2 with p_t = softmax(W h_t), from the final hidden rows, in one pass over W."""
+        return self._n.lm_correction_hidden(*self._args(), np.ascontiguousarray(hidden, np.float32),
+                                            np.asarray(targets, np.int32), bool(per_position), self.n_threads)
 
     def correction(self, logits: np.ndarray, targets: Sequence[int], top_k: int = 0,
                    per_position: bool = False) -> np.ndarray:

@@ -1,9 +1,12 @@
 """Extraction (eqs. 1–2): one decode pass turns (x, y) into a key and corrections.
 
-The prompt and the answer are decoded together in one batch; logits are
-requested only at the positions that predict answer tokens, and the callback
-sums the key layer's rows over the prompt only. For the ``tokens`` payload no
-logits are needed at all, so only the prompt is decoded.
+The prompt and the answer are decoded together in one batch; only the positions
+that predict answer tokens are output rows, and the callback sums the key
+layer's rows over the prompt only. Exact R (eq. 2) of a short answer is computed from those
+rows' final hidden states in one online-softmax pass over the LM head, with
+llama.cpp's own LM-head product skipped; longer answers and top-k R read
+llama.cpp's logits (``HIDDEN_R_MAX_TOKENS``).
+For the ``tokens`` payload no corrections are needed, so only the prompt is decoded.
 """
 from __future__ import annotations
 
@@ -18,6 +21,14 @@ from .templates import Template
 #: and the template's answer cue (SuperNI's "Output:") must survive, or the model does not
 #: know that an answer is due. See :func:`truncate_tokens`.
 PROMPT_TAIL_TOKENS = 32
+
+#: Answers of at most this many tokens get exact R from the hidden rows (one online-softmax pass
+#: over the head, llama.cpp's LM-head product skipped); longer ones from llama.cpp's logits and
+#: one pass with the position-averaged distribution. The one-pass kernel costs 2T row operations
+#: (a dot and an axpy per position), the logits path T batched dots plus one axpy: measured on 2
+#: AVX2 cores, the first is 5-16 ms faster per example for T <= 4 and slower from T ~ 6
+#: (docs/benchmarks.md).
+HIDDEN_R_MAX_TOKENS = 4
 
 
 def truncate_tokens(tokens: list[int], max_tokens: int | None, tail: int = PROMPT_TAIL_TOKENS) -> list[int]:
@@ -86,9 +97,17 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
         return Extracted(prompt, target, s / max(n, 1), None)
     # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
-    logits = engine.decode(prompt + target, flags, key_mask=mask + [False] * len(target))
-    s, n = engine.native.key()
-    R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=per_position)
+    key_mask = mask + [False] * len(target)
+    if top_k <= 0 and len(target) <= HIDDEN_R_MAX_TOKENS:
+        # exact, short answer: llama.cpp stops after result_norm and one online-softmax pass over
+        # the head gives R from the hidden rows (the head is read once, not twice)
+        hidden = engine.hidden_states(prompt + target, flags, key_mask=key_mask)
+        s, n = engine.native.key()
+        R = engine.lm_head.correction_from_hidden(hidden, target, per_position=per_position)
+    else:
+        logits = engine.decode(prompt + target, flags, key_mask=key_mask)
+        s, n = engine.native.key()
+        R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=per_position)
     if not per_position:
         R = R.reshape(1, -1)
     if not np.any(R):

@@ -20,7 +20,7 @@ from . import store as store_mod
 from .budget import Budget, parse_budget
 from .engine import Engine, EngineConfig, Generation
 from .errors import BudgetError, InputError, StoreError
-from .extract import Extracted, extract, prompt_tokens
+from .extract import HIDDEN_R_MAX_TOKENS, Extracted, extract, prompt_tokens
 from .memory import BankConfig, MemoryBank
 from .retrieval import RetrievalConfig, ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -405,6 +405,8 @@ class Miita:
         fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
                   "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
                   "corrections": need_R, "top_k": pr.correction_top_k, "per_position": per_position,
+                  # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's logits
+                  "exact_R_from": f"hidden<={HIDDEN_R_MAX_TOKENS}",
                   "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
         a = self.extract_cache.get_or_compute("extract", fields, compute)
         if a is None:
