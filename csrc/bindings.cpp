@@ -193,8 +193,12 @@ py::array_t<int64_t> i8_recall(const py::array_t<int8_t, py::array::c_style | py
     const bool segs = seg_start.size() > 0;
     const int64_t n_seg = segs ? seg_start.size() : n;
     py::array_t<int64_t> out(n_seg);
-    const int64_t m = miita_i8_recall(rows.data(), scales.data(), errs.data(), n, H, segs ? seg_start.data() : nullptr,
-                                      n_seg, q.data(), R, out.mutable_data());
+    int64_t m;
+    {
+        py::gil_scoped_release nogil;  // retrieval runs the anchor and direction scans on two threads
+        m = miita_i8_recall(rows.data(), scales.data(), errs.data(), n, H, segs ? seg_start.data() : nullptr,
+                            n_seg, q.data(), R, out.mutable_data());
+    }
     if (m < 0) check(-1);
     return py::array_t<int64_t>(m, out.data());
 }
@@ -203,7 +207,12 @@ py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
     if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
     if (k < 0 || k > x.size()) throw std::invalid_argument("k must be in 0..len(x)");
     py::array_t<int32_t> out(k);
-    check(miita_top_k(x.data(), x.size(), k, out.mutable_data()));
+    int rc;
+    {
+        py::gil_scoped_release nogil;
+        rc = miita_top_k(x.data(), x.size(), k, out.mutable_data());
+    }
+    check(rc);
     return out;
 }
 

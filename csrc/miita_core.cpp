@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,26 @@
 namespace {
 
 thread_local std::string g_last_error;
+
+// 8 floats as a GCC/Clang vector: one ymm register on AVX2, half a zmm on AVX-512, two q
+// registers on NEON. Loads go through an unaligned, may_alias twin of the type (one vmovups;
+// a memcpy into the vector went through the stack and stalled on store forwarding, 10x slower).
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
+
+inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
+
+inline float hsum8(f32x8 v) {
+    float s = 0.0f;
+    for (int j = 0; j < 8; ++j) s += v[j];
+    return s;
+}
+
+inline float hmax8(f32x8 v) {
+    float m = v[0];
+    for (int j = 1; j < 8; ++j) m = std::max(m, v[j]);
+    return m;
+}
 
 int fail(const std::string & msg) {
     g_last_error = msg;
@@ -390,8 +411,26 @@ inline float dot_f32_i8(const float * q, const int8_t * r, int64_t H) {
         a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), _mm512_loadu_ps(q + h + 16), a1);
     }
     s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#else
+    // a fixed-width loop over 32 independent lanes: GCC vectorises it (4 FMA chains with
+    // sign-extending int8 -> float conversion); __builtin_convertvector(int8 -> float) did not
+    float acc[32] = {};
+    for (; h + 32 <= H; h += 32)
+        for (int j = 0; j < 32; ++j) acc[j] += q[h + j] * (float) r[h + j];
+    // pairwise over the lanes (vector adds); a running s += acc[j] is a 32-add latency chain per row
+    for (int w = 16; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+    s = acc[0];
 #endif
     for (; h < H; ++h) s += q[h] * (float) r[h];
+    return s;
+}
+
+// sum_h r[h] * k[h] in int32 (the caller keeps it from overflowing): integers may be
+// reassociated, so this plain loop vectorises (vpmovsxbw + vpmaddwd on AVX2).
+inline int32_t dot_i8_i16(const int8_t * r, const int16_t * k, int64_t H) {
+    int32_t s = 0;
+    for (int64_t h = 0; h < H; ++h) s += (int32_t) r[h] * (int32_t) k[h];
     return s;
 }
 
@@ -596,19 +635,6 @@ inline void read_row_f32(const RowReader & rr, int64_t v, float * out) {
     rr.read(v, out);
 }
 
-// 8 floats as a GCC/Clang vector: one ymm register on AVX2, half a zmm on AVX-512, two q
-// registers on NEON. Loads go through an unaligned, may_alias twin of the type (one vmovups;
-// a memcpy into the vector went through the stack and stalled on store forwarding, 10x slower).
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
-
-inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
-
-inline float hsum8(f32x8 v) {
-    float s = 0.0f;
-    for (int j = 0; j < 8; ++j) s += v[j];
-    return s;
-}
 
 // z[g] = w_g . h for G rows at once: 2G independent accumulator registers keep the FMA units busy
 // (one chain per row would wait on the FMA latency), and h is loaded once per G rows.
@@ -737,9 +763,10 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
 int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
                     float * out) {
     if (n < 0 || H <= 0 || (n > 0 && (!rows || !scales || !q || !out))) return fail("bad i8_scores arguments");
-    // One thread on purpose: this runs right after a prompt pass, while llama.cpp's worker
-    // threads still poll for work on the other cores; a second thread here competes with them
-    // (measured: 1-3.4 ms with two threads vs ~0.6-1 ms with one, 10,000 x 640 rows).
+    // One thread on purpose: this runs right after a prompt pass, while llama.cpp's OpenMP
+    // workers still spin-wait on the other cores (libgomp's default wait policy); a second thread
+    // here competes with them (measured twice: 1-3.4 ms with two threads vs ~0.6-1 ms with one,
+    // 10,000 x 640 rows; the int8 recall scan likewise 2.9 vs 0.75 ms).
     for (int64_t a = 0; a < n; ++a) out[a] = scales[a] * dot_f32_i8(q, rows + a * H, H);
     return 0;
 }
@@ -777,6 +804,18 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
             offer(i + lane);
         }
     }
+#else
+    // 64 values per test (vector maxima, one horizontal max): only a block whose maximum beats
+    // the root goes through offer(), which almost none do once the heap is full
+    for (; i + 64 <= n; i += 64) {
+        f32x8 m = load8(x + i);
+        for (int j = 8; j < 64; j += 8) {
+            const f32x8 v = load8(x + i + j);
+            m = m > v ? m : v;
+        }
+        if (hmax8(m) > x[heap.front()])
+            for (int64_t j = i; j < i + 64; ++j) offer(j);
+    }
 #endif
     for (; i < n; ++i) offer(i);
     std::sort_heap(heap.begin(), heap.end(), better);
@@ -795,17 +834,35 @@ int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float *
             (g == 0 && seg_start[0] != 0))
             return fail("i8_recall: segment starts must rise strictly from 0 and stay below the row count");
     if (n_seg == 0 || R == 0) return 0;
+    // The query is rounded to int16, u_hat = sigma * k, so that each row's dot product is an
+    // integer sum (int8 x int16 -> int32: pmaddwd on x86, smlal on Arm; a float dot spends most
+    // of its time converting int8 to float). L keeps |sum| <= 127 L H < 2^31.
+    const int64_t L = std::max<int64_t>(1, std::min<int64_t>(16383, INT32_MAX / (127 * H)));
+    double umax = 0.0;
+    for (int64_t h = 0; h < H; ++h) umax = std::max(umax, (double) std::fabs(q[h]));
+    const double sigma = umax > 0.0 ? umax / (double) L : 0.0;
+    std::vector<int16_t> kq(H);
+    double e2 = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+        kq[h] = sigma > 0.0 ? (int16_t) std::lrint(q[h] / sigma) : 0;
+        const double d = (double) q[h] - sigma * kq[h];
+        e2 += d * d;
+    }
+    // |s (u . q_a) - s (u_hat . q_a)| <= s ||q_a|| ||u - u_hat|| <= s * 127 sqrt(H) * ||u - u_hat||
+    const double qerr = 127.0 * std::sqrt((double) H) * std::sqrt(e2) * (1.0 + 1e-6);
     // Per segment (a prototype's anchors, or one row), the bounds of its max score:
-    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm + 1e-6 (float32
-    // rounding of both sides); single-threaded for the reason given in miita_i8_scores.
+    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm (Cauchy-Schwarz
+    // for the int8 row) + the query-rounding term above + 1e-5 (float32 rounding of the exact
+    // re-score, a blocked 640-term sum, and of these bounds); single-threaded for the reason
+    // given in miita_i8_scores.
     std::vector<float> lo(n_seg), hi(n_seg);
     for (int64_t g = 0; g < n_seg; ++g) {
         const int64_t b = seg_start ? seg_start[g] : g;
         const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
         float l = -INFINITY, h = -INFINITY;
         for (int64_t a = b; a < e; ++a) {
-            const float s = scales[a] * dot_f32_i8(q, rows + a * H, H);
-            const float slack = errs[a] + 1e-6f;
+            const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
+            const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
             l = std::max(l, s - slack);
             h = std::max(h, s + slack);
         }

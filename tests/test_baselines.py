@@ -160,7 +160,11 @@ def test_target_states_are_the_states_of_separate_decodes(engine1):
         cos = float(h @ ts.hidden[t] / np.linalg.norm(h) / np.linalg.norm(ts.hidden[t]))
         assert cos > 0.999, (t, cos)  # batch vs one-by-one decoding rounds differently
     st = engine1.query(prompt, skip_bos_in_key=True)
-    np.testing.assert_allclose(ts.key, st.key, rtol=1e-3, atol=1e-3)
+    # the same rows in a batch of another size: llama.cpp's kernels round differently by batch
+    # shape (on an AVX2 CPU up to 0.045 on components of a key of norm ~6,700), so compare
+    # against the key's norm, not per component
+    err = np.linalg.norm(ts.key - st.key) / np.linalg.norm(st.key)
+    assert err < 1e-4, err
 
 
 def _arrays_bytes(snap: Path) -> int:

@@ -480,9 +480,12 @@ def test_uncertainty_mode_ranks_by_direction_and_is_empty_without_it():
 def test_float32_memory_gives_same_selection(mode):
     k_q, anchors, owner, D, logits, W = _memory(seed=4)
     cfg = RetrievalConfig()
-    a = retrieve(k_q, anchors, owner, D, logits, lambda ids: W[ids], cfg, mode, oracle_dir=D[3] + D[5])
+    # not D[3] + D[5]: that is an exact tie, which float32 and float64 may break either way
+    # (it did on an AVX2 CPU); this test is about selections, not about ties across precisions
+    od = D[3] + 0.8 * D[5]
+    a = retrieve(k_q, anchors, owner, D, logits, lambda ids: W[ids], cfg, mode, oracle_dir=od)
     b = retrieve(k_q.astype(np.float32), anchors.astype(np.float32), owner, D.astype(np.float32),
-                 logits.astype(np.float32), lambda ids: W[ids], cfg, mode, oracle_dir=D[3] + D[5])
+                 logits.astype(np.float32), lambda ids: W[ids], cfg, mode, oracle_dir=od)
     assert a.ids.tolist() == b.ids.tolist()
     assert np.allclose(a.d_bar, b.d_bar, atol=1e-5)
 

@@ -59,6 +59,7 @@ Choices the paper leaves open (each is also stated where it is made)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -362,6 +363,11 @@ class ScanIndex:
     def n_protos(self) -> int:
         return int(self.D_unit.shape[0])
 
+    @cached_property
+    def seg_len(self) -> np.ndarray:
+        """Rows of each owner's run in A_unit."""
+        return np.diff(np.append(self.seg_start, self.A_unit.shape[0]))
+
     def semantic(self, k_q) -> np.ndarray:
         """:func:`semantic_scores` from the prepared rows: (J,) float64, -inf without anchors."""
         S = np.full(self.n_protos, -np.inf)
@@ -380,17 +386,18 @@ class ScanIndex:
             return _FullScores(self.semantic(k_q))
         u = normalize(k_q).astype(np.float32)
         A_q, A_s, A_err = self.shadow[:3]
-        ends = np.r_[self.seg_start[1:], self.A_unit.shape[0]]
+        seg_len = self.seg_len
 
         def exact(ids: np.ndarray) -> np.ndarray:
             out = np.full(ids.size, -np.inf)
             seg = self.seg_of[ids]
             has = np.flatnonzero(seg >= 0)
             if has.size:
-                b, e = self.seg_start[seg[has]], ends[seg[has]]
-                rows = np.concatenate([np.arange(x, y) for x, y in zip(b, e)])
+                b, n = self.seg_start[seg[has]], seg_len[seg[has]]
+                off = np.cumsum(n) - n  # where each segment's rows start in `rows`
+                rows = np.repeat(b - off, n) + np.arange(int(off[-1] + n[-1]))
                 cos = (self.A_unit[rows] @ u).astype(np.float64)
-                out[has] = np.maximum.reduceat(cos, np.r_[0, np.cumsum(e - b)[:-1]])
+                out[has] = np.maximum.reduceat(cos, off)
             return out
 
         return _RecallScores(A_q, A_s, A_err, self.seg_start, u, self.seg_owner, self.n_protos, exact)
