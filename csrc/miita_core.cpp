@@ -710,6 +710,23 @@ void online_softmax_rows(const RowReader & rr, const float * hidden, int64_t T, 
     for (; v < e; ++v) online_softmax_group<1>(rr, hidden, T, v, w.data(), st);
 }
 
+// out = W[y_t] - E[t] per position (T x H), or their mean (H): the last step of eq. 2 for
+// both routes, from E[t] = sum_v p_t(v) W[v] (T x H).
+void corrections_from_expectations(const RowReader & rr, const int32_t * targets, int64_t T, const float * E,
+                                   int per_position, float * out) {
+    const int64_t H = rr.n_embd;
+    std::vector<float> wy(H);
+    if (!per_position) std::fill(out, out + H, 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+        rr.read(targets[t], wy.data());
+        for (int64_t k = 0; k < H; ++k) {
+            const float r = wy[k] - E[t * H + k];
+            if (per_position) out[t * H + k] = r;
+            else out[k] += r / (float) T;
+        }
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -728,7 +745,7 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
     for (auto & p : parts) p.init(T, H);
     parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) { online_softmax_rows(rr, hidden, T, b, e, parts[ti]); });
     // merge the threads' sums onto the global maximum: E_t = sum_i acc_i e^(m_i - m) / sum_i Z_i e^(m_i - m)
-    std::vector<float> E((size_t) T * H, 0.0f), wy(H);
+    std::vector<float> E((size_t) T * H, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
         float m = -INFINITY;
         for (const auto & p : parts) m = std::max(m, p.m[t]);
@@ -745,18 +762,7 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
         if (!(Z > 0.0) || !std::isfinite(Z)) return fail("logits contain non-finite values");
         for (int64_t k = 0; k < H; ++k) E[t * H + k] = (float) (e[k] / Z);
     }
-    if (per_position) {
-        for (int64_t t = 0; t < T; ++t) {
-            rr.read(targets[t], wy.data());
-            for (int64_t k = 0; k < H; ++k) out[t * H + k] = wy[k] - E[t * H + k];
-        }
-    } else {
-        std::fill(out, out + H, 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-            rr.read(targets[t], wy.data());
-            for (int64_t k = 0; k < H; ++k) out[k] += (wy[k] - E[t * H + k]) / (float) T;
-        }
-    }
+    corrections_from_expectations(rr, targets, T, E.data(), per_position, out);
     return 0;
 }
 
@@ -1052,13 +1058,8 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
 
     }  // !fast_mean
 
-    std::vector<float> wy(H);
-    if (per_position) {
-        for (int64_t t = 0; t < T; ++t) {
-            rr.read(targets[t], wy.data());
-            for (int64_t k = 0; k < H; ++k) out[t * H + k] = wy[k] - E[t * H + k];
-        }
-    } else if (TP == 1) {  // exact mean: mean_t W[y_t] - W^T pbar
+    if (TP == 1 && !per_position) {  // exact mean: mean_t W[y_t] - W^T pbar
+        std::vector<float> wy(H);
         std::fill(out, out + H, 0.0f);
         for (int64_t t = 0; t < T; ++t) {
             rr.read(targets[t], wy.data());
@@ -1066,11 +1067,7 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
         }
         for (int64_t k = 0; k < H; ++k) out[k] -= E[k];
     } else {
-        std::fill(out, out + H, 0.0f);
-        for (int64_t t = 0; t < T; ++t) {
-            rr.read(targets[t], wy.data());
-            for (int64_t k = 0; k < H; ++k) out[k] += (wy[k] - E[t * H + k]) / (float) T;
-        }
+        corrections_from_expectations(rr, targets, T, E.data(), per_position, out);
     }
     return 0;
 }
