@@ -40,7 +40,19 @@ def fmt(v, nd=1) -> str:
     return "—" if v is None else f"{v:.{nd}f}"
 
 
-def cell(r: dict | None) -> str:
+#: appended to the cells of jobs whose result is not (yet) in the archive: run by this sweep,
+#: as opposed to jobs seeded from an earlier one (bench/sweep.py --resume-from), possibly on
+#: another machine
+NEW_MARK = " ‡"
+
+
+def is_new(r: dict, archive: Path | None) -> bool:
+    if archive is None or not r.get("result"):
+        return False
+    return Path(r["result"]).resolve().parent != archive.resolve()
+
+
+def cell(r: dict | None, archive: Path | None = None) -> str:
     if r is None:
         return "not run"
     if r["rc"] != 0:
@@ -48,7 +60,7 @@ def cell(r: dict | None) -> str:
         if "cannot hold" in err or "one entry takes" in err or "one prototype takes" in err:
             return "does not fit"
         return "failed"
-    return f"{fmt(r['op'])} / {fmt(r['bwt'])} / {fmt(r['fwt'])}"
+    return f"{fmt(r['op'])} / {fmt(r['bwt'])} / {fmt(r['fwt'])}" + (NEW_MARK if is_new(r, archive) else "")
 
 
 def main() -> int:
@@ -61,6 +73,9 @@ def main() -> int:
     args = ap.parse_args()
     R = load(args.sweep)
     lines: list[str] = []
+    if args.archive and any(is_new(r, args.archive) for r in R.values()):
+        lines += [f"Cells marked{NEW_MARK} were computed by this sweep; the others come from the archive "
+                  f"({args.archive}) of an earlier one.", ""]
     for b in BENCHES:
         fr = R.get((b, "frozen", "none"))
         if fr is None:
@@ -76,13 +91,13 @@ def main() -> int:
             lines[-1] += " Budgets: " + ", ".join(f"{bud} = {bb_of[bud]:,} B" for bud in BUDGETS if bud in bb_of) + "."
         lines += ["", "| method | " + " | ".join(BUDGETS) + " | bytes stored at 1% / 5% / 20% |",
                   "|---|" + "---|" * (len(BUDGETS) + 1)]
-        lines.append(f"| frozen | {cell(fr)} (no memory) | | | 0 |")
+        lines.append(f"| frozen | {cell(fr, args.archive)} (no memory) | | | 0 |")
         for m in CORE[1:]:
             rows = [R.get((b, m, bud)) for bud in BUDGETS]
             if not any(rows):
                 continue
             mem = " / ".join("—" if (r is None or r["rc"] != 0) else f"{r['memory_bytes']:,}" for r in rows)
-            lines.append(f"| {m} | " + " | ".join(cell(r) for r in rows) + f" | {mem} |")
+            lines.append(f"| {m} | " + " | ".join(cell(r, args.archive) for r in rows) + f" | {mem} |")
         abl = [(m, R.get((b, m, "20%"))) for m in ABLATIONS if (b, m, "20%") in R]
         if len([1 for m, _ in abl if m not in ("miita-default", "miita-paper")]):
             lines += ["", f"Ablations at 20% ({b}): OP / BWT / FWT, Oracle Alignment where measured.", "",
@@ -90,7 +105,7 @@ def main() -> int:
             for m, r in abl:
                 oa = fmt(r.get("oracle_alignment"), 3) if r and r["rc"] == 0 else "—"
                 mb = f"{r['memory_bytes']:,}" if r and r["rc"] == 0 else "—"
-                lines.append(f"| {m} | {cell(r)} | {oa} | {mb} |")
+                lines.append(f"| {m} | {cell(r, args.archive)} | {oa} | {mb} |")
         fails = [(m, bud, r["error"]) for (bb, m, bud), r in sorted(R.items()) if bb == b and r["rc"] != 0]
         if fails:
             lines += ["", "Did not run to the end:", ""]
@@ -104,11 +119,15 @@ def main() -> int:
                 if bb == b and r["rc"] == 0 and Path(r["heatmap"]).exists():
                     shutil.copy(r["heatmap"], args.heatmaps / f"{b}__{m}__{bud.replace('%', 'pct')}.png")
     if args.archive:
+        # only what this sweep computed: jobs seeded from the archive are already there as they were
         args.archive.mkdir(parents=True, exist_ok=True)
         for f in sorted((args.sweep / "done").glob("*.json")):
-            shutil.copy(f, args.archive / f.name.replace(".json", ".job.json"))
+            r = json.loads(f.read_text())
+            dst = args.archive / f.name.replace(".json", ".job.json")
+            if is_new(r, args.archive) or (r["rc"] != 0 and not dst.exists()):
+                shutil.copy(f, dst)
         for (bb, m, bud), r in R.items():
-            if r["rc"] == 0:
+            if r["rc"] == 0 and is_new(r, args.archive):
                 shutil.copy(r["result"], args.archive / f"{bb}__{m}__{bud.replace('%', 'pct')}.result.json")
     print("\n".join(lines))
     return 0
