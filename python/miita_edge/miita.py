@@ -405,9 +405,11 @@ class Miita:
         fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
                   "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
                   "corrections": need_R, "top_k": pr.correction_top_k, "per_position": per_position,
-                  # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's logits
-                  "exact_R_from": f"hidden<={HIDDEN_R_MAX_TOKENS}",
                   "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
+        if need_R and pr.correction_top_k <= 0:
+            # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's
+            # logits; key-only passes (the default preset) are unchanged and keep their entries
+            fields["exact_R_from"] = f"hidden<={HIDDEN_R_MAX_TOKENS}"
         a = self.extract_cache.get_or_compute("extract", fields, compute)
         if a is None:
             return None
