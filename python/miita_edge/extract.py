@@ -26,8 +26,8 @@ PROMPT_TAIL_TOKENS = 32
 #: over the head, llama.cpp's LM-head product skipped); longer ones from llama.cpp's logits and
 #: one pass with the position-averaged distribution. The one-pass kernel costs 2T row operations
 #: (a dot and an axpy per position), the logits path T batched dots plus one axpy: measured on 2
-#: AVX2 cores, the first is 5-16 ms faster per example for T <= 4 and slower from T ~ 6
-#: (docs/benchmarks.md).
+#: AVX2 cores (``bench/extract.py``), the first is 4-21 ms faster per example for T <= 4 and
+#: slower from T = 6 on (docs/method.md §9).
 HIDDEN_R_MAX_TOKENS = 4
 
 
