@@ -588,27 +588,12 @@ struct OnlineSoftmaxAcc {
 // AVX2, AVX-512 or NEON code alike (a plain `s += a[k] * b[k]` stays scalar: reassociating a
 // float sum is not allowed without -ffast-math). The kernels below are on the ingest path of
 // every CPU the product targets, so they must not depend on one instruction set.
-constexpr int kLanes = 16;
-
-inline float dot_f32(const float * a, const float * b, int64_t H) {
-    float acc[kLanes] = {};
-    int64_t k = 0;
-    for (; k + kLanes <= H; k += kLanes)
-        for (int j = 0; j < kLanes; ++j) acc[j] += a[k + j] * b[k + j];
-    float s = 0.0f;
-    for (int j = 0; j < kLanes; ++j) s += acc[j];
-    for (; k < H; ++k) s += a[k] * b[k];
-    return s;
-}
-
-inline void axpy_f32(float * y, float s, const float * x, int64_t H) {
-    for (int64_t k = 0; k < H; ++k) y[k] += s * x[k];
-}
 
 inline void scale_f32(float * y, float s, int64_t H) {
     for (int64_t k = 0; k < H; ++k) y[k] *= s;
 }
 
+// fp16 -> fp32: one instruction with F16C; the table is an L2 load per block
 inline float fp16_to_f32(uint16_t h) {
 #if defined(__F16C__)
     return _cvtsh_ss(h);
@@ -998,11 +983,7 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
                         const uint8_t * bp = src + blk * 34;
                         uint16_t hb;
                         std::memcpy(&hb, bp, 2);
-#if defined(__F16C__)
-                        const float d = _cvtsh_ss(hb);  // one instruction; the table is an L2 load per block
-#else
-                        const float d = fp16_table()[hb];
-#endif
+                        const float d = fp16_to_f32(hb);
                         const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
                         for (int64_t t = 0; t < TP; ++t) axpy_q8_block(a + t * H + blk * 32, P[t * V + v] * d, qs);
                     }

@@ -46,15 +46,8 @@ def target_states(engine, template, x: str, y: str, *, skip_bos: bool,
     prompt, target, mask = pt
     engine.reset()
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
-    engine.native.set_capture(True, len(target))  # result_norm exists only on rows with logits
-    try:
-        engine.decode(prompt + target, flags, key_mask=mask + [False] * len(target))
-        hidden = engine.native.captured().copy()
-    finally:
-        engine.native.set_capture(False, 0)
+    hidden = engine.hidden_states(prompt + target, flags, key_mask=mask + [False] * len(target))
     s, n = engine.native.key()
-    if hidden.shape[0] != len(target):
-        raise RuntimeError(f"captured {hidden.shape[0]} rows for {len(target)} answer tokens")
     return TargetStates(np.asarray(s, np.float64) / max(n, 1), list(target), hidden.astype(np.float32))
 
 
