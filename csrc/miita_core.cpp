@@ -13,7 +13,11 @@
 #include <thread>
 #include <vector>
 
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -28,6 +32,8 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
 
 inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
+inline void store8(float * p, f32x8 v) { *reinterpret_cast<f32x8_u *>(p) = v; }
+
 
 inline float hsum8(f32x8 v) {
     float s = 0.0f;
@@ -381,14 +387,94 @@ void parallel_for(int n_threads, int64_t n, F && fn) {
         fn(0, 0, n);
         return;
     }
-    std::vector<std::thread> pool;
     const int64_t chunk = (n + n_threads - 1) / n_threads;
+#if defined(_OPENMP)
+    // OpenMP, when llama.cpp's CPU backend uses it too (GGML_OPENMP, the default on Linux): both
+    // then share libgomp's one thread pool. Right after a llama_decode its workers still spin,
+    // waiting for the next parallel region (libgomp's default wait policy); std::threads of ours
+    // would compete with them for the cores, while a parallel region of ours is picked up by them
+    // at once (measured: docs/benchmarks.md).
+#pragma omp parallel num_threads(n_threads)
+    {
+        const int i = omp_get_thread_num();
+        const int64_t b = i * chunk, e = std::min(n, b + chunk);
+        if (b < e) fn(i, b, e);
+    }
+#else
+    std::vector<std::thread> pool;
     for (int i = 0; i < n_threads; ++i) {
         const int64_t b = i * chunk, e = std::min(n, b + chunk);
         if (b >= e) break;
         pool.emplace_back([&fn, i, b, e] { fn(i, b, e); });
     }
     for (auto & th : pool) th.join();
+#endif
+}
+
+// Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
+// scan goes to the pool whose workers are still spinning from llama.cpp's last parallel region,
+// one thread per 512 KiB of rows. Without OpenMP a std::thread of ours would compete with those
+// spinning workers instead (measured before OpenMP was used here: 2.9 ms with two threads vs
+// 0.75 ms with one, 10,000 x 640 rows), so the scan stays on the calling thread.
+int scan_threads(int64_t n, int64_t H) {
+#if defined(_OPENMP)
+    return clamp_threads(0, (n * H) >> 19);
+#else
+    (void) n;
+    (void) H;
+    return 1;
+#endif
+}
+
+// The best k of x[b, e) under (value desc, index asc), in that order, into out.
+void top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out) {
+    if (k <= 0) return;
+    // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
+    // stable descending sort; one pass, most elements rejected by one comparison with the root.
+    // Every element already in the heap has a lower index than the one scanned, so an element
+    // equal to the root's value loses the tie: only x[v] > root can enter.
+    auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    std::vector<int32_t> heap;
+    heap.reserve(k);
+    auto offer = [&](int64_t i) {
+        const int32_t v = (int32_t) i;
+        if ((int64_t) heap.size() < k) {
+            heap.push_back(v);
+            std::push_heap(heap.begin(), heap.end(), better);
+        } else if (better(v, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), better);
+            heap.back() = v;
+            std::push_heap(heap.begin(), heap.end(), better);
+        }
+    };
+    int64_t i = b;
+    for (; i < n && (int64_t) heap.size() < k; ++i) offer(i);
+#if defined(__AVX512F__)
+    // 16 values per compare against the root; only the lanes above it take the scalar path
+    for (; i + 16 <= n; i += 16) {
+        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
+        while (m) {
+            const int lane = __builtin_ctz(m);
+            m &= m - 1;
+            offer(i + lane);
+        }
+    }
+#else
+    // 64 values per test (vector maxima, one horizontal max): only a block whose maximum beats
+    // the root goes through offer(), which almost none do once the heap is full
+    for (; i + 64 <= n; i += 64) {
+        f32x8 m = load8(x + i);
+        for (int j = 8; j < 64; j += 8) {
+            const f32x8 v = load8(x + i + j);
+            m = m > v ? m : v;
+        }
+        if (hmax8(m) > x[heap.front()])
+            for (int64_t j = i; j < i + 64; ++j) offer(j);
+    }
+#endif
+    for (; i < n; ++i) offer(i);
+    std::sort_heap(heap.begin(), heap.end(), better);
+    std::copy(heap.begin(), heap.end(), out);
 }
 
 int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
@@ -602,97 +688,323 @@ inline float fp16_to_f32(uint16_t h) {
 #endif
 }
 
-// One row of the head as float: Q8_0 dequantised in a vectorisable loop, else ggml's to_float.
+// One Q8_0 row as float. With AVX2 each 8 int8 become 8 floats in two instructions
+// (vpmovsxbd from memory, vcvtdq2ps); GCC's own vectorisation of the plain loop widens through
+// int16 with extracts (25 instructions a block instead of 16), which made the dequantisation the
+// largest item of the head pass. Other CPUs use the plain loop.
+inline void dequant_q8_row(const uint8_t * src, int64_t NB, float * out) {
+    for (int64_t blk = 0; blk < NB; ++blk) {
+        const uint8_t * bp = src + blk * 34;
+        uint16_t hb;
+        std::memcpy(&hb, bp, 2);
+        const float d = fp16_to_f32(hb);
+        const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
+        float * o = out + blk * 32;
+#if defined(__AVX2__)
+        const __m256 vd = _mm256_set1_ps(d);
+        for (int j = 0; j < 32; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(qs + j)));
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(q)));
+        }
+#else
+        for (int j = 0; j < 32; ++j) o[j] = d * (float) qs[j];
+#endif
+    }
+}
+
+// One row of the head as float: Q8_0 by dequant_q8_row, else ggml's to_float.
 inline void read_row_f32(const RowReader & rr, int64_t v, float * out) {
     if (rr.is_q8_0()) {
-        const uint8_t * src = rr.base + (size_t) v * rr.stride;
-        for (int64_t blk = 0; blk < rr.n_embd / 32; ++blk) {
-            const uint8_t * bp = src + blk * 34;
-            uint16_t hb;
-            std::memcpy(&hb, bp, 2);
-            const float d = fp16_to_f32(hb);
-            const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
-            float * o = out + blk * 32;
-            for (int j = 0; j < 32; ++j) o[j] = d * (float) qs[j];
-        }
+        dequant_q8_row(rr.base + (size_t) v * rr.stride, rr.n_embd / 32, out);
         return;
     }
     rr.read(v, out);
 }
 
+typedef int32_t i32x8 __attribute__((vector_size(32)));
 
-// z[g] = w_g . h for G rows at once: 2G independent accumulator registers keep the FMA units busy
-// (one chain per row would wait on the FMA latency), and h is loaded once per G rows.
-template <int G>
-inline void dot_rows(const float * w, int64_t H, const float * h, float * z) {
-    f32x8 acc[G][2];
-    for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = f32x8{};
+// e^x for 8 lanes of x <= 0 (softmax terms after the maximum is subtracted), in portable vector
+// code: Cody-Waite reduction x = n ln2 + r with |r| <= ln2/2, a degree-7 Taylor polynomial for e^r
+// (truncation error < 3e-9, below float32 rounding) and 2^n built in the exponent bits. Relative
+// error 1-2 ulp against std::exp (tests/test_native_types.py compares both passes with float64).
+// Arguments below -87.3 are clamped there (the caller zeroes terms below -kDropLogit anyway).
+inline f32x8 exp8_nonpos(f32x8 x) {
+    x = x < -87.3f ? f32x8{} - 87.3f : x;
+    const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    const f32x8 n = (x * 1.44269504088896341f + magic) - magic;
+    f32x8 r = x - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    f32x8 p = f32x8{} + 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
+    return p * reinterpret_cast<const f32x8 &>(bits);
+}
+
+// z[t][r] = w_r . h_t for R consecutive float rows (stride H) and TC hidden rows: R*TC independent
+// accumulators (<= 8) keep both FMA units busy whatever T is, each row and hidden vector is
+// loaded once per 8 lanes.
+template <int R, int TC>
+inline void dots_block(const float * w, const float * h, int64_t H, float * z, int zstride) {
+    f32x8 a[TC][R];
+    for (int t = 0; t < TC; ++t)
+        for (int r = 0; r < R; ++r) a[t][r] = f32x8{};
     int64_t k = 0;
-    for (; k + 16 <= H; k += 16) {
-        const f32x8 h0 = load8(h + k), h1 = load8(h + k + 8);
-        for (int g = 0; g < G; ++g) {
-            acc[g][0] += load8(w + g * H + k) * h0;
-            acc[g][1] += load8(w + g * H + k + 8) * h1;
+    for (; k + 8 <= H; k += 8) {
+        f32x8 x[R];
+        for (int r = 0; r < R; ++r) x[r] = load8(w + r * H + k);
+        for (int t = 0; t < TC; ++t) {
+            const f32x8 ht = load8(h + t * H + k);
+            for (int r = 0; r < R; ++r) a[t][r] += x[r] * ht;
         }
     }
-    for (int g = 0; g < G; ++g) {
-        float s = hsum8(acc[g][0] + acc[g][1]);
-        for (int64_t kk = k; kk < H; ++kk) s += w[g * H + kk] * h[kk];
-        z[g] = s;
-    }
+    for (int t = 0; t < TC; ++t)
+        for (int r = 0; r < R; ++r) {
+            float s = hsum8(a[t][r]);
+            for (int64_t kk = k; kk < H; ++kk) s += w[r * H + kk] * h[t * H + kk];
+            z[t * zstride + r] = s;
+        }
 }
 
-// y += sum_g e[g] w_g: one load and one store of y per G rows instead of per row.
-template <int G>
-inline void axpy_rows(float * y, const float * e, const float * w, int64_t H) {
-    for (int64_t k = 0; k < H; ++k) {
-        float s = y[k];
-        for (int g = 0; g < G; ++g) s += e[g] * w[g * H + k];
-        y[k] = s;
-    }
-}
-
-// G consecutive rows (from v) into the T online-softmax sums; rows stay in order, so the walk over
-// the head is sequential (a strided walk defeats the prefetcher: docs/benchmarks.md).
-template <int G>
-void online_softmax_group(const RowReader & rr, const float * hidden, int64_t T, int64_t v, float * w,
-                          OnlineSoftmaxAcc & st) {
-    const int64_t H = rr.n_embd;
-    for (int g = 0; g < G; ++g) read_row_f32(rr, v + g, w + g * H);
-    for (int64_t t = 0; t < T; ++t) {
-        float z[G], e[G];
-        dot_rows<G>(w, H, hidden + t * H, z);
-        float & m = st.m[t];
-        float * a = st.acc.data() + t * H;
-        float zmax = z[0];
-        for (int g = 1; g < G; ++g) zmax = std::max(zmax, z[g]);
-        if (zmax > m) {  // a new maximum: rescale what was summed under the old one
-            if (m != -INFINITY) {
-                const float r = std::exp(m - zmax);
-                st.Z[t] *= r;
-                scale_f32(a, r, H);
+// acc_t += sum_g e_t(g) w_g for TC accumulator rows and G float rows. C 8-lane slices of the TC
+// accumulators stay in registers over the G rows (loaded and stored once per G rows); each e_t(g)
+// is broadcast once and used for the C slices. Loads per row and slice step: C + TC for C * TC
+// FMAs, so the FMA units, not the load ports, set the pace once C * TC >= 4.
+template <int G, int TC, int C>
+inline void axpy_block(float * acc, const float * e, const float * w, int64_t H) {
+    int64_t k = 0;
+    for (; k + 8 * C <= H; k += 8 * C) {
+        f32x8 a[TC][C];
+        for (int t = 0; t < TC; ++t)
+            for (int c = 0; c < C; ++c) a[t][c] = load8(acc + t * H + k + 8 * c);
+        for (int g = 0; g < G; ++g) {
+            f32x8 x[C];
+            for (int c = 0; c < C; ++c) x[c] = load8(w + g * H + k + 8 * c);
+            for (int t = 0; t < TC; ++t) {
+                const f32x8 b = f32x8{} + e[t * G + g];
+                for (int c = 0; c < C; ++c) a[t][c] += x[c] * b;
             }
-            m = zmax;
         }
-        double zs = 0.0;
-        for (int g = 0; g < G; ++g) {
-            const float dz = z[g] - m;
-            e[g] = dz < -kDropLogit ? 0.0f : std::exp(dz);
-            zs += e[g];
+        for (int t = 0; t < TC; ++t)
+            for (int c = 0; c < C; ++c) store8(acc + t * H + k + 8 * c, a[t][c]);
+    }
+    for (; k < H; ++k)
+        for (int t = 0; t < TC; ++t)
+            for (int g = 0; g < G; ++g) acc[t * H + k] += e[t * G + g] * w[g * H + k];
+}
+
+constexpr int kGroup = 8;  // head rows per step of the online softmax (8 float rows: 20 KiB for H = 640)
+
+// The T positions in chunks of at most 4 (accumulator registers), G rows per dots_block call so
+// that R * TC <= 8.
+template <int TC>
+void dots_group(const float * buf, const float * h, int64_t H, float * z) {
+    constexpr int R = TC == 1 ? 8 : TC == 2 ? 4 : 2;
+    for (int r0 = 0; r0 < kGroup; r0 += R) dots_block<R, TC>(buf + r0 * H, h, H, z + r0, kGroup);
+}
+
+void dots_all(const float * buf, const float * hidden, int64_t T, int64_t H, float * z) {
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        const float * h = hidden + t0 * H;
+        float * zt = z + t0 * kGroup;
+        switch (std::min<int64_t>(4, T - t0)) {
+            case 1: dots_group<1>(buf, h, H, zt); break;
+            case 2: dots_group<2>(buf, h, H, zt); break;
+            case 3: dots_group<3>(buf, h, H, zt); break;
+            default: dots_group<4>(buf, h, H, zt); break;
         }
-        st.Z[t] += zs;
-        axpy_rows<G>(a, e, w, H);
     }
 }
 
-// Rows [b, e) of the head into one thread's online-softmax sums for the T hidden rows.
+void axpy_all(float * acc, const float * ez, const float * buf, int64_t T, int64_t H) {
+    for (int64_t t0 = 0; t0 < T; t0 += 4) {
+        float * a = acc + t0 * H;
+        const float * e = ez + t0 * kGroup;
+        switch (std::min<int64_t>(4, T - t0)) {
+            case 1: axpy_block<kGroup, 1, 4>(a, e, buf, H); break;
+            case 2: axpy_block<kGroup, 2, 4>(a, e, buf, H); break;
+            case 3: axpy_block<kGroup, 3, 2>(a, e, buf, H); break;
+            default: axpy_block<kGroup, 4, 2>(a, e, buf, H); break;
+        }
+    }
+}
+
+// Rows [b, e) of the head into one thread's online-softmax sums for the T hidden rows. Rows are
+// taken kGroup at a time and in order, so the walk over the head stays sequential (a strided walk
+// defeats the prefetcher: docs/benchmarks.md): dequantise the group into an L1-resident buffer,
+// form its T x kGroup logits, update each running maximum once per group (rescaling the sums
+// when it rises), exponentiate 8 logits at once, then add the group into the T sums.
 void online_softmax_rows(const RowReader & rr, const float * hidden, int64_t T, int64_t b, int64_t e,
                          OnlineSoftmaxAcc & st) {
-    constexpr int G = 4;
-    std::vector<float> w((size_t) G * rr.n_embd);
-    int64_t v = b;
-    for (; v + G <= e; v += G) online_softmax_group<G>(rr, hidden, T, v, w.data(), st);
-    for (; v < e; ++v) online_softmax_group<1>(rr, hidden, T, v, w.data(), st);
+    const int64_t H = rr.n_embd;
+    std::vector<float> buf((size_t) kGroup * H, 0.0f);
+    std::vector<float> z((size_t) T * kGroup);
+    std::vector<float> eb((size_t) T * kGroup);
+    for (int64_t v = b; v < e; v += kGroup) {
+        const int n = (int) std::min<int64_t>(kGroup, e - v);
+        for (int g = 0; g < n; ++g) read_row_f32(rr, v + g, buf.data() + g * H);
+        if (n < kGroup) std::fill(buf.begin() + (size_t) n * H, buf.end(), 0.0f);
+        dots_all(buf.data(), hidden, T, H, z.data());
+        for (int64_t t = 0; t < T; ++t) {
+            float * zt = z.data() + t * kGroup;
+            for (int g = n; g < kGroup; ++g) zt[g] = -INFINITY;  // rows past e: no term
+            const f32x8 zv = load8(zt);
+            const float zmax = hmax8(zv);
+            float & m = st.m[t];
+            if (zmax > m) {  // a new maximum: rescale what was summed under the old one
+                if (m != -INFINITY) {
+                    const float r = std::exp(m - zmax);
+                    st.Z[t] *= r;
+                    scale_f32(st.acc.data() + t * H, r, H);
+                }
+                m = zmax;
+            }
+            const f32x8 dz = zv - m;
+            f32x8 ev = exp8_nonpos(dz);
+            ev = dz < -kDropLogit ? f32x8{} : ev;
+            st.Z[t] += (double) hsum8(ev);
+            store8(eb.data() + t * kGroup, ev);
+        }
+        axpy_all(st.acc.data(), eb.data(), buf.data(), T, H);
+    }
+}
+
+// 8 int8 as 8 floats: two instructions with AVX2 (vpmovsxbd from memory, vcvtdq2ps)
+inline f32x8 cvt8_i8(const int8_t * q) {
+#if defined(__AVX2__)
+    return (f32x8) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q))));
+#else
+    f32x8 r;
+    for (int j = 0; j < 8; ++j) r[j] = (float) q[j];
+    return r;
+#endif
+}
+
+// a += sum of 8 rows (stride H) as a tree: the adds of one 8-lane slice do not wait on each other
+inline void sum8_rows_into(float * a, const float * r, int64_t H) {
+    int64_t k = 0;
+    for (; k + 8 <= H; k += 8) {
+        const f32x8 s0 = load8(r + k) + load8(r + H + k), s1 = load8(r + 2 * H + k) + load8(r + 3 * H + k);
+        const f32x8 s2 = load8(r + 4 * H + k) + load8(r + 5 * H + k), s3 = load8(r + 6 * H + k) + load8(r + 7 * H + k);
+        store8(a + k, load8(a + k) + ((s0 + s1) + (s2 + s3)));
+    }
+    for (; k < H; ++k) {
+        float s = 0.0f;
+        for (int g = 0; g < 8; ++g) s += r[g * H + k];
+        a[k] += s;
+    }
+}
+
+// E = W^T pbar, pbar(v) = (1/T) sum_t softmax(l_t)(v), from T rows of logits (the mean payload's
+// R_m by linearity: one weighted sum of the rows, not T). Portable vector code throughout.
+// Why a kernel of its own: the generic loop spent most of its time elsewhere than reading the
+// head: two scalar exp passes over T x V logits and a load + store of the accumulator per row
+// block. Here the exps are one vectorised pass (e_t(v) = exp(l_t(v) - max_t), Z_t summed), and
+// the head pass takes 8 rows at a time: their weights pbar(v) come from the e_t in one vector,
+// and each 32-float slice of the accumulator is loaded and stored once per 8 rows.
+int correction_mean_rows(const RowReader & rr, int64_t V, int64_t H, const float * logits, int64_t T,
+                         float * E_out, int n_threads) {
+    const int nt = clamp_threads(n_threads, V / 8192 + 1);
+    std::vector<float> lmax(T, -INFINITY);
+    std::vector<float> pm((size_t) nt * T, -INFINITY);
+    parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+        for (int64_t t = 0; t < T; ++t) {
+            const float * l = logits + t * V;
+            f32x8 m = f32x8{} - INFINITY;
+            int64_t v = b;
+            for (; v + 8 <= e; v += 8) {
+                const f32x8 x = load8(l + v);
+                m = x > m ? x : m;
+            }
+            float mm = hmax8(m);
+            for (; v < e; ++v) mm = std::max(mm, l[v]);
+            pm[ti * T + t] = mm;
+        }
+    });
+    for (int64_t t = 0; t < T; ++t) {
+        for (int i = 0; i < nt; ++i) lmax[t] = std::max(lmax[t], pm[i * T + t]);
+        if (!std::isfinite(lmax[t])) return fail("logits contain non-finite values");
+    }
+    std::vector<float> ev((size_t) T * V);
+    std::vector<double> ps((size_t) nt * T, 0.0);
+    parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+        for (int64_t t = 0; t < T; ++t) {
+            const float * l = logits + t * V;
+            float * et = ev.data() + t * V;
+            double s = 0.0;
+            int64_t v = b;
+            while (v + 8 <= e) {  // float partial sums of <= 1024 terms, then double
+                f32x8 acc = f32x8{};
+                const int64_t stop = std::min(e, v + 1024);
+                for (; v + 8 <= stop; v += 8) {
+                    const f32x8 x = exp8_nonpos(load8(l + v) - lmax[t]);
+                    store8(et + v, x);
+                    acc += x;
+                }
+                s += (double) hsum8(acc);
+            }
+            for (; v < e; ++v) {
+                et[v] = std::exp(l[v] - lmax[t]);
+                s += et[v];
+            }
+            if (!std::isfinite(s)) s = NAN;
+            ps[ti * T + t] = s;
+        }
+    });
+    std::vector<float> c(T);
+    for (int64_t t = 0; t < T; ++t) {
+        double Z = 0.0;
+        for (int i = 0; i < nt; ++i) Z += ps[i * T + t];
+        if (!(Z > 0.0) || !std::isfinite(Z)) return fail("logits contain non-finite values");
+        c[t] = (float) (1.0 / ((double) T * Z));
+    }
+    std::vector<std::vector<float>> acc(nt, std::vector<float>(H, 0.0f));
+    parallel_for(nt, V, [&](int ti, int64_t b, int64_t e) {
+        float * a = acc[ti].data();
+        int64_t v = b;
+        if (rr.is_q8_0()) {
+            const int64_t NB = H / 32;
+            std::vector<float> buf((size_t) 8 * H);
+            for (; v + 8 <= e; v += 8) {
+                f32x8 w = f32x8{};
+                for (int64_t t = 0; t < T; ++t) w += c[t] * load8(ev.data() + t * V + v);
+                // each row dequantised with its weight folded into the block scale, in order (the
+                // walk the prefetcher follows), into an L1 buffer; then the 8 rows summed as a tree
+                // into the accumulator. Visiting the 8 rows block by block with the sums in
+                // registers was 2-3x slower (bench/extract.py, docs/benchmarks.md), and so was a
+                // load-FMA-store of the accumulator per row.
+                for (int g = 0; g < 8; ++g) {
+                    const uint8_t * src = rr.base + (size_t) (v + g) * rr.stride;
+                    float * o = buf.data() + g * H;
+                    for (int64_t blk = 0; blk < NB; ++blk) {
+                        const uint8_t * bp = src + blk * 34;
+                        uint16_t hb;
+                        std::memcpy(&hb, bp, 2);
+                        const f32x8 sc = f32x8{} + w[g] * fp16_to_f32(hb);
+                        const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
+                        for (int j = 0; j < 4; ++j) store8(o + blk * 32 + 8 * j, sc * cvt8_i8(qs + 8 * j));
+                    }
+                }
+                sum8_rows_into(a, buf.data(), H);
+            }
+        }
+        std::vector<float> row(H);
+        for (; v < e; ++v) {
+            float w = 0.0f;
+            for (int64_t t = 0; t < T; ++t) w += c[t] * ev[t * V + v];
+            read_row_f32(rr, v, row.data());
+            for (int64_t k = 0; k < H; ++k) a[k] += w * row[k];
+        }
+    });
+    std::fill(E_out, E_out + H, 0.0f);
+    for (int ti = 0; ti < nt; ++ti)
+        for (int64_t k = 0; k < H; ++k) E_out[k] += acc[ti][k];
+    return 0;
 }
 
 // out = W[y_t] - E[t] per position (T x H), or their mean (H): the last step of eq. 2 for
@@ -754,63 +1066,33 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
 int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
                     float * out) {
     if (n < 0 || H <= 0 || (n > 0 && (!rows || !scales || !q || !out))) return fail("bad i8_scores arguments");
-    // One thread on purpose: this runs right after a prompt pass, while llama.cpp's OpenMP
-    // workers still spin-wait on the other cores (libgomp's default wait policy); a second thread
-    // here competes with them (measured twice: 1-3.4 ms with two threads vs ~0.6-1 ms with one,
-    // 10,000 x 640 rows; the int8 recall scan likewise 2.9 vs 0.75 ms).
-    for (int64_t a = 0; a < n; ++a) out[a] = scales[a] * dot_f32_i8(q, rows + a * H, H);
+    parallel_for(scan_threads(n, H), n, [&](int, int64_t b, int64_t e) {
+        for (int64_t a = b; a < e; ++a) out[a] = scales[a] * dot_f32_i8(q, rows + a * H, H);
+    });
     return 0;
 }
 
 int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
     if (n < 0 || k < 0 || k > n || (k > 0 && (!x || !out))) return fail("bad top_k arguments");
     if (k == 0) return 0;
-    // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
-    // stable descending sort; one pass, most elements rejected by one comparison with the root.
-    // Every element already in the heap has a lower index than the one scanned, so an element
-    // equal to the root's value loses the tie: only x[v] > root can enter.
+    // Split over the scan threads (the logits are 1 MiB for a 262,144-token vocabulary): each
+    // keeps the best k of its range, then the nt * k candidates are ordered by the same total
+    // order, so the result is the single-pass one exactly.
+    const int nt = (int) std::min<int64_t>(scan_threads(n, 4), n / std::max<int64_t>(k, 1));
+    if (nt <= 1) {
+        top_k_range(x, 0, n, k, out);
+        return 0;
+    }
+    const int64_t chunk = (n + nt - 1) / nt;
+    std::vector<int32_t> cand((size_t) nt * k, -1);
+    parallel_for(nt, n, [&](int ti, int64_t b, int64_t e) {
+        top_k_range(x, b, e, std::min<int64_t>(k, e - b), cand.data() + (size_t) ti * k);
+    });
+    (void) chunk;
+    cand.erase(std::remove(cand.begin(), cand.end(), -1), cand.end());
     auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
-    std::vector<int32_t> heap;
-    heap.reserve(k);
-    auto offer = [&](int64_t i) {
-        const int32_t v = (int32_t) i;
-        if ((int64_t) heap.size() < k) {
-            heap.push_back(v);
-            std::push_heap(heap.begin(), heap.end(), better);
-        } else if (better(v, heap.front())) {
-            std::pop_heap(heap.begin(), heap.end(), better);
-            heap.back() = v;
-            std::push_heap(heap.begin(), heap.end(), better);
-        }
-    };
-    int64_t i = 0;
-    for (; i < n && (int64_t) heap.size() < k; ++i) offer(i);
-#if defined(__AVX512F__)
-    // 16 values per compare against the root; only the lanes above it take the scalar path
-    for (; i + 16 <= n; i += 16) {
-        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
-        while (m) {
-            const int lane = __builtin_ctz(m);
-            m &= m - 1;
-            offer(i + lane);
-        }
-    }
-#else
-    // 64 values per test (vector maxima, one horizontal max): only a block whose maximum beats
-    // the root goes through offer(), which almost none do once the heap is full
-    for (; i + 64 <= n; i += 64) {
-        f32x8 m = load8(x + i);
-        for (int j = 8; j < 64; j += 8) {
-            const f32x8 v = load8(x + i + j);
-            m = m > v ? m : v;
-        }
-        if (hmax8(m) > x[heap.front()])
-            for (int64_t j = i; j < i + 64; ++j) offer(j);
-    }
-#endif
-    for (; i < n; ++i) offer(i);
-    std::sort_heap(heap.begin(), heap.end(), better);
-    std::copy(heap.begin(), heap.end(), out);
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), better);
+    std::copy(cand.begin(), cand.begin() + k, out);
     return 0;
 }
 
@@ -844,22 +1126,23 @@ int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float *
     // Per segment (a prototype's anchors, or one row), the bounds of its max score:
     // [max(approx - slack), max(approx + slack)], slack = the row's residual norm (Cauchy-Schwarz
     // for the int8 row) + the query-rounding term above + 1e-5 (float32 rounding of the exact
-    // re-score, a blocked 640-term sum, and of these bounds); single-threaded for the reason
-    // given in miita_i8_scores.
+    // re-score, a blocked 640-term sum, and of these bounds).
     std::vector<float> lo(n_seg), hi(n_seg);
-    for (int64_t g = 0; g < n_seg; ++g) {
-        const int64_t b = seg_start ? seg_start[g] : g;
-        const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
-        float l = -INFINITY, h = -INFINITY;
-        for (int64_t a = b; a < e; ++a) {
-            const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
-            const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
-            l = std::max(l, s - slack);
-            h = std::max(h, s + slack);
+    parallel_for(scan_threads(n, H), n_seg, [&](int, int64_t gb, int64_t ge) {
+        for (int64_t g = gb; g < ge; ++g) {
+            const int64_t b = seg_start ? seg_start[g] : g;
+            const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
+            float l = -INFINITY, h = -INFINITY;
+            for (int64_t a = b; a < e; ++a) {
+                const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
+                const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
+                l = std::max(l, s - slack);
+                h = std::max(h, s + slack);
+            }
+            lo[g] = l;
+            hi[g] = h;
         }
-        lo[g] = l;
-        hi[g] = h;
-    }
+    });
     float theta = -INFINITY;
     if (n_seg >= R) {  // the R-th largest lower bound: no segment below it can be in Top_R
         std::vector<float> tmp(lo);
@@ -918,12 +1201,13 @@ int miita_lm_correction(const void * W, int type, int64_t n_rows, int64_t n_embd
     // by linearity that is one weighted sum with the averaged distribution: 1 row pass, not T.
     const int64_t TP = (exact && !per_position) ? 1 : T;
     std::vector<float> E(TP * H, 0.0f);
+    const bool fast_mean = TP == 1 && exact;
 #if defined(__AVX512F__) && defined(__F16C__)
-    const bool fast_mean = TP == 1 && exact && rr.is_q8_0();
-    if (fast_mean && correction_mean_q8(rr, V, H, logits, T, E.data(), n_threads)) return -1;
-#else
-    const bool fast_mean = false;
+    if (fast_mean && rr.is_q8_0()) {
+        if (correction_mean_q8(rr, V, H, logits, T, E.data(), n_threads)) return -1;
+    } else
 #endif
+    if (fast_mean && correction_mean_rows(rr, V, H, logits, T, E.data(), n_threads)) return -1;
     if (!fast_mean) {
 
     // Softmax normaliser per position (exact over all V in both modes), V split across threads.

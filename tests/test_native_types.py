@@ -128,13 +128,15 @@ def test_exact_mean_correction_q8_matches_dense_across_logit_ranges(spread):
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda q: q.name)
-@pytest.mark.parametrize("spread", [0.05, 3.0, 40.0])
-def test_correction_from_hidden_matches_dense_softmax(qt, spread):
+@pytest.mark.parametrize("spread,T", [(0.05, 4), (3.0, 4), (40.0, 4), (3.0, 1), (40.0, 2), (3.0, 3), (40.0, 7)])
+def test_correction_from_hidden_matches_dense_softmax(qt, spread, T):
     """Eq. 2 from hidden states (one online-softmax pass: running maxima, rescaling, dropped
     terms below e^-32, thread merge) against float64 numpy on the dequantised matrix. Rows are
-    ordered by ascending logit of position 0, so its running maximum rises on every row."""
-    rng = np.random.default_rng(int(qt) * 7 + int(spread * 100))
-    n_rows, n_embd, T = 3000 + 13, 64, 4
+    ordered by ascending logit of position 0, so its running maximum rises on every row. T covers
+    each register-blocked position count (1-4) and a split into chunks of 4 (7); the row count
+    leaves a partial group of 8 rows in every thread."""
+    rng = np.random.default_rng(int(qt) * 7 + int(spread * 100) + T)
+    n_rows, n_embd = 3000 + 13, 64
     W = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
     hidden = (rng.standard_normal((T, n_embd)) * spread / np.sqrt(n_embd)).astype(np.float32)
     W = W[np.argsort(W @ hidden[0], kind="stable")]
@@ -175,10 +177,11 @@ def test_correction_from_hidden_rejects_bad_input():
         _native.lm_correction_hidden(W, int(QT.F32), 10, 32, 128, h, np.array([1, 2], np.int32))
 
 
-@pytest.mark.parametrize("n,k", [(5000, 64), (4099, 1), (70000, 300), (33, 33)])
+@pytest.mark.parametrize("n,k", [(5000, 64), (4099, 1), (70000, 300), (33, 33), (262144 + 5, 64), (300000, 2000)])
 def test_top_k_equals_stable_descending_sort_with_many_ties(n, k):
     """The vectorised heap pass against numpy's stable sort, on values with many exact ties
-    (small integers), so that the index tie-break is exercised on every path."""
+    (small integers), so that the index tie-break is exercised on every path; from 262,144
+    values on, the pass is split over threads (with OpenMP) and the per-thread bests merged."""
     rng = np.random.default_rng(n + k)
     for x in (rng.integers(-20, 20, n).astype(np.float32), rng.standard_normal(n).astype(np.float32),
               np.sort(rng.standard_normal(n)).astype(np.float32)):  # ascending: the heap changes all the time
