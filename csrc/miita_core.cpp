@@ -32,6 +32,8 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
 
 inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+
 inline void store8(float * p, f32x8 v) { *reinterpret_cast<f32x8_u *>(p) = v; }
 
 
@@ -427,8 +429,13 @@ int scan_threads(int64_t n, int64_t H) {
 }
 
 // The best k of x[b, e) under (value desc, index asc), in that order, into out.
-void top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out) {
-    if (k <= 0) return;
+// Returns whether x[b, n) holds a NaN (the vector passes test every value for it on the way).
+bool top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out) {
+    bool nan = false;
+    if (k <= 0) {
+        for (int64_t i = b; i < n; ++i) nan |= std::isnan(x[i]);
+        return nan;
+    }
     // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
     // stable descending sort; one pass, most elements rejected by one comparison with the root.
     // Every element already in the heap has a lower index than the one scanned, so an element
@@ -448,11 +455,16 @@ void top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out
         }
     };
     int64_t i = b;
-    for (; i < n && (int64_t) heap.size() < k; ++i) offer(i);
+    for (; i < n && (int64_t) heap.size() < k; ++i) {
+        nan |= std::isnan(x[i]);
+        offer(i);
+    }
 #if defined(__AVX512F__)
     // 16 values per compare against the root; only the lanes above it take the scalar path
     for (; i + 16 <= n; i += 16) {
-        __mmask16 m = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
+        const __m512 v = _mm512_loadu_ps(x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
+        __mmask16 m = _mm512_cmp_ps_mask(v, _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
         while (m) {
             const int lane = __builtin_ctz(m);
             m &= m - 1;
@@ -462,19 +474,27 @@ void top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out
 #else
     // 64 values per test (vector maxima, one horizontal max): only a block whose maximum beats
     // the root goes through offer(), which almost none do once the heap is full
+    i32x8 bad = i32x8{};
     for (; i + 64 <= n; i += 64) {
         f32x8 m = load8(x + i);
+        bad |= m != m;
         for (int j = 8; j < 64; j += 8) {
             const f32x8 v = load8(x + i + j);
+            bad |= v != v;
             m = m > v ? m : v;
         }
         if (hmax8(m) > x[heap.front()])
             for (int64_t j = i; j < i + 64; ++j) offer(j);
     }
+    for (int j = 0; j < 8; ++j) nan |= bad[j] != 0;
 #endif
-    for (; i < n; ++i) offer(i);
+    for (; i < n; ++i) {
+        nan |= std::isnan(x[i]);
+        offer(i);
+    }
     std::sort_heap(heap.begin(), heap.end(), better);
     std::copy(heap.begin(), heap.end(), out);
+    return nan;
 }
 
 int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
@@ -720,8 +740,6 @@ inline void read_row_f32(const RowReader & rr, int64_t v, float * out) {
     }
     rr.read(v, out);
 }
-
-typedef int32_t i32x8 __attribute__((vector_size(32)));
 
 // e^x for 8 lanes of x <= 0 (softmax terms after the maximum is subtracted), in portable vector
 // code: Cody-Waite reduction x = n ln2 + r with |r| <= ln2/2, a degree-7 Taylor polynomial for e^r
@@ -1074,20 +1092,18 @@ int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_
 
 int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
     if (n < 0 || k < 0 || k > n || (k > 0 && (!x || !out))) return fail("bad top_k arguments");
-    if (k == 0) return 0;
     // Split over the scan threads (the logits are 1 MiB for a 262,144-token vocabulary): each
     // keeps the best k of its range, then the nt * k candidates are ordered by the same total
     // order, so the result is the single-pass one exactly.
     const int nt = (int) std::min<int64_t>(scan_threads(n, 4), n / std::max<int64_t>(k, 1));
-    if (nt <= 1) {
-        top_k_range(x, 0, n, k, out);
-        return 0;
-    }
+    if (nt <= 1) return top_k_range(x, 0, n, k, out) ? fail("values contain NaN") : 0;
     const int64_t chunk = (n + nt - 1) / nt;
     std::vector<int32_t> cand((size_t) nt * k, -1);
+    std::vector<char> nan(nt, 0);
     parallel_for(nt, n, [&](int ti, int64_t b, int64_t e) {
-        top_k_range(x, b, e, std::min<int64_t>(k, e - b), cand.data() + (size_t) ti * k);
+        nan[ti] = top_k_range(x, b, e, std::min<int64_t>(k, e - b), cand.data() + (size_t) ti * k);
     });
+    if (std::find(nan.begin(), nan.end(), 1) != nan.end()) return fail("values contain NaN");
     (void) chunk;
     cand.erase(std::remove(cand.begin(), cand.end(), -1), cand.end());
     auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };

@@ -134,7 +134,8 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
 int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out);
 
 /* The indices of the k largest of n floats, ordered by value descending then index ascending
- * (the first k of a stable descending sort); NaN must be excluded by the caller. */
+ * (the first k of a stable descending sort). Fails (-1, "values contain NaN") when any of the n
+ * values is NaN, whatever k is: the pass tests every value on the way. */
 int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out);
 
 /* Exact recall support for eq. 8 over int8 shadow rows: scores every row approximately

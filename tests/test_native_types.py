@@ -187,6 +187,11 @@ def test_top_k_equals_stable_descending_sort_with_many_ties(n, k):
               np.sort(rng.standard_normal(n)).astype(np.float32)):  # ascending: the heap changes all the time
         ref = np.argsort(-x.astype(np.float64), kind="stable")[:k]
         np.testing.assert_array_equal(_native.top_k(x, k), ref)
+    for pos in (0, n // 2, n - 1):  # a NaN in the heap's first fill, a vector block, the tail
+        x = rng.standard_normal(n).astype(np.float32)
+        x[pos] = np.nan
+        with pytest.raises(RuntimeError, match="NaN"):
+            _native.top_k(x, k)
 
 
 @pytest.mark.parametrize("H", [64, 2048])

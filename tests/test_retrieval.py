@@ -206,6 +206,19 @@ def test_top_k_restricted_handles_masked_tokens():
         top_k_restricted(np.array([1.0, np.nan]), 1)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("pos", [0, 5000, 262143])
+def test_top_k_restricted_rejects_nan_and_inf_on_the_native_path(bad, pos):
+    """llama.cpp-sized float32 logits take the native pass, which must still refuse a NaN or
+    +inf anywhere (the NaN test is fused into that pass)."""
+    z = np.random.default_rng(pos).standard_normal(262144).astype(np.float32)
+    ids, _ = top_k_restricted(z, 64)
+    np.testing.assert_array_equal(ids, np.argsort(-z.astype(np.float64), kind="stable")[:64])
+    z[pos] = bad
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        top_k_restricted(z, 64)
+
+
 # ------------------------------------------------------------------- eq. 7
 @pytest.mark.parametrize("K_v,H,seed", [(2, 3, 0), (8, 5, 1), (20, 16, 2), (64, 7, 3)])
 def test_eq7_r_is_hidden_gradient_of_restricted_entropy(K_v, H, seed):

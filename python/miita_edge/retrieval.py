@@ -187,15 +187,21 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
     V = z.shape[0]
     if V == 0:
         raise ValueError("top_k_restricted: empty logits")
-    zmax = z.max()
-    if np.isnan(zmax) or np.isposinf(zmax):  # max propagates NaN; +inf can only be the max
-        raise ValueError("top_k_restricted: logits contain NaN or +inf")
     k = int(min(max(k, 1), V))
+    bad = ValueError("top_k_restricted: logits contain NaN or +inf")
     if k < V and z.dtype == np.float32 and V >= 4096:
-        # llama.cpp's float32 logits: one native heap pass (same order and ties as below)
+        # llama.cpp's float32 logits: one native heap pass (same order and ties as below), which
+        # also reports a NaN anywhere (a separate max pass for that cost a third of this call)
         from . import _native
 
-        ids = _native.top_k(np.ascontiguousarray(z), k).astype(np.int64)
+        try:
+            ids = _native.top_k(np.ascontiguousarray(z), k).astype(np.int64)
+        except RuntimeError as e:
+            raise bad from e
+        if np.isposinf(z[ids[0]]):  # +inf can only be the largest
+            raise bad
+    elif np.isnan(zmax := z.max()) or np.isposinf(zmax):  # max propagates NaN; +inf can only be the max
+        raise bad
     elif k < V:
         # k-th largest value; everything strictly above is in, ties at the
         # threshold are filled by the lowest ids (deterministic tie-break).
@@ -422,6 +428,7 @@ class _RecallScores:
     def __init__(self, q8, scales, errs, seg_start, u, owners, n: int, exact):
         self.args = (q8, scales, errs, seg_start, u)
         self.owners, self.n, self.exact = owners, n, exact
+        self._seen: dict[int, float] = {}  # exact scores from top(): at() asks for the same rows again
 
     def top(self, R: int) -> np.ndarray:
         if R <= 0:
@@ -430,10 +437,15 @@ class _RecallScores:
 
         segs = _native.i8_recall(*self.args, int(R))
         cand = segs if self.owners is None else np.sort(self.owners[segs])
-        return cand[top_indices(self.exact(cand), R)]
+        s = self.exact(cand)
+        self._seen.update(zip(cand.tolist(), s.tolist()))
+        return cand[top_indices(s, R)]
 
     def at(self, ids) -> np.ndarray:
-        return self.exact(np.asarray(ids, dtype=np.int64))
+        ids = np.asarray(ids, dtype=np.int64)
+        if all(i in self._seen for i in ids.tolist()):
+            return np.array([self._seen[i] for i in ids.tolist()], dtype=np.float64)
+        return self.exact(ids)
 
     def full(self) -> np.ndarray:
         return self.exact(np.arange(self.n))
