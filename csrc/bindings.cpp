@@ -203,6 +203,35 @@ py::array_t<int64_t> i8_recall(const py::array_t<int8_t, py::array::c_style | py
     return py::array_t<int64_t>(m, out.data());
 }
 
+using i8_rows = py::array_t<int8_t, py::array::c_style | py::array::forcecast>;
+using i64_in = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+py::tuple i8_recall_pair(const i8_rows & rows_a, const f32_in & scales_a, const f32_in & errs_a,
+                         const i64_in & seg_a, const f32_in & q_a, int64_t R_a,
+                         const i8_rows & rows_b, const f32_in & scales_b, const f32_in & errs_b,
+                         const i64_in & seg_b, const f32_in & q_b, int64_t R_b) {
+    if (rows_a.ndim() != 2 || rows_b.ndim() != 2) throw std::invalid_argument("rows must be (n, H) int8");
+    const int64_t H = rows_a.shape(1), n_a = rows_a.shape(0), n_b = rows_b.shape(0);
+    if (rows_b.shape(1) != H) throw std::invalid_argument("both row sets need the same H");
+    if (q_a.size() != H || q_b.size() != H) throw std::invalid_argument("q must have H values");
+    if (scales_a.size() != n_a || errs_a.size() != n_a || scales_b.size() != n_b || errs_b.size() != n_b)
+        throw std::invalid_argument("scales and errs need one value per row");
+    const int64_t ns_a = seg_a.size() > 0 ? seg_a.size() : n_a, ns_b = seg_b.size() > 0 ? seg_b.size() : n_b;
+    py::array_t<int64_t> out_a(ns_a), out_b(ns_b);
+    int64_t m_a = 0, m_b = 0;
+    int rc;
+    {
+        py::gil_scoped_release nogil;
+        rc = miita_i8_recall_pair(rows_a.data(), scales_a.data(), errs_a.data(), n_a,
+                                  seg_a.size() > 0 ? seg_a.data() : nullptr, ns_a, q_a.data(), R_a,
+                                  out_a.mutable_data(), &m_a, rows_b.data(), scales_b.data(), errs_b.data(), n_b,
+                                  seg_b.size() > 0 ? seg_b.data() : nullptr, ns_b, q_b.data(), R_b,
+                                  out_b.mutable_data(), &m_b, H);
+    }
+    check(rc);
+    return py::make_tuple(py::array_t<int64_t>(m_a, out_a.data()), py::array_t<int64_t>(m_b, out_b.data()));
+}
+
 py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
     if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
     if (k < 0 || k > x.size()) throw std::invalid_argument("k must be in 0..len(x)");
@@ -230,6 +259,10 @@ PYBIND11_MODULE(_native, m) {
           "q · s for every packed sign vector s (rows of np.packbits output), float32.");
     m.def("top_k", &top_k, py::arg("x"), py::arg("k"),
           "Indices of the k largest values, by value descending then index ascending (int32).");
+    m.def("i8_recall_pair", &i8_recall_pair, py::arg("rows_a"), py::arg("scales_a"), py::arg("errs_a"),
+          py::arg("seg_start_a"), py::arg("q_a"), py::arg("R_a"), py::arg("rows_b"), py::arg("scales_b"),
+          py::arg("errs_b"), py::arg("seg_start_b"), py::arg("q_b"), py::arg("R_b"),
+          "Two i8_recall scans at once (one thread each): (segments_a, segments_b).");
     m.def("i8_recall", &i8_recall, py::arg("rows"), py::arg("scales"), py::arg("errs"), py::arg("seg_start"),
           py::arg("q"), py::arg("R"),
           "Segments (empty seg_start: rows) that may be in the exact Top_R of their max score, from int8 "

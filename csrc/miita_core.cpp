@@ -540,6 +540,73 @@ inline int32_t dot_i8_i16(const int8_t * r, const int16_t * k, int64_t H) {
     return s;
 }
 
+// The argument checks of miita_i8_recall (on the calling thread: fail() keeps its message per thread).
+int i8_recall_check(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                    const int64_t * seg_start, int64_t & n_seg, const float * q, int64_t R, int64_t * out) {
+    if (n < 0 || H <= 0 || R < 0 || (n > 0 && (!rows || !scales || !errs || !q || !out)))
+        return fail("bad i8_recall arguments");
+    if (!seg_start) n_seg = n;
+    if (n_seg < 0 || n_seg > n || (n > 0 && n_seg == 0)) return fail("bad i8_recall segments");
+    for (int64_t g = 0; seg_start && g < n_seg; ++g)
+        if (seg_start[g] < 0 || seg_start[g] >= n || (g > 0 && seg_start[g] <= seg_start[g - 1]) ||
+            (g == 0 && seg_start[0] != 0))
+            return fail("i8_recall: segment starts must rise strictly from 0 and stay below the row count");
+    return 0;
+}
+
+// The scan of miita_i8_recall on n_threads threads, after i8_recall_check.
+int64_t i8_recall_scan(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                       const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out,
+                       int n_threads) {
+    if (n_seg == 0 || R == 0) return 0;
+    // The query is rounded to int16, u_hat = sigma * k, so that each row's dot product is an
+    // integer sum (int8 x int16 -> int32: pmaddwd on x86, smlal on Arm; a float dot spends most
+    // of its time converting int8 to float). L keeps |sum| <= 127 L H < 2^31.
+    const int64_t L = std::max<int64_t>(1, std::min<int64_t>(16383, INT32_MAX / (127 * H)));
+    double umax = 0.0;
+    for (int64_t h = 0; h < H; ++h) umax = std::max(umax, (double) std::fabs(q[h]));
+    const double sigma = umax > 0.0 ? umax / (double) L : 0.0;
+    std::vector<int16_t> kq(H);
+    double e2 = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+        kq[h] = sigma > 0.0 ? (int16_t) std::lrint(q[h] / sigma) : 0;
+        const double d = (double) q[h] - sigma * kq[h];
+        e2 += d * d;
+    }
+    // |s (u . q_a) - s (u_hat . q_a)| <= s ||q_a|| ||u - u_hat|| <= s * 127 sqrt(H) * ||u - u_hat||
+    const double qerr = 127.0 * std::sqrt((double) H) * std::sqrt(e2) * (1.0 + 1e-6);
+    // Per segment (a prototype's anchors, or one row), the bounds of its max score:
+    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm (Cauchy-Schwarz
+    // for the int8 row) + the query-rounding term above + 1e-5 (float32 rounding of the exact
+    // re-score, a blocked 640-term sum, and of these bounds).
+    std::vector<float> lo(n_seg), hi(n_seg);
+    parallel_for(n_threads, n_seg, [&](int, int64_t gb, int64_t ge) {
+        for (int64_t g = gb; g < ge; ++g) {
+            const int64_t b = seg_start ? seg_start[g] : g;
+            const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
+            float l = -INFINITY, h = -INFINITY;
+            for (int64_t a = b; a < e; ++a) {
+                const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
+                const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
+                l = std::max(l, s - slack);
+                h = std::max(h, s + slack);
+            }
+            lo[g] = l;
+            hi[g] = h;
+        }
+    });
+    float theta = -INFINITY;
+    if (n_seg >= R) {  // the R-th largest lower bound: no segment below it can be in Top_R
+        std::vector<float> tmp(lo);
+        std::nth_element(tmp.begin(), tmp.begin() + (R - 1), tmp.end(), std::greater<float>());
+        theta = tmp[R - 1];
+    }
+    int64_t m = 0;
+    for (int64_t g = 0; g < n_seg; ++g)
+        if (hi[g] >= theta) out[m++] = g;
+    return m;
+}
+
 // a[j] += s * qs[j] for one Q8_0 block of 32
 inline void axpy_q8_block(float * a, float s, const int8_t * qs) {
 #if defined(__AVX512F__)
@@ -1114,61 +1181,33 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
 
 int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
                         const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out) {
-    if (n < 0 || H <= 0 || R < 0 || (n > 0 && (!rows || !scales || !errs || !q || !out)))
-        return fail("bad i8_recall arguments");
-    if (!seg_start) n_seg = n;
-    if (n_seg < 0 || n_seg > n || (n > 0 && n_seg == 0)) return fail("bad i8_recall segments");
-    for (int64_t g = 0; seg_start && g < n_seg; ++g)
-        if (seg_start[g] < 0 || seg_start[g] >= n || (g > 0 && seg_start[g] <= seg_start[g - 1]) ||
-            (g == 0 && seg_start[0] != 0))
-            return fail("i8_recall: segment starts must rise strictly from 0 and stay below the row count");
-    if (n_seg == 0 || R == 0) return 0;
-    // The query is rounded to int16, u_hat = sigma * k, so that each row's dot product is an
-    // integer sum (int8 x int16 -> int32: pmaddwd on x86, smlal on Arm; a float dot spends most
-    // of its time converting int8 to float). L keeps |sum| <= 127 L H < 2^31.
-    const int64_t L = std::max<int64_t>(1, std::min<int64_t>(16383, INT32_MAX / (127 * H)));
-    double umax = 0.0;
-    for (int64_t h = 0; h < H; ++h) umax = std::max(umax, (double) std::fabs(q[h]));
-    const double sigma = umax > 0.0 ? umax / (double) L : 0.0;
-    std::vector<int16_t> kq(H);
-    double e2 = 0.0;
-    for (int64_t h = 0; h < H; ++h) {
-        kq[h] = sigma > 0.0 ? (int16_t) std::lrint(q[h] / sigma) : 0;
-        const double d = (double) q[h] - sigma * kq[h];
-        e2 += d * d;
+    if (i8_recall_check(rows, scales, errs, n, H, seg_start, n_seg, q, R, out)) return -1;
+    return i8_recall_scan(rows, scales, errs, n, H, seg_start, n_seg, q, R, out, scan_threads(n, H));
+}
+
+int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const float * errs_a, int64_t n_a,
+                         const int64_t * seg_start_a, int64_t n_seg_a, const float * q_a, int64_t R_a,
+                         int64_t * out_a, int64_t * m_a,
+                         const int8_t * rows_b, const float * scales_b, const float * errs_b, int64_t n_b,
+                         const int64_t * seg_start_b, int64_t n_seg_b, const float * q_b, int64_t R_b,
+                         int64_t * out_b, int64_t * m_b, int64_t H) {
+    if (!m_a || !m_b) return fail("null i8_recall_pair count pointer");
+    if (i8_recall_check(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a) ||
+        i8_recall_check(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b))
+        return -1;
+    // Each scan on a thread of its own: after a prompt pass both read their rows from DRAM, and two
+    // concurrent streams move more bytes per second than one scan split in two after the other.
+    // Only where the pool would split each scan anyway (OpenMP, enough rows).
+    if (scan_threads(n_a, H) > 1 && scan_threads(n_b, H) > 1) {
+        parallel_for(2, 2, [&](int, int64_t b, int64_t) {
+            if (b == 0) *m_a = i8_recall_scan(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a, 1);
+            else *m_b = i8_recall_scan(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b, 1);
+        });
+    } else {
+        *m_a = i8_recall_scan(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a, scan_threads(n_a, H));
+        *m_b = i8_recall_scan(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b, scan_threads(n_b, H));
     }
-    // |s (u . q_a) - s (u_hat . q_a)| <= s ||q_a|| ||u - u_hat|| <= s * 127 sqrt(H) * ||u - u_hat||
-    const double qerr = 127.0 * std::sqrt((double) H) * std::sqrt(e2) * (1.0 + 1e-6);
-    // Per segment (a prototype's anchors, or one row), the bounds of its max score:
-    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm (Cauchy-Schwarz
-    // for the int8 row) + the query-rounding term above + 1e-5 (float32 rounding of the exact
-    // re-score, a blocked 640-term sum, and of these bounds).
-    std::vector<float> lo(n_seg), hi(n_seg);
-    parallel_for(scan_threads(n, H), n_seg, [&](int, int64_t gb, int64_t ge) {
-        for (int64_t g = gb; g < ge; ++g) {
-            const int64_t b = seg_start ? seg_start[g] : g;
-            const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
-            float l = -INFINITY, h = -INFINITY;
-            for (int64_t a = b; a < e; ++a) {
-                const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
-                const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
-                l = std::max(l, s - slack);
-                h = std::max(h, s + slack);
-            }
-            lo[g] = l;
-            hi[g] = h;
-        }
-    });
-    float theta = -INFINITY;
-    if (n_seg >= R) {  // the R-th largest lower bound: no segment below it can be in Top_R
-        std::vector<float> tmp(lo);
-        std::nth_element(tmp.begin(), tmp.begin() + (R - 1), tmp.end(), std::greater<float>());
-        theta = tmp[R - 1];
-    }
-    int64_t m = 0;
-    for (int64_t g = 0; g < n_seg; ++g)
-        if (hi[g] >= theta) out[m++] = g;
-    return m;
+    return 0;
 }
 
 int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids, int64_t n,

@@ -147,6 +147,16 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out);
 int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
                         const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out);
 
+/* Two miita_i8_recall scans of rows with the same H, run concurrently (one thread each) when each
+ * would otherwise be split over the pool; the segments of each go to out_a / out_b (room for
+ * n_seg each) and their counts to *m_a / *m_b. Returns 0, or -1 with the first argument error. */
+int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const float * errs_a, int64_t n_a,
+                         const int64_t * seg_start_a, int64_t n_seg_a, const float * q_a, int64_t R_a,
+                         int64_t * out_a, int64_t * m_a,
+                         const int8_t * rows_b, const float * scales_b, const float * errs_b, int64_t n_b,
+                         const int64_t * seg_start_b, int64_t n_seg_b, const float * q_b, int64_t R_b,
+                         int64_t * out_b, int64_t * m_b, int64_t H);
+
 /* out[a] = scales[a] * sum_h q[h] * rows[a*H + h] for n int8 rows of H values: the scan of
  * int8 shadow copies of float memory matrices (4x fewer bytes than float32); the caller bounds
  * the error and re-ranks exactly. */

@@ -235,3 +235,25 @@ def test_i8_recall_is_the_bounded_superset_of_the_exact_top_r(segmented, H):
         assert got.size < lo.size  # the bound prunes: the point of the shadow
     with pytest.raises(RuntimeError, match="segment starts"):
         _native.i8_recall(q8, sc, err, np.array([0, 5, 5], np.int64), u, 3)
+
+
+@pytest.mark.parametrize("n_a,n_b,H", [(3000, 2000, 2048), (300, 200, 64)])
+def test_i8_recall_pair_equals_two_single_scans(n_a, n_b, H):
+    """The concurrent pair (large scans, one thread each) and its sequential fallback (small
+    ones) return exactly what two i8_recall calls return, segments included."""
+    from miita_edge.retrieval import _int8_shadow, _unit32
+
+    rng = np.random.default_rng(n_a + H)
+    qa, sa, ea = _int8_shadow(_unit32(rng.standard_normal((n_a, H))))
+    qb, sb, eb = _int8_shadow(_unit32(rng.standard_normal((n_b, H))))
+    seg_a = np.r_[0, np.sort(rng.choice(np.arange(1, n_a), n_a // 3, replace=False))].astype(np.int64)
+    seg_b = np.zeros(0, np.int64)
+    ua, ub = (_unit32(rng.standard_normal((1, H)))[0] for _ in range(2))
+    for Ra, Rb in ((8, 8), (1, 50)):
+        got_a, got_b = _native.i8_recall_pair(qa, sa, ea, seg_a, ua, Ra, qb, sb, eb, seg_b, ub, Rb)
+        np.testing.assert_array_equal(got_a, _native.i8_recall(qa, sa, ea, seg_a, ua, Ra))
+        np.testing.assert_array_equal(got_b, _native.i8_recall(qb, sb, eb, seg_b, ub, Rb))
+    with pytest.raises(RuntimeError, match="segment starts"):
+        _native.i8_recall_pair(qa, sa, ea, np.array([0, 5, 5], np.int64), ua, 3, qb, sb, eb, seg_b, ub, 3)
+    with pytest.raises(ValueError, match="same H"):
+        _native.i8_recall_pair(qa, sa, ea, seg_a, ua, 3, qb[:, :32], sb, eb, seg_b, ub[:32], 3)

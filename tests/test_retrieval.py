@@ -610,11 +610,14 @@ def test_scan_index_refuses_a_mismatched_memory():
         ScanIndex.build(anchors, owner + 100, D)
 
 
+@pytest.mark.parametrize("H", [64, 640])
 @pytest.mark.parametrize("clustered", [False, True])
 @pytest.mark.parametrize("mode", ["sem+unc", "semantic", "uncertainty", "oracle"])
-def test_int8_shadow_matches_the_float_scan_on_large_memories(clustered, mode):
+def test_int8_shadow_matches_the_float_scan_on_large_memories(clustered, mode, H):
+    """H = 640 puts > 1 MiB of int8 rows in each scan: the scans are split over threads, and
+    sem+unc runs the anchor and direction scans concurrently (i8_recall_pair)."""
     rng = np.random.default_rng(5)
-    J, H, V = 3000, 64, 200
+    J, V = 3000, 200
     if clustered:  # near-duplicates: many rows inside each other's error bounds
         centers = rng.standard_normal((30, H))
         anchors = centers[rng.integers(0, 30, 2 * J)] + 0.01 * rng.standard_normal((2 * J, H))

@@ -429,13 +429,27 @@ class _RecallScores:
         self.args = (q8, scales, errs, seg_start, u)
         self.owners, self.n, self.exact = owners, n, exact
         self._seen: dict[int, float] = {}  # exact scores from top(): at() asks for the same rows again
+        self._scanned: dict[int, np.ndarray] = {}  # R -> segments of a scan already run (scan_pair)
+
+    @staticmethod
+    def scan_pair(a: "_RecallScores", R_a: int, b: "_RecallScores", R_b: int) -> None:
+        """Run the recall scans of ``a`` and ``b`` at once, one thread each; ``top`` then uses them.
+        Right after a prompt pass both read their rows from DRAM, and two concurrent streams move
+        more bytes per second than two scans each split over the threads (docs/benchmarks.md)."""
+        if R_a <= 0 or R_b <= 0 or a.args[0].shape[1] != b.args[0].shape[1]:
+            return
+        from . import _native
+
+        a._scanned[int(R_a)], b._scanned[int(R_b)] = _native.i8_recall_pair(*a.args, int(R_a), *b.args, int(R_b))
 
     def top(self, R: int) -> np.ndarray:
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
         from . import _native
 
-        segs = _native.i8_recall(*self.args, int(R))
+        segs = self._scanned.pop(int(R), None)
+        if segs is None:
+            segs = _native.i8_recall(*self.args, int(R))
         cand = segs if self.owners is None else np.sort(self.owners[segs])
         s = self.exact(cand)
         self._seen.update(zip(cand.tolist(), s.tolist()))
@@ -748,6 +762,8 @@ def retrieve(
         return result(cand[order], s[order], w, U[order], cand, H_hat, True)
 
     # "sem+unc": eqs. 8-10 as written (candidate_set's union, from the two exact Top_R).
+    if isinstance(sem, _RecallScores) and isinstance(dsc, _RecallScores):
+        _RecallScores.scan_pair(sem, cfg.R_k, dsc, cfg.R_d)
     top_sem = sem.top(cfg.R_k)
     cand = np.unique(top_sem) if dsc is None else np.union1d(top_sem, dsc.top(cfg.R_d)).astype(np.int64)
     if dsc is None:
