@@ -287,6 +287,27 @@ def test_extract_exact_R_by_either_path_matches_softmax_of_W_h(engine, W_ref, an
     assert cos > (0.99999 if T <= HIDDEN_R_MAX_TOKENS else 0.999), cos
 
 
+@pytest.mark.parametrize("per_position", [False, True])
+def test_shared_head_pass_is_bitwise_the_per_example_R(engine, per_position):
+    """finish_corrections (several examples' hidden rows in one online-softmax pass, as ingest
+    batches them) gives exactly the R of extract() run on each example alone."""
+    from miita_edge.extract import PendingR, extract, finish_corrections
+    from miita_edge.templates import get_template
+
+    tpl = get_template("plain")
+    pairs = [("my card has not arrived yet", " card arrival"), ("I was charged twice", " refund"),
+             ("how do I top up by bank transfer?", " top up"), ("what is the exchange rate?", " rate")]
+    alone = [extract(engine, tpl, x, y, skip_bos=True, per_position=per_position) for x, y in pairs]
+    pending = [extract(engine, tpl, x, y, skip_bos=True, per_position=per_position, defer=True) for x, y in pairs]
+    assert all(isinstance(p, PendingR) for p in pending)
+    shared = finish_corrections(engine, pending, per_position)
+    for a, b in zip(alone, shared):
+        assert a.prompt == b.prompt and a.target == b.target
+        np.testing.assert_array_equal(a.key, b.key)
+        np.testing.assert_array_equal(a.R, b.R)
+    assert finish_corrections(engine, [], per_position) == []
+
+
 def test_uncertainty_gradient_matches_finite_differences(engine, W_ref):
     """r_q = W_Vᵀ g (eq. 7) is the gradient of the restricted entropy wrt the hidden state."""
     from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted

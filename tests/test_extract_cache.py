@@ -47,6 +47,19 @@ def test_unreadable_entry_is_recomputed(tmp_path):
     np.testing.assert_array_equal(v["v"], np.full(3, 2.0))
 
 
+def test_get_and_put_are_the_two_halves_of_get_or_compute(tmp_path):
+    from miita_edge.extract_cache import ExtractCache
+
+    c = ExtractCache(tmp_path, "m")
+    assert c.get("k", {"a": 2}) is ExtractCache.MISS
+    c.put("k", {"a": 2}, None)  # a stored "no signal"
+    assert c.get("k", {"a": 2}) is None
+    c.put("k", {"a": 3}, {"v": np.arange(4)})
+    np.testing.assert_array_equal(c.get("k", {"a": 3})["v"], np.arange(4))
+    assert c.get_or_compute("k", {"a": 3}, lambda: pytest.fail("a hit must not compute"))["v"].size == 4
+    assert (c.hits, c.misses) == (3, 1)
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("method", ["miita-paper", "miita-default", "knn-lm", "example-mem"])
 def test_run_through_the_cache_equals_a_run_without(method, engine1, tmp_path):

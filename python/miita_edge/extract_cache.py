@@ -34,21 +34,22 @@ class ExtractCache:
         blob = json.dumps({"kind": kind, "model": self.model, **fields}, sort_keys=True, ensure_ascii=False)
         return self.dir / f"{kind}-{hashlib.sha256(blob.encode('utf-8')).hexdigest()}.npz"
 
-    def get_or_compute(self, kind: str, fields: dict[str, Any],
-                       compute: Callable[[], dict[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
-        """The arrays stored for (kind, fields), computing and storing them on a miss.
+    MISS = object()  # what get() returns for an entry that is not there (or cannot be read)
 
-        ``compute`` returns a dict of arrays, or None for "no signal" (cached as well)."""
-        path = self._path(kind, fields)
+    def get(self, kind: str, fields: dict[str, Any]):
+        """The arrays stored for (kind, fields), None for a stored "no signal", or ``ExtractCache.MISS``."""
         try:
-            with np.load(path, allow_pickle=False) as z:
+            with np.load(self._path(kind, fields), allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-            self.hits += 1
-            return None if "__none__" in arrays else arrays
         except (OSError, ValueError, KeyError, EOFError):
-            pass
-        self.misses += 1
-        value = compute()
+            self.misses += 1
+            return self.MISS
+        self.hits += 1
+        return None if "__none__" in arrays else arrays
+
+    def put(self, kind: str, fields: dict[str, Any], value: dict[str, np.ndarray] | None) -> None:
+        """Store ``value`` (None: "no signal") for (kind, fields), atomically."""
+        path = self._path(kind, fields)
         self.dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".tmp")
         try:
@@ -58,4 +59,14 @@ class ExtractCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def get_or_compute(self, kind: str, fields: dict[str, Any],
+                       compute: Callable[[], dict[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
+        """The arrays stored for (kind, fields), computing and storing them on a miss.
+
+        ``compute`` returns a dict of arrays, or None for "no signal" (cached as well)."""
+        value = self.get(kind, fields)
+        if value is self.MISS:
+            value = compute()
+            self.put(kind, fields, value)
         return value

@@ -20,7 +20,8 @@ from . import store as store_mod
 from .budget import Budget, parse_budget
 from .engine import Engine, EngineConfig, Generation
 from .errors import BudgetError, InputError, StoreError
-from .extract import HIDDEN_R_MAX_TOKENS, Extracted, extract, prompt_tokens
+from .extract import (HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract,
+                      finish_corrections, prompt_tokens)
 from .memory import BankConfig, MemoryBank
 from .retrieval import RetrievalConfig, ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -342,10 +343,7 @@ class Miita:
         pr = self.preset
         need_R = pr.bank.payload != "tokens"
         bar = _progress(len(examples), progress, "extract")
-        extracted = []
-        for ex in examples:
-            extracted.append(self._extract(ex, need_R))
-            bar.update(1)
+        extracted = self._extract_all(examples, need_R, bar)
         bar.close()
         total_log = {"pruned": 0, "merged": 0, "evicted": 0}
         skipped_lines = []
@@ -379,41 +377,74 @@ class Miita:
                             budget_bytes=self.budget_bytes(), repair=total_log,
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
 
-    def _extract(self, ex: Example, need_R: bool):
-        """eqs. 1-2 for one example, through ``extract_cache`` when one is set."""
-        pr = self.preset
-        per_position = pr.bank.payload != "mean"  # the mean payload needs only R_m
+    def _extract_all(self, examples: list[Example], need_R: bool, bar) -> list[Extracted | None]:
+        """eqs. 1-2 for every example, in order. Examples whose exact R comes from the hidden
+        rows are decoded one by one and their R computed HIDDEN_BATCH_EXAMPLES at a time in one
+        shared pass over the LM head (bitwise the per-example result, ``finish_corrections``).
+        Goes through ``extract_cache`` when one is set."""
+        out: list[Extracted | None] = [None] * len(examples)
+        pending: list[tuple[int, PendingR, dict | None]] = []
 
-        def run():
-            return extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
-                           corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens,
-                           per_position=per_position)
+        def flush():
+            done = finish_corrections(self.engine, [p for _, p, _ in pending], self._per_position())
+            for (i, _, fields), e in zip(pending, done):
+                out[i] = e
+                if fields is not None:
+                    self.extract_cache.put("extract", fields, self._cache_value(e))
+                bar.update(1)
+            pending.clear()
 
-        if self.extract_cache is None:
-            return run()
+        for i, ex in enumerate(examples):
+            r, fields = self._extract(ex, need_R)
+            if isinstance(r, PendingR):
+                pending.append((i, r, fields))
+                if len(pending) >= HIDDEN_BATCH_EXAMPLES:
+                    flush()
+                continue
+            out[i] = r
+            bar.update(1)
+        flush()
+        return out
 
-        def compute():
-            e = run()
-            if e is None:
-                return None
-            out = {"prompt": np.asarray(e.prompt, np.int64), "target": np.asarray(e.target, np.int64),
-                   "key": np.asarray(e.key)}
-            if e.R is not None:
-                out["R"] = np.asarray(e.R)
-            return out
+    def _per_position(self) -> bool:
+        return self.preset.bank.payload != "mean"  # the mean payload needs only R_m
 
-        fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
-                  "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
-                  "corrections": need_R, "top_k": pr.correction_top_k, "per_position": per_position,
-                  "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
-        if need_R and pr.correction_top_k <= 0:
-            # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's
-            # logits; key-only passes (the default preset) are unchanged and keep their entries
-            fields["exact_R_from"] = f"hidden<={HIDDEN_R_MAX_TOKENS}"
-        a = self.extract_cache.get_or_compute("extract", fields, compute)
-        if a is None:
+    @staticmethod
+    def _cache_value(e: Extracted | None) -> dict | None:
+        if e is None:
             return None
-        return Extracted([int(t) for t in a["prompt"]], [int(t) for t in a["target"]], a["key"], a.get("R"))
+        out = {"prompt": np.asarray(e.prompt, np.int64), "target": np.asarray(e.target, np.int64),
+               "key": np.asarray(e.key)}
+        if e.R is not None:
+            out["R"] = np.asarray(e.R)
+        return out
+
+    def _extract(self, ex: Example, need_R: bool) -> tuple[Extracted | PendingR | None, dict | None]:
+        """eqs. 1-2 for one example, through ``extract_cache`` when one is set: (the extraction
+        or a PendingR whose R is still to be computed, the cache fields to store it under)."""
+        pr = self.preset
+        fields = None
+        if self.extract_cache is not None:
+            fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
+                      "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
+                      "corrections": need_R, "top_k": pr.correction_top_k, "per_position": self._per_position(),
+                      "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
+            if need_R and pr.correction_top_k <= 0:
+                # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's
+                # logits; key-only passes (the default preset) are unchanged and keep their entries
+                fields["exact_R_from"] = f"hidden<={HIDDEN_R_MAX_TOKENS}"
+            a = self.extract_cache.get("extract", fields)
+            if a is not self.extract_cache.MISS:
+                if a is None:
+                    return None, None
+                return Extracted([int(t) for t in a["prompt"]], [int(t) for t in a["target"]], a["key"],
+                                 a.get("R")), None
+        r = extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
+                    corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens,
+                    per_position=self._per_position(), defer=True)
+        if fields is not None and not isinstance(r, PendingR):
+            self.extract_cache.put("extract", fields, self._cache_value(r))
+        return r, fields
 
     # ---------------------------------------------------------------- ask
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
