@@ -2,8 +2,9 @@
 
 1. Per example of the demo stream, decode + R split: a plain forward pass (prompt + answer,
    last logits only), the logits route (llama.cpp's logits at the T answer positions, then one
-   W^T p pass with the position-averaged distribution) and the hidden route (llama.cpp stopped
-   after result_norm, one online-softmax pass over the head from the captured rows).
+   W^T p pass with the position-averaged distribution), the hidden route (llama.cpp stopped
+   after result_norm, one online-softmax pass over the head from the captured rows), and the
+   hidden route as ingest runs it (one pass per HIDDEN_BATCH_EXAMPLES examples).
 2. The crossover in answer length T: whole extraction time of both routes on one prompt whose
    answer is cut to T tokens. ``extract.HIDDEN_R_MAX_TOKENS`` is chosen from this table.
 
@@ -41,6 +42,28 @@ def one(eng, prompt: list[int], target: list[int], route: str, key_mask=None) ->
     return t1 - t0, time.perf_counter() - t1
 
 
+def shared(eng, items, batch: int) -> tuple[float, float]:
+    """Per example (decode seconds, R seconds) of the hidden route with R computed for `batch`
+    examples at a time in one head pass, as Miita.ingest does (extract.finish_corrections)."""
+    from miita_edge.extract import PendingR, finish_corrections
+
+    d = r = 0.0
+    pending = []
+    for i, (prompt, target, mask) in enumerate(items):
+        eng.reset()
+        flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
+        t0 = time.perf_counter()
+        h = eng.hidden_states(prompt + target, flags, key_mask=mask + [False] * len(target))
+        d += time.perf_counter() - t0
+        pending.append(PendingR(prompt, target, np.zeros(0), h))
+        if len(pending) == batch or i == len(items) - 1:
+            t0 = time.perf_counter()
+            finish_corrections(eng, pending, per_position=False)
+            r += time.perf_counter() - t0
+            pending = []
+    return d / len(items), r / len(items)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=60)
@@ -50,7 +73,7 @@ def main(argv=None) -> int:
 
     from miita_edge.demo_run import demo_stream
     from miita_edge.engine import Engine, EngineConfig
-    from miita_edge.extract import HIDDEN_R_MAX_TOKENS, prompt_and_target
+    from miita_edge.extract import HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, prompt_and_target
     from miita_edge.templates import get_template
 
     eng = Engine(None, EngineConfig(n_threads=args.threads))
@@ -70,6 +93,9 @@ def main(argv=None) -> int:
             n = len(items)
             print(f"   round {rnd + 1}  {route:7s} decode {d / n * 1e3:6.1f}  R {r / n * 1e3:6.1f}  "
                   f"total {(d + r) / n * 1e3:6.1f}")
+        d, r = shared(eng, items, HIDDEN_BATCH_EXAMPLES)
+        print(f"   round {rnd + 1}  hidden, one head pass per {HIDDEN_BATCH_EXAMPLES} examples (as ingest)  "
+              f"decode {d * 1e3:6.1f}  R {r * 1e3:6.1f}  total {(d + r) * 1e3:6.1f}")
 
     print(f"\n2. whole extraction by answer length T (min of {args.reps}), ms; "
           f"HIDDEN_R_MAX_TOKENS = {HIDDEN_R_MAX_TOKENS}")
