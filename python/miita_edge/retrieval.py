@@ -189,7 +189,8 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("top_k_restricted: empty logits")
     k = int(min(max(k, 1), V))
     bad = ValueError("top_k_restricted: logits contain NaN or +inf")
-    if k < V and z.dtype == np.float32 and V >= 4096:
+    native = k < V and z.dtype == np.float32 and V >= 4096
+    if native:
         # llama.cpp's float32 logits: one native heap pass (same order and ties as below), which
         # also reports a NaN anywhere (a separate max pass for that cost a third of this call)
         from . import _native
@@ -211,7 +212,8 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
         ids = np.concatenate([above, at])
     else:
         ids = np.arange(V)
-    ids = ids[np.lexsort((ids, -z[ids]))].astype(np.int64)
+    if not native:  # the native pass returns them in this order already
+        ids = ids[np.lexsort((ids, -z[ids]))].astype(np.int64)
     zr = z[ids].astype(np.float64)
     if not np.isfinite(zr[0]):
         raise ValueError("top_k_restricted: every logit is -inf")
