@@ -116,6 +116,23 @@ py::array_t<float> lm_gather(const py::buffer & W, int type, int64_t n_rows, int
     return out;
 }
 
+py::tuple restricted_uncertainty(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd, int64_t row_bytes,
+                                 const f32_in & logits, int64_t K) {
+    if (logits.ndim() != 1) throw std::invalid_argument("logits must be 1-D float32");
+    const void * w = buffer_ptr(W, n_rows, row_bytes);
+    py::array_t<int32_t> ids(K);
+    py::array_t<double> p(K), g(K), r(n_embd);
+    double H = 0.0;
+    int rc;
+    {
+        py::gil_scoped_release nogil;
+        rc = miita_restricted_uncertainty(w, type, n_rows, n_embd, logits.data(), logits.size(), K, ids.mutable_data(),
+                                          p.mutable_data(), g.mutable_data(), &H, r.mutable_data());
+    }
+    check(rc);
+    return py::make_tuple(ids, p, g, H, r);
+}
+
 py::array_t<float> lm_weighted_sum(const py::buffer & W, int type, int64_t n_rows, int64_t n_embd,
                                    int64_t row_bytes, const i32_in & ids, const f32_in & weights, int n_threads) {
     if (ids.size() != weights.size()) throw std::invalid_argument("ids and weights differ in length");
@@ -291,6 +308,9 @@ PYBIND11_MODULE(_native, m) {
 
     m.def("lm_gather", &lm_gather, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
           py::arg("row_bytes"), py::arg("ids"), py::arg("n_threads") = 0);
+    m.def("restricted_uncertainty", &restricted_uncertainty, py::arg("W"), py::arg("type"), py::arg("n_rows"),
+          py::arg("n_embd"), py::arg("row_bytes"), py::arg("logits"), py::arg("K"),
+          "Eqs. 6-7 in one call: (ids, p_hat, g, H_hat, r).");
     m.def("lm_weighted_sum", &lm_weighted_sum, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),
           py::arg("row_bytes"), py::arg("ids"), py::arg("weights"), py::arg("n_threads") = 0);
     m.def("lm_correction", &lm_correction, py::arg("W"), py::arg("type"), py::arg("n_rows"), py::arg("n_embd"),

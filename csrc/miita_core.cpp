@@ -1221,6 +1221,39 @@ int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd, co
     return 0;
 }
 
+int miita_restricted_uncertainty(const void * W, int type, int64_t n_rows, int64_t n_embd, const float * logits,
+                                 int64_t n_logits, int64_t K, int32_t * ids, double * p_hat, double * g,
+                                 double * H_hat, double * r) {
+    RowReader rr;
+    if (!logits || !ids || !p_hat || !g || !H_hat || !r) return fail("null restricted_uncertainty pointer");
+    if (n_logits <= 0) return fail("empty logits");
+    if (K < 1 || K > n_logits) return fail("K must be in 1..len(logits)");
+    if (make_reader(W, type, n_rows, n_embd, rr)) return -1;
+    if (miita_top_k(logits, n_logits, K, ids)) return -1;  // fails on NaN
+    if (check_ids(ids, K, n_rows)) return -1;
+    // eq. 6 on the K chosen logits, in double: p_hat = softmax(z_V), H_hat, g = dH/dz_V
+    const double z0 = logits[ids[0]];  // the largest
+    if (std::isinf(z0) && z0 > 0) return fail("logits contain +inf");
+    if (!std::isfinite(z0)) return fail("every logit is -inf");
+    double sum = 0.0;
+    for (int64_t i = 0; i < K; ++i) sum += (p_hat[i] = std::exp((double) logits[ids[i]] - z0));
+    double H = 0.0;
+    for (int64_t i = 0; i < K; ++i) {
+        p_hat[i] /= sum;
+        if (p_hat[i] > 0.0) H -= p_hat[i] * std::log(p_hat[i]);
+    }
+    for (int64_t i = 0; i < K; ++i) g[i] = p_hat[i] > 0.0 ? -p_hat[i] * (std::log(p_hat[i]) + H) : 0.0;
+    *H_hat = H;
+    // eq. 7: r = W_V^T g, the rows read as the model stores them
+    std::vector<float> row(n_embd);
+    std::fill(r, r + n_embd, 0.0);
+    for (int64_t i = 0; i < K; ++i) {
+        rr.read(ids[i], row.data());
+        for (int64_t k = 0; k < n_embd; ++k) r[k] += g[i] * (double) row[k];
+    }
+    return 0;
+}
+
 int miita_lm_weighted_sum(const void * W, int type, int64_t n_rows, int64_t n_embd, const int32_t * ids,
                           const float * weights, int64_t n, float * out, int n_threads) {
     RowReader rr;

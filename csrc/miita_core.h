@@ -100,6 +100,15 @@ int64_t miita_state_hits(const miita_state * st, int which /* 0 key, 1 result_no
 int miita_lm_gather(const void * W, int type, int64_t n_rows, int64_t n_embd,
                     const int32_t * ids, int64_t n, float * out, int n_threads);
 
+/* Eqs. 6-7 in one call, from the (unsteered) answer-start logits: ids = the K most probable
+ * tokens (miita_top_k's order), p_hat = their renormalised softmax, H_hat = its entropy (nats),
+ * g = dH_hat/dz over the restricted logits, r = sum_i g_i W[ids_i] (the gradient wrt the hidden
+ * state), all in double. Fails on NaN or +inf logits, when every logit is -inf, or on a K outside
+ * 1..n_logits. */
+int miita_restricted_uncertainty(const void * W, int type, int64_t n_rows, int64_t n_embd, const float * logits,
+                                 int64_t n_logits, int64_t K, int32_t * ids, double * p_hat, double * g,
+                                 double * H_hat, double * r);
+
 /* out = sum_i weights[i] * W[ids[i]] (n_embd floats). Eq. 7: r_q = W_V^T g. */
 int miita_lm_weighted_sum(const void * W, int type, int64_t n_rows, int64_t n_embd,
                           const int32_t * ids, const float * weights, int64_t n,

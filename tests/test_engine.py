@@ -308,6 +308,60 @@ def test_shared_head_pass_is_bitwise_the_per_example_R(engine, per_position):
     assert finish_corrections(engine, [], per_position) == []
 
 
+@pytest.mark.parametrize("K", [1, 8, 64])
+def test_native_restricted_uncertainty_matches_the_numpy_equations(engine, K):
+    """Eqs. 6-7 in one native call (the serving path) against top_k_restricted,
+    restricted_entropy_grad and W_Vᵀg in numpy, on the model's own logits; and its errors."""
+    from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted, uncertainty_direction
+
+    st = engine.query(engine.tokenize(PROMPT))
+    lm = engine.lm_head
+    ids, p, g, H, r = lm.restricted_uncertainty(st.logits, K)
+    ids_ref, p_ref = top_k_restricted(st.logits, K)
+    g_ref, H_ref = restricted_entropy_grad(p_ref)
+    r_ref, _ = uncertainty_direction(lm.rows(ids_ref), g_ref, 0.0)
+    np.testing.assert_array_equal(ids, ids_ref)
+    np.testing.assert_allclose(p, p_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-10, atol=1e-15)
+    assert H == pytest.approx(H_ref, rel=1e-12, abs=1e-15)
+    np.testing.assert_allclose(r, r_ref, rtol=1e-10, atol=1e-12 * max(1.0, np.abs(r_ref).max()))
+    bad = st.logits.copy()
+    bad[123] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        lm.restricted_uncertainty(bad, K)
+    bad[123] = np.inf
+    with pytest.raises(ValueError, match="inf"):
+        lm.restricted_uncertainty(bad, K)
+    with pytest.raises(ValueError, match="every logit is -inf"):
+        lm.restricted_uncertainty(np.full_like(st.logits, -np.inf), K)
+
+
+def test_retrieve_with_the_native_eqs_6_7_equals_the_numpy_path(engine):
+    """retrieve(..., restricted_fn=LMHeadRows.restricted_uncertainty), as Miita.plan calls it,
+    selects and weights the same prototypes as the numpy path through W_rows_fn."""
+    from miita_edge.retrieval import RetrievalConfig, ScanIndex, retrieve
+
+    rng = np.random.default_rng(3)
+    H = engine.n_embd
+    st = engine.query(engine.tokenize(PROMPT))
+    J = 3000  # > ScanIndex.SHADOW_MIN_ROWS: the int8 recall path
+    D = rng.standard_normal((J, H))
+    D /= np.linalg.norm(D, axis=1, keepdims=True)
+    anchors = rng.standard_normal((J, H))
+    owner = np.arange(J)
+    idx = ScanIndex.build(anchors, owner, D)
+    k_q = anchors[17] + 0.3 * rng.standard_normal(H)
+    cfg = RetrievalConfig()
+    for mode in ("sem+unc", "uncertainty"):
+        a = retrieve(k_q, anchors, owner, D, st.logits, engine.lm_head.rows, cfg, mode, index=idx)
+        b = retrieve(k_q, anchors, owner, D, st.logits, None, cfg, mode, index=idx,
+                     restricted_fn=engine.lm_head.restricted_uncertainty)
+        assert a.ids.tolist() == b.ids.tolist() and a.candidates.tolist() == b.candidates.tolist()
+        np.testing.assert_allclose(a.weights, b.weights, rtol=1e-9)
+        np.testing.assert_allclose(a.U, b.U, rtol=1e-9, atol=1e-15)
+        assert a.H_hat == pytest.approx(b.H_hat, rel=1e-12)
+
+
 def test_uncertainty_gradient_matches_finite_differences(engine, W_ref):
     """r_q = W_Vᵀ g (eq. 7) is the gradient of the restricted entropy wrt the hidden state."""
     from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted

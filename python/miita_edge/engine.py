@@ -424,6 +424,17 @@ class LMHeadRows:
         return self._n.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
                                        np.asarray(weights, np.float32), self.n_threads)
 
+    def restricted_uncertainty(self, logits: np.ndarray, K: int):
+        """Eqs. 6-7 in one native call: (ids, p_hat, g, H_hat, r_q), as ``retrieval._restricted``
+        computes them from ``top_k_restricted``, ``restricted_entropy_grad`` and W_Vᵀg (float64;
+        tested against those). ValueError for NaN/+inf or all -inf logits."""
+        z = np.ascontiguousarray(logits, np.float32)
+        try:
+            ids, p, g, H, r = self._n.restricted_uncertainty(*self._args(), z, int(min(max(K, 1), z.shape[0])))
+        except RuntimeError as e:
+            raise ValueError(f"top_k_restricted: {e}") from e
+        return ids.astype(np.int64), p, g, float(H), r
+
     def correction_from_hidden(self, hidden: np.ndarray, targets: Sequence[int],
                                per_position: bool = False) -> np.ndarray:
         """Exact eq. 2 with p_t = softmax(W h_t), from the final hidden rows, in one pass over W."""

@@ -477,7 +477,8 @@ class Miita:
             if self._scan is None:
                 self._scan = ScanIndex.build(A_unit, owner, D)
             res = retrieve(k_q, A_unit, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
-                           oracle_dir=oracle_dir, rng=self._rng, index=self._scan)
+                           oracle_dir=oracle_dir, rng=self._rng, index=self._scan,
+                           restricted_fn=eng.lm_head.restricted_uncertainty)
             d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
             return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
         scores = None

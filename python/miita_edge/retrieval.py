@@ -492,8 +492,12 @@ def uncertainty_utility(g, W_V, D, probe_eps: float) -> np.ndarray:
     Dm = _f64(D, "D", 2)
     if W.shape[0] != gg.shape[0] or W.shape[1] != Dm.shape[1]:
         raise ValueError(f"uncertainty_utility: shapes g {gg.shape}, W_V {W.shape}, D {Dm.shape} do not fit")
-    r = W.T @ gg
-    return np.maximum(0.0, -probe_eps * (Dm @ r))
+    return utility_from_r(W.T @ gg, Dm, probe_eps)
+
+
+def utility_from_r(r, D, probe_eps: float) -> np.ndarray:
+    """Eq. 9 given ``r_q = W_Vᵀg`` (eq. 7): ``U_j = max(0, -eps r_q . d_j)`` for each row of D."""
+    return np.maximum(0.0, -probe_eps * (_f64(D, "D", 2) @ _f64(r, "r_q", 1)))
 
 
 def score(S_k, U, lam_k: float, lam_u: float) -> np.ndarray:
@@ -624,8 +628,18 @@ class Retrieved:
         return int(self.ids.shape[0])
 
 
-def _restricted(logits_q, W_rows_fn: WRowsFn, cfg: RetrievalConfig, H: int):
-    """Eqs. 6-7 from raw logits: returns (g, W_V, r_q, d_tilde | None, H_hat)."""
+def _restricted(logits_q, W_rows_fn: WRowsFn, cfg: RetrievalConfig, H: int, restricted_fn=None):
+    """Eqs. 6-7 from raw logits: returns (g, W_V, r_q, d_tilde | None, H_hat).
+
+    ``restricted_fn(logits, K) -> (ids, p_hat, g, H_hat, r_q)`` computes the same in one native
+    call (``LMHeadRows.restricted_uncertainty``); W_V is then None (eq. 9 needs only r_q)."""
+    if restricted_fn is not None:
+        _, _, g, H_hat, r = restricted_fn(logits_q, cfg.K_v)
+        r = _f64(r, "r_q", 1)
+        if r.shape[0] != H:
+            raise ValueError(f"restricted_fn returned r_q of shape {r.shape}, expected ({H},)")
+        nr = float(np.linalg.norm(r))
+        return g, None, r, (-r / nr if nr > cfg.eps_r else None), H_hat
     ids, p_hat = top_k_restricted(logits_q, cfg.K_v)
     g, H_hat = restricted_entropy_grad(p_hat)
     W_V = _f64(W_rows_fn(ids), "W_rows_fn(ids)", 2)
@@ -648,6 +662,7 @@ def retrieve(
     rng: np.random.Generator | int | None = None,
     oracle_dir=None,
     index: ScanIndex | None = None,
+    restricted_fn=None,
 ) -> Retrieved:
     """The full eqs. 6-10 pipeline for one query.
 
@@ -687,6 +702,9 @@ def retrieve(
     ``index``: a :class:`ScanIndex` built from these same ``anchors``, ``anchor_owner`` and
     ``D``; the recall scans then read the prepared rows (the serving path caches one per memory
     version). Same result up to float32 rounding of the cosines.
+
+    ``restricted_fn(logits, K) -> (ids, p_hat, g, H_hat, r_q)``: eqs. 6-7 in one call (the serving
+    path passes ``LMHeadRows.restricted_uncertainty``); W_rows_fn is then not needed.
     """
     cfg = cfg or RetrievalConfig()
     if mode not in MODES:
@@ -749,9 +767,9 @@ def retrieve(
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
         return result(cand[order], s[order], w, np.zeros(order.size), cand)
 
-    if W_rows_fn is None:
+    if W_rows_fn is None and restricted_fn is None:
         raise ValueError(f"retrieve: mode {mode!r} needs W_rows_fn")
-    g, W_V, r, d_tilde, H_hat = _restricted(logits_q, W_rows_fn, cfg, H)
+    g, W_V, r, d_tilde, H_hat = _restricted(logits_q, W_rows_fn, cfg, H, restricted_fn)
     dsc = None if d_tilde is None else dirs(d_tilde)
 
     if mode == "uncertainty":
@@ -759,7 +777,7 @@ def retrieve(
             return result(empty, [], [], [], empty, H_hat, False)
         cand = np.sort(dsc.top(cfg.R_d))
         s = dsc.at(cand)
-        U = uncertainty_utility(g, W_V, Dm[cand], cfg.probe_eps)
+        U = utility_from_r(r, Dm[cand], cfg.probe_eps)
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
         return result(cand[order], s[order], w, U[order], cand, H_hat, True)
 
@@ -771,7 +789,7 @@ def retrieve(
     if dsc is None:
         U = np.zeros(cand.size)
     else:
-        U = uncertainty_utility(g, W_V, Dm[cand], cfg.probe_eps)
+        U = utility_from_r(r, Dm[cand], cfg.probe_eps)
     s = score(sem.at(cand), U, cfg.lam_k, cfg.lam_u)
     order, w = select_and_weight(s, cfg.M, cfg.T_agg)
     return result(cand[order], s[order], w, U[order], cand, H_hat, dsc is not None)
