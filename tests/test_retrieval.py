@@ -615,7 +615,8 @@ def test_scan_index_refuses_a_mismatched_memory():
 @pytest.mark.parametrize("mode", ["sem+unc", "semantic", "uncertainty", "oracle"])
 def test_int8_shadow_matches_the_float_scan_on_large_memories(clustered, mode, H):
     """H = 640 puts > 1 MiB of int8 rows in each scan: the scans are split over threads, and
-    sem+unc runs the anchor and direction scans concurrently (i8_recall_pair)."""
+    sem+unc runs the anchor and direction scans concurrently (i8_recall_pair); there every
+    prototype has one anchor (or none), the exact re-score's one-row path."""
     rng = np.random.default_rng(5)
     J, V = 3000, 200
     if clustered:  # near-duplicates: many rows inside each other's error bounds
@@ -626,11 +627,14 @@ def test_int8_shadow_matches_the_float_scan_on_large_memories(clustered, mode, H
         anchors, D = rng.standard_normal((2 * J, H)), rng.standard_normal((J, H))
     D = D / np.linalg.norm(D, axis=1, keepdims=True)
     owner = rng.permutation(np.arange(2 * J) % (J - 7))  # unsorted, 7 prototypes without anchors
+    if H == 640:  # one anchor per prototype (a fresh memory): the exact re-score's one-row path
+        anchors, owner = anchors[: J - 7], rng.permutation(J - 7)
     W = rng.standard_normal((V, H)).astype(np.float32)
     cfg = RetrievalConfig()
     full = ScanIndex.build(anchors, owner, D, shadow=False)
     fast = ScanIndex.build(anchors, owner, D)
     assert fast.shadow is not None and full.shadow is None
+    assert fast.one_row_segments == (H == 640)
     for q in range(20):
         k_q, logits = rng.standard_normal(H), 3 * rng.standard_normal(V)
         od = D[q] + 0.1 * rng.standard_normal(H)

@@ -376,6 +376,11 @@ class ScanIndex:
         """Rows of each owner's run in A_unit."""
         return np.diff(np.append(self.seg_start, self.A_unit.shape[0]))
 
+    @cached_property
+    def one_row_segments(self) -> bool:
+        """Whether every prototype with anchors has exactly one (a fresh memory, or tau_k = 1)."""
+        return bool(self.seg_len.size) and bool((self.seg_len == 1).all())
+
     def semantic(self, k_q) -> np.ndarray:
         """:func:`semantic_scores` from the prepared rows: (J,) float64, -inf without anchors."""
         S = np.full(self.n_protos, -np.inf)
@@ -402,6 +407,9 @@ class ScanIndex:
             has = np.flatnonzero(seg >= 0)
             if has.size:
                 b, n = self.seg_start[seg[has]], seg_len[seg[has]]
+                if self.one_row_segments:  # every prototype has one anchor: the rows are b
+                    out[has] = (self.A_unit[b] @ u).astype(np.float64)
+                    return out
                 off = np.cumsum(n) - n  # where each segment's rows start in `rows`
                 rows = np.repeat(b - off, n) + np.arange(int(off[-1] + n[-1]))
                 cos = (self.A_unit[rows] @ u).astype(np.float64)
