@@ -31,11 +31,10 @@ thread_local std::string g_last_error;
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
 
-inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 
+inline f32x8 load8(const float * p) { return *reinterpret_cast<const f32x8_u *>(p); }
 inline void store8(float * p, f32x8 v) { *reinterpret_cast<f32x8_u *>(p) = v; }
-
 
 inline float hsum8(f32x8 v) {
     float s = 0.0f;
@@ -775,27 +774,29 @@ inline float fp16_to_f32(uint16_t h) {
 #endif
 }
 
-// One Q8_0 row as float. With AVX2 each 8 int8 become 8 floats in two instructions
-// (vpmovsxbd from memory, vcvtdq2ps); GCC's own vectorisation of the plain loop widens through
-// int16 with extracts (25 instructions a block instead of 16), which made the dequantisation the
-// largest item of the head pass. Other CPUs use the plain loop.
-inline void dequant_q8_row(const uint8_t * src, int64_t NB, float * out) {
+// 8 int8 as 8 floats: two instructions with AVX2 (vpmovsxbd from memory, vcvtdq2ps)
+inline f32x8 cvt8_i8(const int8_t * q) {
+#if defined(__AVX2__)
+    return (f32x8) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q))));
+#else
+    f32x8 r;
+    for (int j = 0; j < 8; ++j) r[j] = (float) q[j];
+    return r;
+#endif
+}
+
+// One Q8_0 row as float, times `scale` (folded into each block's scale). With AVX2 each 8 int8
+// become 8 floats in two instructions (cvt8_i8); GCC's own vectorisation of the plain loop widens
+// through int16 with extracts (25 instructions a block instead of 16), which made the
+// dequantisation the largest item of the head pass.
+inline void dequant_q8_row(const uint8_t * src, int64_t NB, float * out, float scale = 1.0f) {
     for (int64_t blk = 0; blk < NB; ++blk) {
         const uint8_t * bp = src + blk * 34;
         uint16_t hb;
         std::memcpy(&hb, bp, 2);
-        const float d = fp16_to_f32(hb);
+        const f32x8 d = f32x8{} + scale * fp16_to_f32(hb);
         const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
-        float * o = out + blk * 32;
-#if defined(__AVX2__)
-        const __m256 vd = _mm256_set1_ps(d);
-        for (int j = 0; j < 32; j += 8) {
-            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(qs + j)));
-            _mm256_storeu_ps(o + j, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(q)));
-        }
-#else
-        for (int j = 0; j < 32; ++j) o[j] = d * (float) qs[j];
-#endif
+        for (int j = 0; j < 32; j += 8) store8(out + blk * 32 + j, d * cvt8_i8(qs + j));
     }
 }
 
@@ -959,16 +960,6 @@ void online_softmax_rows(const RowReader & rr, const float * hidden, int64_t T, 
     }
 }
 
-// 8 int8 as 8 floats: two instructions with AVX2 (vpmovsxbd from memory, vcvtdq2ps)
-inline f32x8 cvt8_i8(const int8_t * q) {
-#if defined(__AVX2__)
-    return (f32x8) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(q))));
-#else
-    f32x8 r;
-    for (int j = 0; j < 8; ++j) r[j] = (float) q[j];
-    return r;
-#endif
-}
 
 // a += sum of 8 rows (stride H) as a tree: the adds of one 8-lane slice do not wait on each other
 inline void sum8_rows_into(float * a, const float * r, int64_t H) {
@@ -1063,18 +1054,8 @@ int correction_mean_rows(const RowReader & rr, int64_t V, int64_t H, const float
                 // into the accumulator. Visiting the 8 rows block by block with the sums in
                 // registers was 2-3x slower (bench/extract.py, docs/benchmarks.md), and so was a
                 // load-FMA-store of the accumulator per row.
-                for (int g = 0; g < 8; ++g) {
-                    const uint8_t * src = rr.base + (size_t) (v + g) * rr.stride;
-                    float * o = buf.data() + g * H;
-                    for (int64_t blk = 0; blk < NB; ++blk) {
-                        const uint8_t * bp = src + blk * 34;
-                        uint16_t hb;
-                        std::memcpy(&hb, bp, 2);
-                        const f32x8 sc = f32x8{} + w[g] * fp16_to_f32(hb);
-                        const int8_t * qs = reinterpret_cast<const int8_t *>(bp + 2);
-                        for (int j = 0; j < 4; ++j) store8(o + blk * 32 + 8 * j, sc * cvt8_i8(qs + 8 * j));
-                    }
-                }
+                for (int g = 0; g < 8; ++g)
+                    dequant_q8_row(rr.base + (size_t) (v + g) * rr.stride, NB, buf.data() + g * H, w[g]);
                 sum8_rows_into(a, buf.data(), H);
             }
         }
@@ -1164,14 +1145,12 @@ int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
     // order, so the result is the single-pass one exactly.
     const int nt = (int) std::min<int64_t>(scan_threads(n, 4), n / std::max<int64_t>(k, 1));
     if (nt <= 1) return top_k_range(x, 0, n, k, out) ? fail("values contain NaN") : 0;
-    const int64_t chunk = (n + nt - 1) / nt;
     std::vector<int32_t> cand((size_t) nt * k, -1);
     std::vector<char> nan(nt, 0);
     parallel_for(nt, n, [&](int ti, int64_t b, int64_t e) {
         nan[ti] = top_k_range(x, b, e, std::min<int64_t>(k, e - b), cand.data() + (size_t) ti * k);
     });
     if (std::find(nan.begin(), nan.end(), 1) != nan.end()) return fail("values contain NaN");
-    (void) chunk;
     cand.erase(std::remove(cand.begin(), cand.end(), -1), cand.end());
     auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), better);

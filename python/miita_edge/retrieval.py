@@ -254,12 +254,17 @@ def uncertainty_direction(W_V, g, eps_r: float) -> tuple[np.ndarray, np.ndarray 
     if W.shape[0] != gg.shape[0]:
         raise ValueError(f"uncertainty_direction: W_V has {W.shape[0]} rows but g has {gg.shape[0]}")
     r = W.T @ gg
+    return r, direction_from_r(r, eps_r)
+
+
+def direction_from_r(r: np.ndarray, eps_r: float) -> np.ndarray | None:
+    """Eq. 7's ``d_tilde = Norm(-r_q)``, or None when ``||r_q|| <= eps_r``."""
     nr = float(np.linalg.norm(r))
     if not nr > eps_r:
-        return r, None
+        return None
     # -r / ||r|| exactly (the Proposition's form): identical to Norm(-r) up to
     # the 1e-8 eps, but exactly unit length even when ||r|| is near eps_r.
-    return r, -r / nr
+    return -r / nr
 
 
 # ---------------------------------------------------------------- eqs. 8 - 10
@@ -646,8 +651,7 @@ def _restricted(logits_q, W_rows_fn: WRowsFn, cfg: RetrievalConfig, H: int, rest
         r = _f64(r, "r_q", 1)
         if r.shape[0] != H:
             raise ValueError(f"restricted_fn returned r_q of shape {r.shape}, expected ({H},)")
-        nr = float(np.linalg.norm(r))
-        return g, None, r, (-r / nr if nr > cfg.eps_r else None), H_hat
+        return g, None, r, direction_from_r(r, cfg.eps_r), H_hat
     ids, p_hat = top_k_restricted(logits_q, cfg.K_v)
     g, H_hat = restricted_entropy_grad(p_hat)
     W_V = _f64(W_rows_fn(ids), "W_rows_fn(ids)", 2)
