@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=48, help="generated tokens per round")
     args = ap.parse_args(argv)
 
-    from miita_edge.engine import Engine, EngineConfig, cpu_has_amx
+    from miita_edge.runtime.engine import Engine, EngineConfig, cpu_has_amx
 
     eng = Engine(args.model, EngineConfig(n_ctx=2048, n_batch=512, n_threads=args.threads))
     pl = PlainLlama(eng.info.path, args.threads, use_extra_bufts=eng.config.use_extra_bufts

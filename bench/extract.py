@@ -45,7 +45,7 @@ def one(eng, prompt: list[int], target: list[int], route: str, key_mask=None) ->
 def shared(eng, items, batch: int) -> tuple[float, float]:
     """Per example (decode seconds, R seconds) of the hidden route with R computed for `batch`
     examples at a time in one head pass, as Miita.ingest does (extract.finish_corrections)."""
-    from miita_edge.extract import PendingR, finish_corrections
+    from miita_edge.method.extract import PendingR, finish_corrections
 
     d = r = 0.0
     pending = []
@@ -71,10 +71,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the crossover timings (minimum kept)")
     args = ap.parse_args(argv)
 
-    from miita_edge.demo_run import demo_stream
-    from miita_edge.engine import Engine, EngineConfig
-    from miita_edge.extract import HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, prompt_and_target
-    from miita_edge.templates import get_template
+    from miita_edge.demo.run import demo_stream
+    from miita_edge.runtime.engine import Engine, EngineConfig
+    from miita_edge.method.extract import HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, prompt_and_target
+    from miita_edge.method.templates import get_template
 
     eng = Engine(None, EngineConfig(n_threads=args.threads))
     print(f"# bench/extract.py  model={eng.info.path.name}  threads={args.threads}")

@@ -19,7 +19,7 @@ from presets import load_stage  # noqa: E402
 
 
 def vote_acc(Q, A, labels_a, golds, k=8, T=0.05):
-    from miita_edge.steering import knn_prototypes, vote
+    from miita_edge.method.steering import knn_prototypes, vote
 
     uniq = sorted(set(labels_a))
     owner = np.array([uniq.index(l) for l in labels_a])
@@ -37,10 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", default=None)
     args = ap.parse_args(argv)
 
-    from miita_edge import codecs
-    from miita_edge.engine import Engine
+    from miita_edge.memory import codecs
+    from miita_edge.runtime.engine import Engine
     from miita_edge.miita import CALIBRATION_INPUTS
-    from miita_edge.templates import get_template
+    from miita_edge.method.templates import get_template
 
     stage, train, test = load_stage(args.data, args.stage, None)
     eng = Engine()

@@ -39,9 +39,8 @@ def plain_forward_rate(pl: PlainLlama, texts: list[list[int]]) -> float:
 
 def synthetic_bank(m, n_protos: int, rng) -> None:
     """Fill m.bank with n_protos random prototypes of the preset's form (for timing only)."""
-    from miita_edge.memory import Prototype
-    from miita_edge import codecs
-
+    from miita_edge.memory.bank import Prototype
+    from miita_edge.memory import codecs
     H = m.engine.n_embd
     bank = m.bank
     if bank.key_mean is None and m.preset.center_keys:
@@ -82,7 +81,7 @@ mode, model, memory, prompt = sys.argv[1:5]
 if mode == "plain":
     sys.path.insert(0, sys.argv[5])
     from engine import PlainLlama
-    from miita_edge.engine import Engine
+    from miita_edge.runtime.engine import Engine
     import numpy as np
     pl = PlainLlama(model, 2)
     import llama_cpp as L
@@ -118,8 +117,8 @@ def main(argv=None) -> int:
                          "exactly, the fast alternative when the exact LM-head pass is too slow")
     args = ap.parse_args(argv)
 
-    from miita_edge.demo_run import demo_stream
-    from miita_edge.engine import Engine, EngineConfig
+    from miita_edge.demo.run import demo_stream
+    from miita_edge.runtime.engine import Engine, EngineConfig
     from miita_edge.miita import Miita
 
     train, test = demo_stream()

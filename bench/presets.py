@@ -44,11 +44,11 @@ def main(argv=None) -> int:
     ap.add_argument("--frozen", action="store_true", help="also score the frozen model")
     args = ap.parse_args(argv)
 
-    from miita_edge.engine import Engine
+    from miita_edge.runtime.engine import Engine
     from miita_edge.errors import BudgetError
-    from miita_edge.metrics import normalize_label
+    from miita_edge.evaluation.metrics import normalize_label
     from miita_edge.miita import Miita, get_preset
-    from miita_edge.steering import knn_prototypes, vote
+    from miita_edge.method.steering import knn_prototypes, vote
 
     stage, train, test = load_stage(args.data, args.stage, args.limit)
     eng = Engine()

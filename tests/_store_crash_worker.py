@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from miita_edge.store import Store
+from miita_edge.memory.store import Store
 
 
 def arrays_for(v: int) -> dict[str, np.ndarray]:

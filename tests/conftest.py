@@ -7,14 +7,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def model_path():
-    from miita_edge.default_model import embedded_model_path
+    from miita_edge.runtime.default_model import embedded_model_path
 
     return embedded_model_path()
 
 
 @pytest.fixture(scope="session")
 def engine(model_path):
-    from miita_edge.engine import Engine, EngineConfig
+    from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256))
     yield eng
@@ -42,7 +42,7 @@ def W_ref(gguf_reader) -> np.ndarray:
 @pytest.fixture(scope="session")
 def engine1():
     """One thread, a 2,048-token context: what the benchmark runner's tests and baselines use."""
-    from miita_edge.engine import Engine, EngineConfig
+    from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(None, EngineConfig(n_threads=1, n_ctx=2048))
     yield eng

@@ -1,4 +1,4 @@
-"""The outside baselines (``miita_edge.baselines``): semantic-mem and knn-lm.
+"""The outside baselines (``miita_edge.evaluation.baselines``): semantic-mem and knn-lm.
 
 Pure parts against brute-force numpy re-derivations; the model tier checks the teacher-forced
 hidden states against separate decodes, the byte accounting against the saved arrays, and that
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from miita_edge import baselines as bl
+from miita_edge.evaluation import baselines as bl
 from miita_edge import evaluation as ev
 from miita_edge.errors import BudgetError
 
@@ -146,8 +146,8 @@ def test_semantic_retrieve_is_top_m_softmax_over_cosines():
 # --------------------------------------------------------------------------- with the model
 @pytest.mark.model
 def test_target_states_are_the_states_of_separate_decodes(engine1):
-    from miita_edge.extract import prompt_tokens
-    from miita_edge.templates import get_template
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.templates import get_template
 
     tpl = get_template("banking77")
     x, y = "I still have not received my new card", "card_arrival"

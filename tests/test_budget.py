@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from miita_edge.budget import Budget, parse_budget
+from miita_edge.memory.budget import Budget, parse_budget
 from miita_edge.errors import BudgetError, InputError, MiitaError
 
 

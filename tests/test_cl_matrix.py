@@ -1,4 +1,4 @@
-"""Tests for miita_edge.cl_matrix: OP/BWT/FWT on a hand-computed matrix, NaN handling, JSON."""
+"""Tests for miita_edge.evaluation.cl_matrix: OP/BWT/FWT on a hand-computed matrix, NaN handling, JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miita_edge.cl_matrix import CLMatrix
+from miita_edge.evaluation.cl_matrix import CLMatrix
 
 # Rows: after learning stage t; columns: test set of stage τ.
 A3 = [

@@ -285,7 +285,7 @@ def test_ask_without_memory_as_a_process(tmp_path):
 
 @pytest.mark.model
 def test_memory_of_another_model_is_refused_and_left_unchanged(memory, tmp_path, capsys):
-    from miita_edge.store import Store
+    from miita_edge.memory.store import Store
 
     st = Store(memory)
     with st.writer() as w:

@@ -1,4 +1,4 @@
-"""Tests for miita_edge.codecs: error bounds, idempotence, byte counts, zero vectors.
+"""Tests for miita_edge.memory.codecs: error bounds, idempotence, byte counts, zero vectors.
 
 References are re-derived here in plain numpy (IEEE rounding of float16, sign bits,
 max-abs/127 quantisation) and byte counts are read from the encoded arrays' own
@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miita_edge import codecs
-
+from miita_edge.memory import codecs
 PRECISIONS = ["float32", "float16", "int8", "bit"]
 F16_TINY = 2.0 ** -25  # half the float16 subnormal spacing
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.model
 WORKER = r"""
 import sys
 from miita_edge import Miita, Example
-from miita_edge.engine import EngineConfig
+from miita_edge.runtime.engine import EngineConfig
 mem = sys.argv[1]
 rows = [Example(f"message number {i} about {'billing' if i % 2 else 'shipping'}", "billing desk" if i % 2 else "shipping desk")
         for i in range(400)]
@@ -35,8 +35,7 @@ with Miita(memory=mem, template="plain", engine_config=EngineConfig(n_threads=1)
 
 
 def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
-    from miita_edge import store as store_mod
-
+    from miita_edge.memory import store as store_mod
     mem = tmp_path / "mem"
     rng = random.Random(7)
     last_version, last_examples = 0, 0

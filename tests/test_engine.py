@@ -113,7 +113,7 @@ def _reference_layer_rows(model_path, tokens, layer):
     activations differ by ~0.2% (measured on an AMD EPYC), which is as large as the error this
     test must detect (leaving out one prompt row moves the mean by 0.7-1.2%)."""
     import llama_cpp as L
-    from miita_edge.engine import cpu_has_amx
+    from miita_edge.runtime.engine import cpu_has_amx
 
     rows = []
     name = f"l_out-{layer}".encode()
@@ -157,7 +157,7 @@ def _reference_layer_rows(model_path, tokens, layer):
 
 
 def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
-    from miita_edge.engine import Engine, EngineConfig
+    from miita_edge.runtime.engine import Engine, EngineConfig
 
     toks = engine.tokenize(PROMPT)
     ref_rows = _reference_layer_rows(model_path, toks, engine.key_layer)
@@ -268,8 +268,8 @@ def test_correction_from_hidden_skips_the_head_and_matches_dense_numpy(engine, W
 def test_extract_exact_R_by_either_path_matches_softmax_of_W_h(engine, W_ref, answer):
     """extract() takes the one-pass hidden path for short answers and llama.cpp's logits for long
     ones (HIDDEN_R_MAX_TOKENS); both give eq. 2's R_m for the model's own states."""
-    from miita_edge.extract import HIDDEN_R_MAX_TOKENS, extract
-    from miita_edge.templates import get_template
+    from miita_edge.method.extract import HIDDEN_R_MAX_TOKENS, extract
+    from miita_edge.method.templates import get_template
 
     tpl = get_template("plain")
     e = extract(engine, tpl, "my card has not arrived yet", answer, skip_bos=False, per_position=False)
@@ -291,8 +291,8 @@ def test_extract_exact_R_by_either_path_matches_softmax_of_W_h(engine, W_ref, an
 def test_shared_head_pass_is_bitwise_the_per_example_R(engine, per_position):
     """finish_corrections (several examples' hidden rows in one online-softmax pass, as ingest
     batches them) gives exactly the R of extract() run on each example alone."""
-    from miita_edge.extract import PendingR, extract, finish_corrections
-    from miita_edge.templates import get_template
+    from miita_edge.method.extract import PendingR, extract, finish_corrections
+    from miita_edge.method.templates import get_template
 
     tpl = get_template("plain")
     pairs = [("my card has not arrived yet", " card arrival"), ("I was charged twice", " refund"),
@@ -312,7 +312,7 @@ def test_shared_head_pass_is_bitwise_the_per_example_R(engine, per_position):
 def test_native_restricted_uncertainty_matches_the_numpy_equations(engine, K):
     """Eqs. 6-7 in one native call (the serving path) against top_k_restricted,
     restricted_entropy_grad and W_Vᵀg in numpy, on the model's own logits; and its errors."""
-    from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted, uncertainty_direction
+    from miita_edge.method.retrieval import restricted_entropy_grad, top_k_restricted, uncertainty_direction
 
     st = engine.query(engine.tokenize(PROMPT))
     lm = engine.lm_head
@@ -339,7 +339,7 @@ def test_native_restricted_uncertainty_matches_the_numpy_equations(engine, K):
 def test_retrieve_with_the_native_eqs_6_7_equals_the_numpy_path(engine):
     """retrieve(..., restricted_fn=LMHeadRows.restricted_uncertainty), as Miita.plan calls it,
     selects and weights the same prototypes as the numpy path through W_rows_fn."""
-    from miita_edge.retrieval import RetrievalConfig, ScanIndex, retrieve
+    from miita_edge.method.retrieval import RetrievalConfig, ScanIndex, retrieve
 
     rng = np.random.default_rng(3)
     H = engine.n_embd
@@ -364,7 +364,7 @@ def test_retrieve_with_the_native_eqs_6_7_equals_the_numpy_path(engine):
 
 def test_uncertainty_gradient_matches_finite_differences(engine, W_ref):
     """r_q = W_Vᵀ g (eq. 7) is the gradient of the restricted entropy wrt the hidden state."""
-    from miita_edge.retrieval import restricted_entropy_grad, top_k_restricted
+    from miita_edge.method.retrieval import restricted_entropy_grad, top_k_restricted
 
     toks = engine.tokenize(PROMPT)
     st = engine.query(toks)
@@ -422,7 +422,7 @@ def test_greedy_generation_is_deterministic_and_stops(engine):
 
 def test_amx_regression_decode_does_not_crash(model_path):
     """On AMX CPUs the default extra buffer types segfault in the first decode (llama.cpp #20824)."""
-    code = ("from miita_edge.engine import Engine; e = Engine(%r); "
+    code = ("from miita_edge.runtime.engine import Engine; e = Engine(%r); "
             "print(repr(e.complete('Hello', max_tokens=2).text))" % str(model_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

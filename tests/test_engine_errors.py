@@ -10,14 +10,14 @@ from miita_edge.errors import AbiError, ModelError
 
 
 def test_missing_model_path(tmp_path):
-    from miita_edge.gguf_model import inspect_gguf
+    from miita_edge.runtime.gguf_model import inspect_gguf
 
     with pytest.raises(ModelError, match="not found"):
         inspect_gguf(tmp_path / "nope.gguf")
 
 
 def test_directory_and_non_gguf(tmp_path):
-    from miita_edge.gguf_model import inspect_gguf
+    from miita_edge.runtime.gguf_model import inspect_gguf
 
     with pytest.raises(ModelError, match="directory"):
         inspect_gguf(tmp_path)
@@ -47,7 +47,7 @@ def _tiny_gguf(path, arch, softcap=None, n_embd=32, n_vocab=64):
 
 
 def test_tiny_gguf_is_parsed(tmp_path):
-    from miita_edge.gguf_model import inspect_gguf
+    from miita_edge.runtime.gguf_model import inspect_gguf
 
     p = tmp_path / "tiny.gguf"
     _tiny_gguf(p, "llama")
@@ -59,7 +59,7 @@ def test_tiny_gguf_is_parsed(tmp_path):
 
 
 def test_softcapped_architecture_is_refused(tmp_path):
-    from miita_edge.engine import Engine
+    from miita_edge.runtime.engine import Engine
 
     p = tmp_path / "capped.gguf"
     _tiny_gguf(p, "gemma2", softcap=30.0)
@@ -69,7 +69,7 @@ def test_softcapped_architecture_is_refused(tmp_path):
 
 def test_abi_mismatch_is_refused():
     from miita_edge import _native
-    from miita_edge.abi import check_abi
+    from miita_edge.runtime.abi import check_abi
 
     facts = check_abi()
     assert facts["ggml_tensor_overhead"] == facts["compiled_tensor_size"] + 32

@@ -16,7 +16,7 @@ import pytest
 from miita_edge import evaluation as ev
 from miita_edge.cli import main
 from miita_edge.errors import InputError
-from miita_edge.extract import truncate_tokens
+from miita_edge.method.extract import truncate_tokens
 
 BANKING = Path(__file__).resolve().parents[2] / "shared" / "data" / "banking77"  # ../shared/data
 
@@ -450,8 +450,8 @@ def test_cli_smoke_baselines_with_sweep_options(method, tmp_path, capsys):
 
 @pytest.mark.model
 def test_prompt_budget_cuts_the_middle(engine1):
-    from miita_edge.extract import extract, prompt_tokens
-    from miita_edge.templates import get_template
+    from miita_edge.method.extract import extract, prompt_tokens
+    from miita_edge.method.templates import get_template
 
     tpl = get_template("superni")
     x = "Definition: copy.\n\nNow complete the following example -\nInput: " + "word " * 300 + "\nOutput: "

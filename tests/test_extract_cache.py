@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from miita_edge import evaluation as ev
-from miita_edge.extract_cache import ExtractCache
+from miita_edge.evaluation.extract_cache import ExtractCache
 
 BANKING = Path(__file__).resolve().parents[2] / "shared" / "data" / "banking77"
 
@@ -48,7 +48,7 @@ def test_unreadable_entry_is_recomputed(tmp_path):
 
 
 def test_get_and_put_are_the_two_halves_of_get_or_compute(tmp_path):
-    from miita_edge.extract_cache import ExtractCache
+    from miita_edge.evaluation.extract_cache import ExtractCache
 
     c = ExtractCache(tmp_path, "m")
     assert c.get("k", {"a": 2}) is ExtractCache.MISS

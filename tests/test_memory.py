@@ -1,4 +1,4 @@
-"""Tests for miita_edge.memory: eqs. 3-5 of the paper, the repair order, persistence.
+"""Tests for miita_edge.memory.bank: eqs. 3-5 of the paper, the repair order, persistence.
 
 Every expectation is re-derived here: a small reference memory (plain numpy, float64
 cosines, brute-force argmax/argmin over all prototypes, pairs and anchors) replays the
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import miita_edge.store
+import miita_edge.memory.store
 from miita_edge.errors import BudgetError
-from miita_edge.memory import PAYLOADS, TOKEN_END, BankConfig, MemoryBank, Prototype
+from miita_edge.memory.bank import PAYLOADS, TOKEN_END, BankConfig, MemoryBank, Prototype
 
 DIR_PRECISIONS = ["float32", "float16", "int8"]
 KEY_PRECISIONS = ["float32", "float16", "int8", "bit"]
@@ -213,7 +213,7 @@ def nbytes_size(bank: MemoryBank) -> int:
 
 
 def disk_size_fn(bank: MemoryBank) -> int:
-    return miita_edge.store.encoded_size(bank.to_arrays(shapes_only=True), {"k": 1})
+    return miita_edge.memory.store.encoded_size(bank.to_arrays(shapes_only=True), {"k": 1})
 
 
 def unit_np(v):
@@ -1152,6 +1152,6 @@ def test_property_random_writes_with_repair(sc):
                 assert np.allclose(p.anchors, want, atol=STATE_TOL[cfg.key_precision] + 1e-6, rtol=0)
             # byte accounting equals bytes on disk
             if step == 0 or step == sc["n_writes"] - 1 or step % 4 == 0:
-                with miita_edge.store.Store(tmp).writer() as w:
+                with miita_edge.memory.store.Store(tmp).writer() as w:
                     snap = w.commit(arrays, {"k": 1})
                 assert snap.bytes_on_disk == size

@@ -1,4 +1,4 @@
-"""Tests for miita_edge.metrics: hand-worked normalisation and scoring examples."""
+"""Tests for miita_edge.evaluation.metrics: hand-worked normalisation and scoring examples."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miita_edge import metrics
-from miita_edge.metrics import (
+from miita_edge.evaluation import metrics
+from miita_edge.evaluation.metrics import (
     answer_line,
     exact_match,
     label_accuracy,

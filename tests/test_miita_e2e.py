@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from miita_edge.engine import EngineConfig
+from miita_edge.runtime.engine import EngineConfig
 from miita_edge.miita import Miita
 from miita_edge.streams import Example
 

@@ -76,8 +76,8 @@ def test_bit_scores_match_dense_sign_dot(H):
 
 
 def test_bit_scores_drive_the_same_vote_as_float_anchors():
-    from miita_edge import codecs
-    from miita_edge.steering import knn_prototypes
+    from miita_edge.memory import codecs
+    from miita_edge.method.steering import knn_prototypes
 
     rng = np.random.default_rng(5)
     H = 64
@@ -202,7 +202,7 @@ def test_i8_recall_is_the_bounded_superset_of_the_exact_top_r(segmented, H):
     reference rebuilds the kernel's bound on its own: the query rounded to int16 (u_hat = sigma k,
     L levels with 127 L H < 2^31, so H = 2048 has fewer levels), the slack = the row's residual
     norm + s * 127 * sqrt(H) * ||u - u_hat|| + 1e-5."""
-    from miita_edge.retrieval import _int8_shadow, _unit32
+    from miita_edge.method.scan_index import _int8_shadow, _unit32
 
     rng = np.random.default_rng(7 + segmented + H)
     n = 3000
@@ -241,7 +241,7 @@ def test_i8_recall_is_the_bounded_superset_of_the_exact_top_r(segmented, H):
 def test_i8_recall_pair_equals_two_single_scans(n_a, n_b, H):
     """The concurrent pair (large scans, one thread each) and its sequential fallback (small
     ones) return exactly what two i8_recall calls return, segments included."""
-    from miita_edge.retrieval import _int8_shadow, _unit32
+    from miita_edge.method.scan_index import _int8_shadow, _unit32
 
     rng = np.random.default_rng(n_a + H)
     qa, sa, ea = _int8_shadow(_unit32(rng.standard_normal((n_a, H))))

@@ -1,4 +1,4 @@
-"""Tests for miita_edge.report: JSON (atomic), Markdown and PNG heatmap writers."""
+"""Tests for miita_edge.evaluation.report: JSON (atomic), Markdown and PNG heatmap writers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from miita_edge.cl_matrix import CLMatrix
-from miita_edge.report import cell_labels, write_heatmap, write_json, write_markdown
+from miita_edge.evaluation.cl_matrix import CLMatrix
+from miita_edge.evaluation.report import cell_labels, write_heatmap, write_json, write_markdown
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STAGES = ["banking77_task1", "banking77_task2", "banking77_task3"]

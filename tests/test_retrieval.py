@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from miita_edge.errors import InputError
-from miita_edge.retrieval import (
+from miita_edge.method.retrieval import (
     ScanIndex,
     MODES,
     RetrievalConfig,

@@ -1,4 +1,4 @@
-"""Tests for miita_edge.steering against plain-Python brute force (loops, sorted(), math.exp)."""
+"""Tests for miita_edge.method.steering against plain-Python brute force (loops, sorted(), math.exp)."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miita_edge import steering
-
-
+from miita_edge.method import steering
 # ------------------------------------------------------------------ reference
 
 def ref_cos(a, b) -> float:
@@ -239,7 +237,7 @@ def test_duplicate_anchors_tie_exactly():
 def test_unit_anchor_fast_path_matches_reference_path():
     """The serving path (cached unit float32 anchors, BLAS scores, partition before sort)
     selects the same prototypes with the same weights as the float64 reference path."""
-    from miita_edge.steering import knn_prototypes
+    from miita_edge.method.steering import knn_prototypes
 
     rng = np.random.default_rng(11)
     for n, H, k in ((3000, 64, 8), (500, 32, 4), (40, 16, 8)):

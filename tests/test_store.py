@@ -1,4 +1,4 @@
-"""Tests for miita_edge.store: round trips, exact sizes, corruption, locking, crash safety.
+"""Tests for miita_edge.memory.store: round trips, exact sizes, corruption, locking, crash safety.
 
 Every size assertion is checked against the file system (os.walk + getsize), never against
 the store's own arithmetic alone, and content is checked with plain ``np.load`` as well as
@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 
 import miita_edge
 from miita_edge.errors import MiitaError, StoreError
-from miita_edge.store import FORMAT_VERSION, Snapshot, Store, encoded_size
+from miita_edge.memory.store import FORMAT_VERSION, Snapshot, Store, encoded_size
 
 WORKER = Path(__file__).with_name("_store_crash_worker.py")
 _spec = importlib.util.spec_from_file_location("_store_crash_worker", WORKER)

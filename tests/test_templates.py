@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from miita_edge.errors import InputError
-from miita_edge.templates import TEMPLATES, Template, get_template, truncate_words
+from miita_edge.method.templates import TEMPLATES, Template, get_template, truncate_words
 
 
 @pytest.mark.parametrize("name,x,prompt", [

@@ -4,14 +4,14 @@ Importing the package checks that the native extension was built against the
 ggml that llama-cpp-python loads (``abi.check_abi``); a mismatch raises
 ``AbiError`` with the command that fixes it.
 """
-from .abi import check_abi as _check_abi
+from .runtime.abi import check_abi as _check_abi
 
 ABI = _check_abi()
 
-from .engine import Engine, EngineConfig  # noqa: E402
-from .memory import BankConfig, MemoryBank, Prototype  # noqa: E402
+from .runtime.engine import Engine, EngineConfig  # noqa: E402
+from .memory.bank import BankConfig, MemoryBank, Prototype  # noqa: E402
 from .miita import Answer, IngestReport, Miita, Preset, get_preset  # noqa: E402
-from .retrieval import Retrieved, RetrievalConfig  # noqa: E402
+from .method.retrieval import Retrieved, RetrievalConfig  # noqa: E402
 from .streams import Example  # noqa: E402
 
 __version__ = "0.1.0"

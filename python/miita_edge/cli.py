@@ -147,16 +147,16 @@ def _add_bench(sub) -> None:
 
 
 def _engine_config(args):
-    from .engine import EngineConfig
+    from .runtime.engine import EngineConfig
 
     return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
 
 
 def cmd_ingest(args) -> int:
-    from .budget import parse_budget
+    from .memory.budget import parse_budget
     from .miita import Miita
     from .streams import read_examples
-    from .templates import get_template
+    from .method.templates import get_template
 
     examples = read_examples(args.data)  # validates the whole file first
     if args.budget is not None:
@@ -204,8 +204,8 @@ def cmd_ask(args) -> int:
 
 
 def cmd_info(args) -> int:
-    from . import store as store_mod
-    from .budget import parse_budget
+    from .memory import store as store_mod
+    from .memory.budget import parse_budget
     from .miita import Preset, default_memory_dir
 
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
@@ -240,7 +240,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo_run import run_demo
+    from .demo.run import run_demo
 
 
     res = run_demo(model=args.model, memory=args.memory, budget=args.budget, preset=args.preset,
@@ -275,7 +275,7 @@ def cmd_bench(args) -> int:
                         extract_cache_dir=args.extract_cache,
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
-        from .report import _json_default
+        from .evaluation.report import _json_default
 
         print(json.dumps(res, default=_json_default, allow_nan=False))
         return 0

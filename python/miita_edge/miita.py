@@ -7,109 +7,35 @@ with; opening it with another model is refused.
 """
 from __future__ import annotations
 
+import copy
 import os
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from . import store as store_mod
-from .budget import Budget, parse_budget
-from .engine import Engine, EngineConfig, Generation
-from .errors import BudgetError, InputError, StoreError
-from .extract import (HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract,
-                      finish_corrections, prompt_tokens)
-from .memory import BankConfig, MemoryBank
-from .retrieval import RetrievalConfig, ScanIndex, retrieve
-from .steering import knn_prototypes, prefix_direction
+from .errors import InputError, StoreError
+from .memory import store as store_mod
+from .memory.bank import MemoryBank
+from .memory.budget import Budget, parse_budget
+from .method.calibration import CALIBRATION_INPUTS, calibration_mean
+from .method.extract import prompt_tokens
+from .method.ingest import IngestReport, StreamCounts, extract_examples, learn, progress_bar
+from .method.plan import RetrievalIndex, plan_query
+from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
+from .method.templates import get_template
+from .runtime.engine import Engine, EngineConfig, Generation
 from .streams import Example
-from .templates import get_template
+
+# Re-exported: these names were importable from here before the package had layers.
+__all__ = ["Answer", "CALIBRATION_INPUTS", "IngestReport", "Miita", "PRESETS", "Preset", "default_memory_dir",
+           "default_preset", "get_preset", "paper_preset"]
 
 MEMORY_ENV = "MIITA_EDGE_MEMORY"
 DEFAULT_BUDGET = "64KiB"
 FORMAT = "miita-edge-memory/1"
-
-
-@dataclass
-class Preset:
-    """Everything that decides how experiences become answers.
-
-    ``eta`` is relative: the addition is eta·‖h_q‖·α_t·d̄, so it means the same
-    share of the hidden state on models with different hidden scales.
-    """
-
-    name: str
-    bank: BankConfig
-    skip_bos: bool  # drop the BOS row from the mean-pooled key
-    center_keys: bool  # subtract a fixed mean key before comparing/storing
-    aggregation: str  # "paper" (eqs. 6-10, one d̄) | "prefix" (anchor vote, per-position, prefix-consistent)
-    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
-    k_anchors: int = 8  # anchors voted over ("prefix" aggregation)
-    eta: float = 0.05
-    gate: str = "gated"
-    correction_top_k: int = 0  # 0: exact R over all V rows
-
-    def to_json(self) -> dict:
-        """Only what differs from the named preset (the manifest is counted in the budget)."""
-        full, base = asdict(self), asdict(PRESETS[self.name]()) if self.name in PRESETS else {}
-        out = {"name": self.name}
-        for k, v in full.items():
-            if isinstance(v, dict):
-                diff = {kk: vv for kk, vv in v.items() if base.get(k, {}).get(kk) != vv}
-                if diff:
-                    out[k] = diff
-            elif k != "name" and base.get(k) != v:
-                out[k] = v
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Preset":
-        if d.get("name") not in PRESETS:
-            raise StoreError(f"unknown preset {d.get('name')!r} in memory manifest")
-        p = PRESETS[d["name"]]()
-        for k, v in d.items():
-            if k == "name":
-                continue
-            if isinstance(v, dict):
-                sub = getattr(p, k)
-                for kk, vv in v.items():
-                    setattr(sub, kk, vv)
-            else:
-                setattr(p, k, v)
-        p.bank.validate()
-        p.retrieval.validate()
-        return p
-
-    def describe(self) -> dict:
-        return asdict(self)
-
-
-def paper_preset() -> Preset:
-    """Section 3 as written: one averaged direction per experience, max-anchor
-    semantic score + uncertainty rerank, softmax aggregation, gated addition.
-    η: the paper's 0.5 is absolute on Qwen3; here η is relative to ‖h_q‖, and
-    0.2 was the best of 0.05/0.1/0.2/0.4 on Banking77 stage 1 (docs/method.md §7)."""
-    return Preset("paper", BankConfig(payload="mean", dir_precision="float32", key_precision="float32"),
-                  skip_bos=False, center_keys=False, aggregation="paper", eta=0.2)
-
-
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md."""
-    return Preset("default", BankConfig(payload="tokens", key_precision="bit"),
-                  skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
-                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3)
-
-
-PRESETS = {"paper": paper_preset, "default": default_preset}
-
-
-def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise InputError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return PRESETS[name]()
 
 
 def default_memory_dir() -> Path:
@@ -122,33 +48,6 @@ def default_memory_dir() -> Path:
         return Path(user_data_dir("miita-edge", appauthor=False)) / "memory"
     except ImportError:  # pragma: no cover
         return Path.home() / ".local" / "share" / "miita-edge" / "memory"
-
-
-# A few neutral inputs: when the first ingest is too small to estimate the
-# key mean, the centring vector is the mean key of these through the template.
-CALIBRATION_INPUTS = [
-    "hello there", "what time is it", "the weather is nice today", "please help me with this",
-    "I have a question about my order", "can you tell me more", "this is a short sentence",
-    "where can I find the information", "thank you very much", "it does not work as expected",
-    "how much does it cost", "I would like to change something", "is this the right place to ask",
-    "my friend told me about it", "nothing happened after I tried", "could you explain that again",
-]
-
-
-@dataclass
-class IngestReport:
-    examples: int
-    skipped: int
-    prototypes: int
-    anchors: int
-    bytes: int
-    budget_bytes: int | None
-    repair: dict
-    seconds: float
-    skipped_lines: list[int] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -194,9 +93,7 @@ class Miita:
             except (KeyError, ValueError) as exc:
                 raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({exc})") from None
             self.budget_spec = meta["budget"]
-            self.stream_bytes = int(meta["stream_bytes"])
-            self.examples = int(meta["examples"])
-            self.skipped = int(meta["skipped"])
+            self.counts = StreamCounts(int(meta["examples"]), int(meta["skipped"]), int(meta["stream_bytes"]))
             self.version = snap.version
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
@@ -204,16 +101,28 @@ class Miita:
             self.bank = MemoryBank(self.preset.bank, self.engine.n_embd,
                                    self.calibration_mean() if self.preset.center_keys else None)
             self.budget_spec = DEFAULT_BUDGET
-            self.stream_bytes = self.examples = self.skipped = 0
+            self.counts = StreamCounts()
             self.version = 0
-        self._index = None  # retrieval matrices derived from the bank; rebuilt after each ingest
-        self._scan = None  # retrieval.ScanIndex for the paper preset; same life as _index
+        self._index: RetrievalIndex | None = None  # derived from the bank; rebuilt after each ingest
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
         # extract.truncate_tokens. Not stored in the memory: whoever opens it sets it again.
         self.max_prompt_tokens: int | None = None
         # Optional extract_cache.ExtractCache: reuse decode passes across memories (sweeps).
         self.extract_cache = None
+
+    # ---------------------------------------------------------------- counters
+    @property
+    def examples(self) -> int:
+        return self.counts.examples
+
+    @property
+    def skipped(self) -> int:
+        return self.counts.skipped
+
+    @property
+    def stream_bytes(self) -> int:
+        return self.counts.stream_bytes
 
     # ---------------------------------------------------------------- life
     def close(self) -> None:
@@ -229,7 +138,7 @@ class Miita:
     # ---------------------------------------------------------------- store
     def fingerprint(self) -> dict:
         if self._fingerprint is None:
-            from .fingerprint import model_sha256
+            from .runtime.fingerprint import model_sha256
 
             info = self.engine.info
             self._fingerprint = {"sha256": model_sha256(info.path), "arch": info.arch,
@@ -244,8 +153,8 @@ class Miita:
             # version directory, e.g. after a first ingest that failed) is not foreign
             # content: the next writer cleans it up.
             if self.memory_dir.exists() and not (self.memory_dir / "CURRENT").exists() and any(
-                    p.name not in (store_mod._LOCK, store_mod._CURRENT_TMP)
-                    and not store_mod._VERSION_RE.fullmatch(p.name) for p in self.memory_dir.iterdir()):
+                    p.name not in (store_mod.LOCK, store_mod.CURRENT_TMP)
+                    and not store_mod.VERSION_RE.fullmatch(p.name) for p in self.memory_dir.iterdir()):
                 raise StoreError(f"memory {self.memory_dir}: directory exists but is not a miita-edge memory")
             return None
         snap = self.store.read()
@@ -276,36 +185,8 @@ class Miita:
 
     # ---------------------------------------------------------------- ingest
     def calibration_mean(self) -> np.ndarray:
-        """The centring vector: the mean key of CALIBRATION_INPUTS through this template.
-
-        It depends only on the model, the template and the key settings — no
-        information from the training stream — so, like the LM head, it is
-        derived again rather than stored in the memory (and is not counted in
-        its budget). Cached per (model sha256, template, key layer, BOS rule)
-        in the user cache directory; computing it costs 16 prompt passes.
-        """
-        fp = self.fingerprint()
-        tag = f"{fp['sha256'][:16]}-{self.template.name}-L{fp['key_layer']}-bos{int(not self.preset.skip_bos)}"
-        path = _cache_dir() / f"keymean-{tag}.npy"
-        try:
-            mean = np.load(path)
-            if mean.shape == (self.engine.n_embd,):
-                return mean.astype(np.float32)
-        except (OSError, ValueError):
-            pass
-        mean = np.mean([self._raw_key(x) for x in CALIBRATION_INPUTS], axis=0).astype(np.float32)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-            np.save(tmp, mean)
-            os.replace(tmp, path)
-        except OSError:
-            pass
-        return mean
-
-    def _raw_key(self, x: str) -> np.ndarray:
-        toks = self.engine.tokenize(self.template.render_prompt(x))
-        return self.engine.query(toks, skip_bos_in_key=self.preset.skip_bos).key
+        """The centring vector (``method.calibration``): derived, not stored, not budgeted."""
+        return calibration_mean(self.engine, self.template, self.preset.skip_bos, self.fingerprint())
 
     def ingest(self, examples: Iterable[Example], budget: str | None = None, progress: bool | None = None,
                dry_run: bool = False) -> IngestReport:
@@ -316,14 +197,12 @@ class Miita:
             raise InputError("no examples to ingest")
         if budget is not None:
             parse_budget(budget)  # validate before any work
-        import copy
-
         with self.store.writer() as writer:
             current = self.store.read().version if self.store.exists() else 0
             if current != self.version:
                 raise StoreError(f"memory {self.memory_dir} changed since it was opened; reopen and retry")
-            saved = (self.bank, self.budget_spec, self.stream_bytes, self.examples, self.skipped)
-            self.bank = copy.deepcopy(self.bank)
+            saved = (self.bank, self.budget_spec, self.counts)
+            self.bank, self.counts = copy.deepcopy(self.bank), copy.copy(self.counts)
             try:
                 report = self._ingest_locked(examples, budget, progress, t0)
                 if not dry_run:
@@ -331,120 +210,26 @@ class Miita:
                     self.version = snap.version
                     report.bytes = snap.bytes_on_disk
             except BaseException:
-                self.bank, self.budget_spec, self.stream_bytes, self.examples, self.skipped = saved
+                self.bank, self.budget_spec, self.counts = saved
                 raise
             finally:
-                self._index = self._scan = None
+                self._index = None
         return report
 
     def _ingest_locked(self, examples: list[Example], budget: str | None, progress, t0) -> IngestReport:
         if budget is not None:
             self.budget_spec = budget
-        pr = self.preset
-        need_R = pr.bank.payload != "tokens"
-        bar = _progress(len(examples), progress, "extract")
-        extracted = self._extract_all(examples, need_R, bar)
+        bar = progress_bar(len(examples), progress, "extract")
+        extracted = extract_examples(self.engine, self.template, self.preset, examples,
+                                     max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache, bar=bar)
         bar.close()
-        total_log = {"pruned": 0, "merged": 0, "evicted": 0}
-        skipped_lines = []
-        stream = self.stream_bytes
-        for ex, e in zip(examples, extracted):
-            stream += len(ex.input.encode()) + len(ex.output.encode())
-            if e is None:
-                self.skipped += 1
-                skipped_lines.append(ex.line)
-                continue
-            if pr.bank.payload == "mean":
-                dirs = e.R_mean[None]
-            elif pr.bank.payload == "sequence":
-                dirs = e.R
-            else:
-                dirs = np.zeros((0, self.engine.n_embd), np.float32)
-            self.bank.write(dirs, np.asarray(e.target), e.key)
-            self.examples += 1
-            self.stream_bytes = stream
-            limit = self.budget_bytes(stream=stream)
-            if limit is not None:
-                try:
-                    log = self.bank.repair(limit, lambda b: self.nbytes())
-                except BudgetError as exc:
-                    raise BudgetError(f"{exc} (line {ex.line}; budget {self.budget_spec} = {limit} bytes)") from None
-                for k in total_log:
-                    total_log[k] += getattr(log, k)
-        self.stream_bytes = stream
+        skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, self.counts,
+                                      limit_for=lambda stream: self.budget_bytes(stream=stream),
+                                      size_fn=self.nbytes, budget_spec=self.budget_spec)
         return IngestReport(examples=len(examples) - len(skipped_lines), skipped=len(skipped_lines),
                             prototypes=self.bank.n_prototypes, anchors=self.bank.n_anchors, bytes=self.nbytes(),
-                            budget_bytes=self.budget_bytes(), repair=total_log,
+                            budget_bytes=self.budget_bytes(), repair=repair,
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
-
-    def _extract_all(self, examples: list[Example], need_R: bool, bar) -> list[Extracted | None]:
-        """eqs. 1-2 for every example, in order. Examples whose exact R comes from the hidden
-        rows are decoded one by one and their R computed HIDDEN_BATCH_EXAMPLES at a time in one
-        shared pass over the LM head (bitwise the per-example result, ``finish_corrections``).
-        Goes through ``extract_cache`` when one is set."""
-        out: list[Extracted | None] = [None] * len(examples)
-        pending: list[tuple[int, PendingR, dict | None]] = []
-
-        def flush():
-            done = finish_corrections(self.engine, [p for _, p, _ in pending], self._per_position())
-            for (i, _, fields), e in zip(pending, done):
-                out[i] = e
-                if fields is not None:
-                    self.extract_cache.put("extract", fields, self._cache_value(e))
-                bar.update(1)
-            pending.clear()
-
-        for i, ex in enumerate(examples):
-            r, fields = self._extract(ex, need_R)
-            if isinstance(r, PendingR):
-                pending.append((i, r, fields))
-                if len(pending) >= HIDDEN_BATCH_EXAMPLES:
-                    flush()
-                continue
-            out[i] = r
-            bar.update(1)
-        flush()
-        return out
-
-    def _per_position(self) -> bool:
-        return self.preset.bank.payload != "mean"  # the mean payload needs only R_m
-
-    @staticmethod
-    def _cache_value(e: Extracted | None) -> dict | None:
-        if e is None:
-            return None
-        out = {"prompt": np.asarray(e.prompt, np.int64), "target": np.asarray(e.target, np.int64),
-               "key": np.asarray(e.key)}
-        if e.R is not None:
-            out["R"] = np.asarray(e.R)
-        return out
-
-    def _extract(self, ex: Example, need_R: bool) -> tuple[Extracted | PendingR | None, dict | None]:
-        """eqs. 1-2 for one example, through ``extract_cache`` when one is set: (the extraction
-        or a PendingR whose R is still to be computed, the cache fields to store it under)."""
-        pr = self.preset
-        fields = None
-        if self.extract_cache is not None:
-            fields = {"what": "extract", "prompt": self.template.render_prompt(ex.input),
-                      "target": self.template.render_target(ex.output), "skip_bos": pr.skip_bos,
-                      "corrections": need_R, "top_k": pr.correction_top_k, "per_position": self._per_position(),
-                      "max_prompt_tokens": self.max_prompt_tokens, "n_batch": self.engine.config.n_batch}
-            if need_R and pr.correction_top_k <= 0:
-                # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's
-                # logits; key-only passes (the default preset) are unchanged and keep their entries
-                fields["exact_R_from"] = f"hidden<={HIDDEN_R_MAX_TOKENS}"
-            a = self.extract_cache.get("extract", fields)
-            if a is not self.extract_cache.MISS:
-                if a is None:
-                    return None, None
-                return Extracted([int(t) for t in a["prompt"]], [int(t) for t in a["target"]], a["key"],
-                                 a.get("R")), None
-        r = extract(self.engine, self.template, ex.input, ex.output, skip_bos=pr.skip_bos,
-                    corrections=need_R, top_k=pr.correction_top_k, max_prompt_tokens=self.max_prompt_tokens,
-                    per_position=self._per_position(), defer=True)
-        if fields is not None and not isinstance(r, PendingR):
-            self.extract_cache.put("extract", fields, self._cache_value(r))
-        return r, fields
 
     # ---------------------------------------------------------------- ask
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
@@ -469,58 +254,14 @@ class Miita:
                       [float(w) for w in weights], eta_abs, g.alphas, g.stop_reason)
 
     def plan(self, state, mode: str | None = None, oracle_dir=None):
-        """Retrieval for one query: (prototype ids, scores, weights, steering plan)."""
-        pr, bank, eng = self.preset, self.bank, self.engine
-        k_q = bank.prepare_key(state.key)
-        A, A_unit, owner, D, seqs, packed = self.retrieval_index()
-        if pr.aggregation == "paper":
-            if self._scan is None:
-                self._scan = ScanIndex.build(A_unit, owner, D)
-            res = retrieve(k_q, A_unit, owner, D, state.logits, eng.lm_head.rows, pr.retrieval, mode or "sem+unc",
-                           oracle_dir=oracle_dir, rng=self._rng, index=self._scan,
-                           restricted_fn=eng.lm_head.restricted_uncertainty)
-            d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
-            return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
-        scores = None
-        if packed is not None and len(packed):
-            from . import _native
+        """Retrieval for one query: (prototype ids, scores, weights, steering plan); see ``method.plan``."""
+        return plan_query(self.preset, self.bank, self.engine, self.retrieval_index(), state,
+                          mode=mode, oracle_dir=oracle_dir, rng=self._rng)
 
-            q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
-            scores = _native.bit_scores(packed, q) / np.sqrt(bank.n_embd)  # cos: anchors are ±1/√H
-        ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
-                                            unit_anchors=True, scores=scores)
-        cache: dict[tuple[int, int], np.ndarray] = {}
-
-        def dir_fn(j: int, s: int) -> np.ndarray:
-            key = (j, s)
-            if key not in cache:
-                p = bank.protos[j]
-                if pr.bank.payload == "sequence":
-                    cache[key] = p.dirs[s]
-                else:  # 'tokens': the target token's own LM-head row
-                    r = eng.lm_head.rows([int(p.tokens[s])])[0]
-                    cache[key] = r / max(float(np.linalg.norm(r)), 1e-12)
-            return cache[key]
-
-        def plan(step: int, generated) -> np.ndarray | None:
-            return prefix_direction(step, generated, seqs, ids, weights, dir_fn)
-
-        return ids, best, weights, plan
-
-    def retrieval_index(self):
-        """(anchors, unit anchors f32, owners, directions at position 0, answer tokens, packed
-        sign bits or None), cached per memory version:
-        rebuilding them from 10,000 prototypes per query would cost more than the prompt pass."""
+    def retrieval_index(self) -> RetrievalIndex:
+        """The matrices retrieval reads, cached per memory version."""
         if self._index is None:
-            bank = self.bank
-            A, owner = bank.anchor_matrix()
-            n = np.linalg.norm(A, axis=1, keepdims=True)
-            A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
-            # 1-bit anchors are scored in packed form by the native kernel: 80 bytes per anchor
-            # to read instead of 2,560 (the float matrix falls out of the caches during the prompt pass)
-            packed = np.packbits(A >= 0, axis=1) if bank.config.key_precision == "bit" else None
-            self._index = (A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos], packed)
-            self._scan = None  # derived from _index: rebuilt with it
+            self._index = RetrievalIndex.build(self.bank)
         return self._index
 
     # ---------------------------------------------------------------- info
@@ -532,31 +273,3 @@ class Miita:
                 "bytes": self.nbytes(), "budget": self.budget_spec, "budget_bytes": b,
                 "stream_bytes": self.stream_bytes, "fingerprint": self.fingerprint(),
                 "hyperparameters": self.preset.describe()}
-
-
-def _cache_dir() -> Path:
-    try:
-        from platformdirs import user_cache_dir
-
-        return Path(user_cache_dir("miita-edge", appauthor=False))
-    except ImportError:  # pragma: no cover
-        return Path.home() / ".cache" / "miita-edge"
-
-
-def _progress(total: int, enabled: bool | None, desc: str):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if enabled:
-        try:
-            from tqdm import tqdm
-
-            return tqdm(total=total, desc=desc, unit="ex", file=sys.stderr)
-        except ImportError:  # pragma: no cover
-            pass
-
-    class _Null:
-        def update(self, n): ...
-
-        def close(self): ...
-
-    return _Null()

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import codecs
-from .errors import BudgetError
+from ..errors import BudgetError
 
 PAYLOADS = ("mean", "sequence", "tokens")
 TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import Engine
+from ..runtime.engine import Engine
 from .templates import Template
 
 #: Tokens kept from the END of a prompt that is cut to a token budget: the end of the input

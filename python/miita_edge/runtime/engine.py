@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .errors import ModelError
+from ..errors import ModelError
 from .gguf_model import ModelInfo, inspect_gguf
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
@@ -111,7 +111,7 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike | None = None, config: EngineConfig | None = None):
-        from . import _native
+        from .. import _native
         from .abi import check_abi
         from .default_model import resolve_model_path
 
@@ -403,7 +403,7 @@ class LMHeadRows:
     """Row kernels over the LM head mapped from the GGUF (quantized, read in place)."""
 
     def __init__(self, info: ModelInfo, n_threads: int = 0):
-        from . import _native
+        from .. import _native
 
         self._n = _native
         self.info = info

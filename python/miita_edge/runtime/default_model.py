@@ -12,7 +12,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from .errors import ModelError
+from ..errors import ModelError
 
 ENV_VAR = "MIITA_EDGE_MODEL"
 

@@ -14,15 +14,16 @@ The choices the sources leave open are listed in docs/evaluation.md ("semantic-m
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import codecs
-from .errors import BudgetError, InputError
-from .evaluation import Method
-from .streams import Example
+from ..memory import codecs
+from ..errors import BudgetError, InputError
+from .methods import Method, generate_text
+from ..streams import Example
 
 __all__ = ["KnnLM", "SemanticMem", "TargetStates", "knn_distribution", "knn_lm_mix", "priority", "target_states"]
 
@@ -38,7 +39,7 @@ def target_states(engine, template, x: str, y: str, *, skip_bos: bool,
                   max_prompt_tokens: int | None) -> TargetStates | None:
     """One decode of prompt + answer: the key and the LM head's inputs that predict each answer
     token (teacher forcing). None for an empty answer."""
-    from .extract import prompt_and_target
+    from ..method.extract import prompt_and_target
 
     pt = prompt_and_target(engine, template, x, y, skip_bos=skip_bos, max_prompt_tokens=max_prompt_tokens)
     if pt is None:
@@ -102,7 +103,7 @@ class SemanticMem(Method):
 
     def setup(self, ctx):
         super().setup(ctx)
-        from .miita import paper_preset
+        from ..miita import paper_preset
 
         self.preset = paper_preset()
         self.reset()
@@ -172,7 +173,7 @@ class SemanticMem(Method):
         return ids.astype(np.int64), w / w.sum()
 
     def predict(self, examples):
-        from .extract import prompt_tokens
+        from ..method.extract import prompt_tokens
 
         eng, c, pr = self.ctx.engine, self.ctx, self.preset
         out = []
@@ -298,7 +299,7 @@ class KnnLM(Method):
                          for q, v in zip(self.q, self.values)])
 
     def predict(self, examples):
-        from .extract import prompt_tokens
+        from ..method.extract import prompt_tokens
 
         eng, c = self.ctx.engine, self.ctx
         keys = self.keys()
@@ -337,3 +338,125 @@ class KnnLM(Method):
             raise InputError(f"{src}: knn-lm arrays disagree in length")
         self.q, self.scale, self.values = q, s, v
         self._keys_f = None
+
+
+class ExampleMem(Method):
+    """Retrieved (x, y) examples placed in the prompt as demonstrations.
+
+    Memory: the kept examples' UTF-8 text plus one 1-bit key each (the default preset's key:
+    BOS row dropped, centred on the calibration mean, sign per dimension: H/8 bytes). Budget:
+    after each new example, while the bytes exceed the budget the example of lowest retention
+    priority is evicted — a reproducible uniform draw from its text
+    (``baselines.priority``), so what is kept is a uniform sample of the whole stream and early
+    stages are not forgotten first (evicting the oldest would make BWT a property of the policy).
+    Retrieval: cosine of the query's prepared key with the stored ±1 keys, top-4 (ties: older
+    first); demonstrations are placed least similar first, so the best sits next to the query.
+    Each demonstration's prompt is cut like any prompt; if the whole prompt still does not fit
+    the context, the least similar demonstrations are dropped.
+    """
+
+    TOP_K = 4
+    FILES = ("examples.jsonl", "keys.npy")
+
+    def setup(self, ctx):
+        super().setup(ctx)
+        from ..miita import Miita
+
+        # Only for its key preparation (calibration mean, centring); never ingested into, so its
+        # directory is never created.
+        self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset="default", template=ctx.spec.template,
+                            engine=ctx.engine)
+        self.n_key_bytes = (ctx.engine.n_embd + 7) // 8
+        self.reset()
+
+    def reset(self):
+        self.items: list[tuple[str, str]] = []
+        self.keys: list[np.ndarray] = []  # packed bits, uint8 (n_key_bytes,)
+
+    def _key(self, x: str) -> np.ndarray:
+        from ..method.extract import prompt_tokens
+
+        eng, c = self.ctx.engine, self.ctx
+
+        def compute():
+            st = eng.query(prompt_tokens(eng, c.template, x, c.max_prompt_tokens), skip_bos_in_key=True)
+            return {"key": np.asarray(st.key)}
+
+        a = c.cached("query_key", {"prompt": c.template.render_prompt(x), "skip_bos": True,
+                                   "max_prompt_tokens": c.max_prompt_tokens}, compute)
+        return self._keyer.bank.prepare_key(a["key"])
+
+    @staticmethod
+    def item_bytes(x: str, y: str, key_bytes: int) -> int:
+        return len(x.encode("utf-8")) + len(y.encode("utf-8")) + key_bytes
+
+    def memory_bytes(self) -> int:
+        return sum(self.item_bytes(x, y, self.n_key_bytes) for x, y in self.items)
+
+    def learn(self, stage_examples):
+        from ..memory import codecs
+
+        for ex in stage_examples:
+            bits = codecs.encode(self._key(ex.input)[None], "bit")["data"][0]
+            self.items.append((ex.input, ex.output))
+            self.keys.append(bits)
+            total = self.memory_bytes()
+            while self.items and self.ctx.budget_bytes is not None and total > self.ctx.budget_bytes:
+
+                i = min(range(len(self.items)), key=lambda j: (priority(*self.items[j]), j))
+                x, y = self.items.pop(i)
+                self.keys.pop(i)
+                total -= self.item_bytes(x, y, self.n_key_bytes)
+
+    def retrieve(self, x: str) -> list[int]:
+        """Indices of the retrieved examples, least similar first."""
+        from ..memory import codecs
+        from ..method.steering import anchor_scores
+
+        if not self.items:
+            return []
+        K = codecs.decode({"data": np.stack(self.keys)}, "bit", self.ctx.engine.n_embd)
+        s = anchor_scores(self._key(x), K)
+        top = np.lexsort((np.arange(len(s)), -s))[:self.TOP_K]
+        return [int(i) for i in top[::-1]]
+
+    def prompt(self, x: str, demos: list[int]) -> list[int]:
+        from ..method.extract import prompt_tokens
+
+        eng, tpl, mpt = self.ctx.engine, self.ctx.template, self.ctx.max_prompt_tokens
+
+        def body(t: list[int]) -> list[int]:
+            return t[1:] if t and t[0] == eng.bos and eng.add_bos else t
+
+        toks = [eng.bos] if eng.add_bos else []
+        for i in demos:
+            dx, dy = self.items[i]
+            toks += body(prompt_tokens(eng, tpl, dx, mpt)) + eng.tokenize(tpl.render_target(dy), add_bos=False)
+        return toks + body(prompt_tokens(eng, tpl, x, mpt))
+
+    def predict(self, examples):
+        eng, c = self.ctx.engine, self.ctx
+        out = []
+        for ex in examples:
+            demos = self.retrieve(ex.input)
+            toks = self.prompt(ex.input, demos)
+            while demos and len(toks) + c.max_tokens + 1 > eng.config.n_ctx:
+                demos = demos[1:]
+                toks = self.prompt(ex.input, demos)
+            out.append(generate_text(eng, toks, c.max_tokens))
+        return out
+
+    def save(self, dst):
+        dst.mkdir(parents=True)
+        with open(dst / "examples.jsonl", "w", encoding="utf-8") as fh:
+            for x, y in self.items:
+                fh.write(json.dumps({"input": x, "output": y}, ensure_ascii=False) + "\n")
+        np.save(dst / "keys.npy", np.stack(self.keys) if self.keys else np.zeros((0, self.n_key_bytes), np.uint8))
+
+    def load(self, src):
+        rows = [json.loads(line) for line in (src / "examples.jsonl").read_text("utf-8").splitlines() if line]
+        keys = np.load(src / "keys.npy")
+        if len(keys) != len(rows):
+            raise InputError(f"{src}: {len(rows)} examples but {len(keys)} keys")
+        self.items = [(r["input"], r["output"]) for r in rows]
+        self.keys = [k.copy() for k in keys]

@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation, localcontext
 
-from .errors import BudgetError, InputError
+from ..errors import BudgetError, InputError
 
 __all__ = ["Budget", "UNITS", "parse_budget"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from .errors import AbiError
+from ..errors import AbiError
 
 PINNED_LLAMA_CPP_PYTHON = "0.3.36"
 PINNED_GGML_COMMIT = "0c1e570"  # llama.cpp commit vendored by llama-cpp-python 0.3.36
@@ -45,7 +45,7 @@ def check_abi(native=None, llama_cpp_version: str | None = None, lib=None) -> di
         raise AbiError(f"llama-cpp-python is not importable ({exc}); {_REINSTALL}") from None
     if native is None:
         try:
-            from . import _native as native
+            from .. import _native as native
         except ImportError as exc:
             raise AbiError(f"miita_edge native extension failed to load ({exc}); {_REINSTALL}") from None
     version = llama_cpp_version or llama_cpp.__version__

@@ -6,8 +6,8 @@ import tempfile
 import time
 from importlib.resources import files
 
-from .metrics import normalize_label
-from .streams import Example
+from ..evaluation.metrics import normalize_label
+from ..streams import Example
 
 
 def demo_stream() -> tuple[list[Example], list[Example]]:
@@ -24,8 +24,8 @@ def demo_stream() -> tuple[list[Example], list[Example]]:
 
 
 def run_demo(model=None, memory=None, budget="16KiB", preset="default", threads=0, quiet=False) -> dict:
-    from .engine import EngineConfig
-    from .miita import Miita
+    from ..runtime.engine import EngineConfig
+    from ..miita import Miita
 
     say = (lambda *a, **k: None) if quiet else print
     train, test = demo_stream()

@@ -37,8 +37,6 @@ as a :class:`StoreError` instead of being mapped and read as garbage -- sizes ar
 from __future__ import annotations
 
 import fcntl
-import functools
-import io
 import json
 import math
 import os
@@ -52,30 +50,13 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .errors import StoreError
+from ..errors import StoreError
+from .store_format import (CRC_CHUNK, CURRENT, CURRENT_TMP, FORMAT_VERSION, LOCK, MANIFEST, MAX_NAME, MAX_VERSION,
+                           NAME_RE, NUMERIC_KINDS, READ_RETRIES, VERSION_RE, check_array, check_meta,
+                           encode_manifest, encoded_size, fsync_dir, map_open, npy_header, version_name, write_file,
+                           write_npy)
 
-FORMAT_VERSION: int = 1
-
-_CURRENT = "CURRENT"
-_CURRENT_TMP = "CURRENT.tmp"
-_LOCK = ".lock"
-_MANIFEST = "manifest.json"
-# Fixed width so the manifest's byte length does not depend on the version number:
-# ``encoded_size`` cannot know which version a commit will get, yet must be exact.
-_VERSION_DIGITS = 8
-_MAX_VERSION = 10**_VERSION_DIGITS - 1
-_VERSION_RE = re.compile(r"v(\d{%d})" % _VERSION_DIGITS)
-_NAME_RE = re.compile(r"[a-z0-9_]+")
-_MAX_NAME = 200  # "<name>.npy" must stay a legal file name everywhere
-# Numeric kinds only: bool, signed, unsigned, float, complex. No objects (pickles), no
-# strings, no structured dtypes -- the bank stores vectors, anything else is a bug.
-_NUMERIC_KINDS = "biufc"
-# How often a reader re-reads CURRENT when the version it chose vanished under it
-# (a concurrent writer committed and deleted it). Each retry only happens when CURRENT
-# actually moved, so this bounds livelock against a writer committing in a tight loop.
-_READ_RETRIES = 50
-_CRC_CHUNK = 1 << 20
-
+__all__ = ["FORMAT_VERSION", "Snapshot", "Store", "Writer", "encoded_size"]
 
 @dataclass(frozen=True, eq=False)
 class Snapshot:
@@ -89,103 +70,6 @@ class Snapshot:
     arrays: dict[str, np.ndarray]
     manifest: dict
     bytes_on_disk: int
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-@functools.lru_cache(maxsize=4096)
-def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
-    """The exact .npy header bytes numpy writes for this dtype and shape.
-
-    Produced by numpy's own header writer into memory, so the size used by
-    ``encoded_size`` and the bytes written by ``commit`` come from one function and cannot
-    drift apart. Cached because the bank's budget search asks for the same shapes often.
-    """
-    buf = io.BytesIO()
-    npy_format.write_array_header_1_0(
-        buf, {"descr": descr, "fortran_order": False, "shape": shape}
-    )
-    return buf.getvalue()
-
-
-def _check_array(name: str, arr: Any) -> np.ndarray:
-    """Validate one array argument; bad input here is a programming error (ValueError)."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or len(name) > _MAX_NAME:
-        raise ValueError(f"array name {name!r} must match [a-z0-9_]+ (at most {_MAX_NAME} chars)")
-    if not isinstance(arr, np.ndarray):
-        raise ValueError(f"array {name!r} must be a numpy.ndarray, got {type(arr).__name__}")
-    if arr.dtype.kind not in _NUMERIC_KINDS or arr.dtype.fields is not None:
-        raise ValueError(f"array {name!r} has non-numeric dtype {arr.dtype}")
-    return arr
-
-
-def _array_spec(arr: np.ndarray) -> tuple[str, tuple[int, ...], int]:
-    """(descr, shape, file size) of the .npy file ``commit`` writes for ``arr``."""
-    descr = npy_format.dtype_to_descr(arr.dtype)
-    shape = tuple(int(d) for d in arr.shape)
-    return descr, shape, len(_npy_header(descr, shape)) + arr.nbytes
-
-
-def _encode_manifest(arrays: dict[str, np.ndarray], crcs: dict[str, int], meta: dict, version: int) -> bytes:
-    """The on-disk manifest.json bytes.
-
-    Compact separators and fixed-width fields (version digits, 8-hex-digit CRC) keep the
-    length a pure function of (dtypes, shapes, meta): memories may have a 4 KiB budget, and
-    ``encoded_size`` must know the length before the CRCs or the version exist. ASCII-only
-    escaping so any Python str (even a lone surrogate) round-trips.
-    """
-    entries = {}
-    for name, arr in arrays.items():
-        descr, shape, nbytes = _array_spec(arr)
-        entries[name] = {"dtype": descr, "shape": list(shape), "bytes": nbytes, "crc32": "%08x" % crcs.get(name, 0)}
-    doc = {
-        "format_version": FORMAT_VERSION,
-        "version": "%0*d" % (_VERSION_DIGITS, version),
-        "arrays": entries,
-        "meta": meta,
-    }
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
-
-
-def _check_meta(manifest: Any) -> None:
-    if not isinstance(manifest, dict):
-        raise ValueError(f"manifest must be a dict, got {type(manifest).__name__}")
-
-
-def encoded_size(arrays: dict[str, np.ndarray], manifest: dict) -> int:
-    """Exact bytes that ``commit(arrays, manifest)`` will occupy on disk for that version.
-
-    Every .npy file (header + data) plus manifest.json as written; equals
-    ``Snapshot.bytes_on_disk`` after the commit. Pure and cheap: headers come from a cached
-    in-memory render, and the manifest length does not depend on CRC or version values
-    because both are fixed width, so placeholders give the same length.
-    """
-    _check_meta(manifest)
-    total = 0
-    for name, arr in arrays.items():
-        total += _array_spec(_check_array(name, arr))[2]
-    try:
-        total += len(_encode_manifest(arrays, {}, manifest, 0))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"manifest is not JSON-serializable: {exc}") from None
-    return total
-
-
-# --------------------------------------------------------------------------- fs helpers
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make directory entries (created/renamed/removed names) durable."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _version_name(version: int) -> str:
-    return "v%0*d" % (_VERSION_DIGITS, version)
 
 
 def _compact(value: Any, limit: int = 80) -> str:
@@ -235,7 +119,7 @@ class Store:
 
     def exists(self) -> bool:
         """True when a committed version is present (CURRENT exists); validity is read()'s job."""
-        return (self.path / _CURRENT).is_file()
+        return (self.path / CURRENT).is_file()
 
     def writer(self, *, wait: bool = False) -> "Writer":
         """The single writer, as a context manager; the lock is taken on ``__enter__``."""
@@ -249,16 +133,16 @@ class Store:
     def _read_current(self) -> str | None:
         """The version dir name CURRENT names, None if there is no CURRENT."""
         try:
-            raw = (self.path / _CURRENT).read_bytes()
+            raw = (self.path / CURRENT).read_bytes()
         except FileNotFoundError:
             return None
         except NotADirectoryError:
             raise self._fail("is not a directory") from None
         except OSError as exc:
-            raise self._fail(f"cannot read {_CURRENT} ({exc.strerror})") from None
+            raise self._fail(f"cannot read {CURRENT} ({exc.strerror})") from None
         text = raw.decode("ascii", errors="replace").strip()
-        if not _VERSION_RE.fullmatch(text):
-            raise self._fail(f"{_CURRENT} is corrupt (expected a version name, got {_compact(text, 40)})")
+        if not VERSION_RE.fullmatch(text):
+            raise self._fail(f"{CURRENT} is corrupt (expected a version name, got {_compact(text, 40)})")
         return text
 
     def read(self, *, expect: dict | None = None) -> Snapshot:
@@ -272,14 +156,14 @@ class Store:
         CURRENT moved past them, so a missing file while CURRENT has moved means "retry",
         while a missing file with CURRENT unchanged is genuine damage.
         """
-        for _ in range(_READ_RETRIES):
+        for _ in range(READ_RETRIES):
             if not self.path.exists():
                 raise self._fail("does not exist")
             if not self.path.is_dir():
                 raise self._fail("is not a directory")
             name = self._read_current()
             if name is None:
-                raise self._fail(f"is not a memory store (no {_CURRENT} file: nothing committed)")
+                raise self._fail(f"is not a memory store (no {CURRENT} file: nothing committed)")
             try:
                 snap = self._load_version(name, verify=True)
             except _Retry:
@@ -287,7 +171,7 @@ class Store:
             if expect:
                 self._check_expect(snap.manifest, expect)
             return snap
-        raise self._fail(f"kept changing while being read ({_READ_RETRIES} attempts); is a writer looping?")
+        raise self._fail(f"kept changing while being read ({READ_RETRIES} attempts); is a writer looping?")
 
     def _moved(self, name: str) -> bool:
         try:
@@ -304,13 +188,13 @@ class Store:
     def _load_version(self, name: str, *, verify: bool) -> Snapshot:
         vdir = self.path / name
         if not vdir.is_dir():
-            raise self._vanished(name, f"{_CURRENT} points at {name}, which")
+            raise self._vanished(name, f"{CURRENT} points at {name}, which")
         try:
-            raw = (vdir / _MANIFEST).read_bytes()
+            raw = (vdir / MANIFEST).read_bytes()
         except FileNotFoundError:
-            raise self._vanished(name, f"{name}/{_MANIFEST}") from None
+            raise self._vanished(name, f"{name}/{MANIFEST}") from None
         except OSError as exc:
-            raise self._fail(f"cannot read {name}/{_MANIFEST} ({exc.strerror})") from None
+            raise self._fail(f"cannot read {name}/{MANIFEST} ({exc.strerror})") from None
         doc = self._parse_manifest(name, raw)
         arrays: dict[str, np.ndarray] = {}
         total = len(raw)
@@ -321,7 +205,7 @@ class Store:
 
     def _parse_manifest(self, name: str, raw: bytes) -> dict:
         """Decode and structurally validate manifest.json, format_version first."""
-        where = f"{name}/{_MANIFEST}"
+        where = f"{name}/{MANIFEST}"
         try:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
@@ -347,7 +231,7 @@ class Store:
         if not isinstance(entries, dict):
             raise bad("arrays is not an object")
         for aname, e in entries.items():
-            if not _NAME_RE.fullmatch(aname) or len(aname) > _MAX_NAME:
+            if not NAME_RE.fullmatch(aname) or len(aname) > MAX_NAME:
                 raise bad(f"bad array name {_compact(aname, 40)}")
             if not isinstance(e, dict):
                 raise bad(f"entry for {aname} is not an object")
@@ -359,14 +243,14 @@ class Store:
                 dtype = npy_format.descr_to_dtype(descr)
             except (KeyError, TypeError, ValueError):
                 raise invalid from None
-            if dtype.kind not in _NUMERIC_KINDS or dtype.fields is not None:
+            if dtype.kind not in NUMERIC_KINDS or dtype.fields is not None:
                 raise bad(f"{aname} has non-numeric dtype {_compact(descr, 20)}")
             if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
                 raise invalid
             if not re.fullmatch(r"[0-9a-f]{8}", crc):
                 raise invalid
             try:
-                header_len = len(_npy_header(descr, tuple(shape)))
+                header_len = len(npy_header(descr, tuple(shape)))
             except ValueError:  # e.g. a header beyond the .npy 1.0 limit
                 raise invalid from None
             expected = header_len + math.prod(shape) * dtype.itemsize
@@ -391,7 +275,7 @@ class Store:
                     raise self._fail(f"{rel} is {kind} ({size} bytes, manifest says {want})")
                 if verify:
                     crc = 0
-                    while chunk := fh.read(_CRC_CHUNK):
+                    while chunk := fh.read(CRC_CHUNK):
                         crc = zlib.crc32(chunk, crc)
                     if "%08x" % crc != entry["crc32"]:
                         raise self._fail(f"{rel} is corrupt (CRC32 mismatch)")
@@ -403,7 +287,7 @@ class Store:
                 else:
                     # Same open file description as the CRC pass: a concurrent unlink cannot
                     # swap the inode between verification and mapping.
-                    arr = _map_open(fh)
+                    arr = map_open(fh)
         except FileNotFoundError:
             raise self._vanished(name, rel) from None
         except StoreError:
@@ -422,19 +306,6 @@ class Store:
                 shown_a = "missing" if a is _MISSING else _compact(a)
                 shown_b = "missing" if b is _MISSING else _compact(b)
                 raise self._fail(f"{path} is {shown_a}, expected {shown_b}")
-
-
-def _map_open(fh: io.BufferedReader) -> np.ndarray:
-    """Map the array in an already-open .npy file read-only, after parsing its header."""
-    fh.seek(0)
-    major, minor = npy_format.read_magic(fh)
-    if (major, minor) != (1, 0):
-        raise ValueError(f"unsupported npy version {major}.{minor}")
-    shape, fortran, dtype = npy_format.read_array_header_1_0(fh, max_header_size=1 << 16)
-    if fortran:
-        raise ValueError("fortran-order array")
-    offset = fh.tell()
-    return np.memmap(fh, dtype=dtype, mode="r", shape=shape, offset=offset, order="C")
 
 
 # --------------------------------------------------------------------------- writer
@@ -464,9 +335,9 @@ class Writer:
         except OSError as exc:
             raise self.store._fail(f"cannot create directory ({exc.strerror})") from None
         try:
-            fd = os.open(path / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise self.store._fail(f"cannot open {_LOCK} ({exc.strerror})") from None
+            raise self.store._fail(f"cannot open {LOCK} ({exc.strerror})") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
@@ -503,7 +374,7 @@ class Writer:
     def _refuse_newer_format(self, name: str) -> None:
         """Never overwrite (and so delete) a memory written by a newer miita-edge."""
         try:
-            doc = json.loads((self.store.path / name / _MANIFEST).read_bytes())
+            doc = json.loads((self.store.path / name / MANIFEST).read_bytes())
         except (OSError, ValueError):
             return  # damaged or missing: overwriting is the repair
         fv = doc.get("format_version") if isinstance(doc, dict) else None
@@ -514,17 +385,17 @@ class Writer:
         path = self.store.path
         removed = False
         for entry in os.scandir(path):
-            if entry.name == _CURRENT_TMP:
+            if entry.name == CURRENT_TMP:
                 os.unlink(entry.path)
                 removed = True
-            elif _VERSION_RE.fullmatch(entry.name) and entry.name != keep:
+            elif VERSION_RE.fullmatch(entry.name) and entry.name != keep:
                 if entry.is_dir(follow_symlinks=False):
                     shutil.rmtree(entry.path)
                 else:
                     os.unlink(entry.path)
                 removed = True
         if removed:
-            _fsync_dir(path)
+            fsync_dir(path)
 
     def commit(self, arrays: dict[str, np.ndarray], manifest: dict) -> Snapshot:
         """Atomically publish a new version; see the module docstring for the argument.
@@ -535,8 +406,8 @@ class Writer:
         """
         if self._fd is None:
             raise RuntimeError("Writer.commit() outside its `with` block")
-        _check_meta(manifest)
-        checked = {name: _check_array(name, arr) for name, arr in arrays.items()}
+        check_meta(manifest)
+        checked = {name: check_array(name, arr) for name, arr in arrays.items()}
         try:
             json_meta = json.dumps(manifest, ensure_ascii=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
@@ -544,31 +415,31 @@ class Writer:
         if json.loads(json_meta) != manifest:
             raise ValueError("manifest does not round-trip through JSON (tuples, non-str keys?)")
         version = self._current + 1
-        if version > _MAX_VERSION:
+        if version > MAX_VERSION:
             raise self.store._fail("version counter exhausted; copy the memory to a new directory")
         path = self.store.path
-        vname = _version_name(version)
+        vname = version_name(version)
         vdir = path / vname
         try:
             if vdir.exists():  # left by an earlier failed commit of this same writer
                 shutil.rmtree(vdir)
             vdir.mkdir()
-            crcs = {name: _write_npy(vdir / f"{name}.npy", arr) for name, arr in checked.items()}
-            raw = _encode_manifest(checked, crcs, manifest, version)
-            _write_file(vdir / _MANIFEST, [raw])
-            _fsync_dir(vdir)
-            _write_file(path / _CURRENT_TMP, [f"{vname}\n".encode("ascii")])
+            crcs = {name: write_npy(vdir / f"{name}.npy", arr) for name, arr in checked.items()}
+            raw = encode_manifest(checked, crcs, manifest, version)
+            write_file(vdir / MANIFEST, [raw])
+            fsync_dir(vdir)
+            write_file(path / CURRENT_TMP, [f"{vname}\n".encode("ascii")])
         except OSError as exc:
             _best_effort_rmtree(vdir)  # unpublished, so nobody can be reading it
             raise self.store._fail(f"cannot write {vname} ({exc.strerror or exc})") from None
         try:
-            os.replace(path / _CURRENT_TMP, path / _CURRENT)  # the commit point
+            os.replace(path / CURRENT_TMP, path / CURRENT)  # the commit point
         except OSError as exc:
             _best_effort_rmtree(vdir)  # rename failed: CURRENT still names the old version
             raise self.store._fail(f"cannot publish {vname} ({exc.strerror or exc})") from None
         self._current = version  # visible to readers from here on: never delete vdir now
         try:
-            _fsync_dir(path)
+            fsync_dir(path)
         except OSError as exc:
             raise self.store._fail(f"{vname} is published but may not be durable ({exc.strerror or exc})") from None
         try:
@@ -576,33 +447,6 @@ class Writer:
         except OSError:
             pass  # old versions are garbage now; the next writer removes what is left
         return self.store._load_version(vname, verify=False)
-
-
-def _write_npy(fpath: Path, arr: np.ndarray) -> int:
-    """Write header + C-order data, fsync; return the CRC32 of the whole file."""
-    data = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-    if data.ndim != arr.ndim:  # ascontiguousarray may promote 0-d to 1-d on old numpy
-        data = data.reshape(arr.shape)
-    descr, shape, _ = _array_spec(arr)
-    header = _npy_header(descr, shape)
-    body = data.reshape(-1).view(np.uint8)
-    crc = zlib.crc32(body, zlib.crc32(header))
-    _write_file(fpath, [header, body])
-    return crc
-
-
-def _write_file(fpath: Path, chunks: list) -> None:
-    """Create (or truncate) ``fpath``, write all chunks, fsync before returning."""
-    fd = os.open(fpath, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _best_effort_rmtree(path: Path) -> None:

@@ -1,0 +1,162 @@
+"""The benchmarks of the continual-learning harness: what each one is (template, metric, token
+limits) and how its JSONL + meta.json data becomes ordered stages of training examples and test
+items. docs/evaluation.md describes the protocol; the runner (``runner.py``) plays it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..streams import Example, read_examples
+
+__all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "parse_stages"]
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    name: str
+    template: str  # templates.TEMPLATES name
+    metric: str  # metrics.METRICS name
+    max_tokens: int  # new tokens generated per test query
+    max_prompt_tokens: int | None  # prompt token budget (None: no cut)
+    classification: bool
+    meta_tag: str  # must occur (lower-case) in meta.json "benchmark"
+    data_name: str  # directory name under shared/data
+    gold_field: str | None  # test-row field with all gold answers (None: "output")
+    lang_from_task: bool  # exact match normalises by the row's language (= its stage)
+    description: str = ""
+
+
+BENCHMARKS: dict[str, BenchSpec] = {s.name: s for s in (
+    BenchSpec("banking77", "banking77", "accuracy", 8, None, True, "banking77", "banking77", None, False,
+              "77 intents in 7 class-incremental stages"),
+    BenchSpec("dsc", "dsc", "accuracy", 8, None, True, "dsc", "dsc", None, False,
+              "sentiment of Amazon reviews, 10 domain-incremental stages"),
+    BenchSpec("xquad", "qa", "exact_match", 24, None, False, "xquad", "paxqa_substitute_xquad", "answers", True,
+              "extractive QA in en/ar/zh/ru (stands in for PAXQA)"),
+    BenchSpec("superni", "superni", "rougeL", 48, 512, False, "superni", "superni", "references", False,
+              "15 SuperNI tasks, task-incremental"),
+)}
+
+
+def get_benchmark(name: str) -> BenchSpec:
+    if name not in BENCHMARKS:
+        raise InputError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+@dataclass(frozen=True)
+class TestItem:
+    example: Example
+    golds: list[str]
+    lang: str | None = None
+
+
+@dataclass
+class Stage:
+    name: str
+    index: int  # 0-based position in meta.json stage_order
+    train: list[Example]
+    test: list[TestItem]
+
+
+def parse_stages(spec: str | Sequence[int | str] | None, names: Sequence[str]) -> list[int]:
+    """Stage selection -> sorted 0-based indices into ``names``.
+
+    Accepts 1-based numbers, ranges ``2-4`` and stage names, as a comma list or a sequence.
+    The result is sorted: stages are always learned in meta.json order.
+    """
+    if spec is None:
+        return list(range(len(names)))
+    items = [s.strip() for s in spec.split(",")] if isinstance(spec, str) else list(spec)
+    out: set[int] = set()
+    for it in items:
+        if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
+            lo = hi = int(it)
+        elif isinstance(it, str) and it in names:
+            out.add(list(names).index(it))
+            continue
+        elif isinstance(it, str) and re.fullmatch(r"\d+(-\d+)?", it):
+            lo, _, hi_s = it.partition("-")
+            lo, hi = int(lo), int(hi_s or lo)
+        else:
+            raise InputError(f"stage {it!r} is neither a number 1..{len(names)} nor a stage name")
+        if not 1 <= lo <= hi <= len(names):
+            raise InputError(f"stage {it!r} is out of range 1..{len(names)}")
+        out.update(range(lo - 1, hi))
+    if not out:
+        raise InputError("no stages selected")
+    return sorted(out)
+
+
+def check_limit(name: str, v: int | None) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise InputError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+def _gold_list(where: str, row: dict, spec: BenchSpec) -> list[str]:
+    if spec.gold_field is None:
+        return [row["output"]]
+    g = row.get(spec.gold_field)
+    if not isinstance(g, list) or not g or not all(isinstance(x, str) for x in g):
+        raise InputError(f'{where} field "{spec.gold_field}" must be a non-empty list of strings')
+    return list(g)
+
+
+def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, limit_test: int | None = None,
+                   limit_train: int | None = None) -> tuple[dict, list[Stage]]:
+    """(meta.json, selected stages with their train/test rows), validated; one-line errors."""
+    d = Path(data_dir).expanduser()
+    if not d.is_dir():
+        raise InputError(f"data directory {d} does not exist")
+    meta_path = d / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{d}: no meta.json (expected a benchmark directory such as shared/data/{spec.data_name})") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{meta_path}: cannot read ({exc})") from None
+    if not isinstance(meta, dict) or spec.meta_tag not in str(meta.get("benchmark", "")).lower():
+        raise InputError(f"{meta_path}: not a {spec.name} benchmark (its \"benchmark\" is "
+                         f"{str(meta.get('benchmark') if isinstance(meta, dict) else None)[:60]!r})")
+    order = meta.get("stage_order")
+    if not isinstance(order, list) or not order or not all(isinstance(s, str) for s in order):
+        raise InputError(f"{meta_path}: \"stage_order\" must be a non-empty list of stage names")
+    if len(set(order)) != len(order):
+        raise InputError(f"{meta_path}: \"stage_order\" names a stage twice")
+    check_limit("limit_per_stage", limit_test)
+    check_limit("limit_train_per_stage", limit_train)
+    chosen = parse_stages(stages, order)
+
+    train = {n: [] for n in order}
+    for ex in read_examples(d / "train.jsonl"):
+        if ex.task not in train:
+            raise InputError(f"{d / 'train.jsonl'}:{ex.line}: stage {ex.task!r} is not in meta.json stage_order")
+        train[ex.task].append(ex)
+    test_path = d / "test.jsonl"
+    test = {n: [] for n in order}
+    examples = read_examples(test_path)  # validates input/output/task on every line
+    lines = test_path.read_bytes().decode("utf-8-sig").split("\n")
+    for ex in examples:
+        where = f"{test_path}:{ex.line}:"
+        if ex.task not in test:
+            raise InputError(f"{where} stage {ex.task!r} is not in meta.json stage_order")
+        row = json.loads(lines[ex.line - 1])
+        test[ex.task].append(TestItem(ex, _gold_list(where, row, spec), ex.task if spec.lang_from_task else None))
+    out = []
+    for i in chosen:
+        name = order[i]
+        tr, te = train[name][:limit_train], test[name][:limit_test]
+        if not tr:
+            raise InputError(f"{d / 'train.jsonl'}: stage {name!r} has no training rows")
+        if not te:
+            raise InputError(f"{test_path}: stage {name!r} has no test rows")
+        out.append(Stage(name, i, tr, te))
+    return meta, out

@@ -1,0 +1,78 @@
+"""The method registry: every method ``miita-edge bench --method`` knows, by name.
+
+It sits above ``methods.py`` and ``baselines.py`` so that neither imports the other's registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import InputError
+from . import baselines
+from .baselines import ExampleMem
+from .methods import Frozen, LabelVote, Method, MiitaMethod
+
+__all__ = ["METHODS", "MethodInfo", "get_method", "register_method"]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    factory: Callable[[], Method]
+    description: str
+    alias_of: str | None = None
+
+
+METHODS: dict[str, MethodInfo] = {}
+
+
+def register_method(name: str, factory: Callable[[], Method], description: str, alias_of: str | None = None) -> None:
+    METHODS[name] = MethodInfo(name, factory, description, alias_of)
+
+
+def get_method(name: str) -> MethodInfo:
+    if name not in METHODS:
+        raise InputError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def _dense_preset():
+    from ..miita import default_preset
+
+    p = default_preset()
+    p.bank.payload = "sequence"
+    p.bank.validate()
+    return p
+
+
+def _baseline(name: str) -> Method:
+    return getattr(baselines, name)()
+
+
+def _register_builtins() -> None:
+    reg = register_method
+    reg("frozen", Frozen, "the model alone, no memory")
+    reg("miita-default", lambda: MiitaMethod("default"),
+        "MIITA, default preset (1-bit keys, per-position target tokens, prefix-consistent anchor vote)")
+    reg("token-mem", lambda: MiitaMethod("default"),
+        "alias of miita-default: the default preset already stores target tokens only (d = Norm(W_LM[y_s]))",
+        alias_of="miita-default")
+    reg("miita-dense", lambda: MiitaMethod(_dense_preset),
+        "default preset with the full per-position correction directions stored (payload 'sequence')")
+    reg("miita-ungated", lambda: MiitaMethod("default", gate="ungated"), "default preset, gate ablation (alpha_t = 1)")
+    reg("miita-paper", lambda: MiitaMethod("paper", oracle_alignment=True),
+        "MIITA as published (paper preset, SemUncRet); reports Oracle Alignment")
+    reg("miita-paper-ungated", lambda: MiitaMethod("paper", gate="ungated"), "paper preset, gate ablation (alpha_t = 1)")
+    for mode in ("random", "semantic", "uncertainty", "oracle"):
+        reg(f"miita-paper-{mode}", (lambda m=mode: MiitaMethod("paper", mode=m, oracle_alignment=True)),
+            f"paper preset, retrieval variant {mode} (appendix C.3); reports Oracle Alignment")
+    reg("label-vote", LabelVote, "classification only: majority label of the top-8 anchors of a default memory, no LM")
+    reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, a uniform "
+        "sample of the stream kept")
+    reg("semantic-mem", lambda: _baseline("SemanticMem"), "semantic prototypes (key + answer-state centroids, "
+        "merged by key similarity), no correction information, used like MIITA's paper preset (appendix C.2)")
+    reg("knn-lm", lambda: _baseline("KnnLM"), "kNN-LM datastore of (final hidden state, next answer token), int8 "
+        "keys, k=8, lambda=0.25, a uniform sample of the stream kept (Khandelwal et al. 2020)")
+
+
+_register_builtins()
