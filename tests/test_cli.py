@@ -222,15 +222,15 @@ def test_budget_too_small_on_existing_memory_leaves_it_unchanged(memory, tmp_pat
 
 
 @pytest.mark.model
-def test_one_percent_budget_resolves_over_all_inputs_and_outputs_so_far(memory, tmp_path, capsys):
+def test_one_percent_budget_resolves_over_everything_ingested_including_this_file(memory, tmp_path, capsys):
     """1% of this tiny stream cannot hold a prototype; the error shows what 1% resolved to.
 
-    At the first row of the second file the stream so far is every row of the
-    first file plus that row, so the limit is floor(1% of those bytes).
+    A fraction resolves once per ingest call, against the stream as it will be after the call:
+    every row of the first file plus every row of this one (issue 14, item 5).
     """
     data = write_jsonl(tmp_path / "more.jsonl", MORE_ROWS)
-    so_far = utf8_bytes(BASE_ROWS) + utf8_bytes(MORE_ROWS[:1])
-    expected = math.floor(Fraction(1, 100) * so_far)
+    after_call = utf8_bytes(BASE_ROWS) + utf8_bytes(MORE_ROWS)
+    expected = math.floor(Fraction(1, 100) * after_call)
     before = snapshot(memory)
     rc, out, err = cli(capsys, "ingest", data, "--memory", memory, "--budget", "1%", *THREADS)
     assert_one_error(rc, out, err, str(data), "line 1", f"budget 1% = {expected} bytes")
@@ -238,9 +238,26 @@ def test_one_percent_budget_resolves_over_all_inputs_and_outputs_so_far(memory, 
 
     fresh = tmp_path / "fresh"
     rc, out, err = cli(capsys, "ingest", data, "--memory", fresh, "--budget", "1%", *THREADS)
-    expected = math.floor(Fraction(1, 100) * utf8_bytes(MORE_ROWS[:1]))
+    expected = math.floor(Fraction(1, 100) * utf8_bytes(MORE_ROWS))
     assert_one_error(rc, out, err, str(data), "line 1", f"budget 1% = {expected} bytes")
     assert not (fresh / "CURRENT").exists()
+
+
+@pytest.mark.model
+def test_fractional_budget_on_a_fresh_memory_is_of_the_whole_file(tmp_path, capsys):
+    """The README's use of a fractional budget on a new memory: it used to fail on the first line,
+    because the fraction was taken of the stream so far (90% of row 1 alone is ~100 bytes, less
+    than any one-prototype memory). Now it is of the whole file, and the memory fits it."""
+    rows = [{"input": f"question {i}: " + "about the delivery of my parcel " * 3, "output": f"desk {i % 3}"}
+            for i in range(16)]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    pct = Fraction(90, 100)
+    rep = cli_json(capsys, "ingest", data, "--memory", tmp_path / "new", "--budget", "90%", *THREADS)
+    assert rep["budget_bytes"] == math.floor(pct * utf8_bytes(rows))
+    assert rep["examples"] == len(rows) and rep["prototypes"] >= 1
+    assert current_version_bytes(tmp_path / "new") == rep["bytes"] <= rep["budget_bytes"]
+    # the old rule's first-line limit could not have held this memory's smallest state
+    assert math.floor(pct * utf8_bytes(rows[:1])) < rep["bytes"] // 2
 
 
 @pytest.mark.model

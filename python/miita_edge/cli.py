@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", metavar="DATA.jsonl", help="one JSON object per line with string fields input and output "
                    "(extra fields such as task are allowed)")
     p.add_argument("--budget", help="memory budget: bytes with a unit (64KiB, 1.5MB, 4096), a percentage of the UTF-8 "
-                   "bytes of all inputs and outputs ingested into this memory so far (1%%), or none "
+                   "bytes of all inputs and outputs ingested into this memory, this file included (1%%), or none "
                    "(default: 64KiB for a new memory, else the memory's own)")
     p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni "
                    "(default: plain; an existing memory keeps its own)")

@@ -22,7 +22,7 @@ from .memory.bank import MemoryBank
 from .memory.budget import Budget, parse_budget
 from .method.calibration import CALIBRATION_INPUTS, calibration_mean
 from .method.extract import prompt_tokens
-from .method.ingest import IngestReport, StreamCounts, extract_examples, learn, progress_bar
+from .method.ingest import IngestReport, StreamCounts, call_stream_bytes, extract_examples, learn, progress_bar
 from .method.plan import RetrievalIndex, plan_query
 from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
 from .method.templates import get_template
@@ -223,8 +223,8 @@ class Miita:
         extracted = extract_examples(self.engine, self.template, self.preset, examples,
                                      max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache, bar=bar)
         bar.close()
-        skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, self.counts,
-                                      limit_for=lambda stream: self.budget_bytes(stream=stream),
+        limit = self.budget_bytes(stream=call_stream_bytes(self.counts, examples))
+        skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, self.counts, limit=limit,
                                       size_fn=self.nbytes, budget_spec=self.budget_spec)
         return IngestReport(examples=len(examples) - len(skipped_lines), skipped=len(skipped_lines),
                             prototypes=self.bank.n_prototypes, anchors=self.bank.n_anchors, bytes=self.nbytes(),

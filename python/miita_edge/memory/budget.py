@@ -20,6 +20,13 @@ Choices made here (the paper only says "1%"):
   = 1126.4) is rounded *down*, so the budget is never exceeded.
 * A fraction resolves to ``floor(fraction * stream_bytes)`` computed with
   exact decimal arithmetic (``0.29 * 100`` is 29, not 28 as in binary floats).
+* Which stream: at each ingest call, the stream as it will be after that call
+  (everything ingested before plus the whole call), resolved once for the call
+  (``method.ingest.call_stream_bytes``). Resolving it at each example against
+  the stream so far gave a fresh memory a few bytes for its first row, so
+  ``--budget 5%`` failed on line 1. The benchmark runner resolves the fraction
+  once against its whole learned stream, which is the same rule applied to the
+  stream as one call: the final memory has the same byte limit either way.
 * Zero (``0``, ``0%``, ``0.4B``) is refused with :class:`BudgetError`: no memory
   fits in it, and "no memory" is better expressed by not using one.
 * Percentages above 100 are allowed (a budget larger than the stream is odd

@@ -20,7 +20,7 @@ from .extract import HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, Pend
 from .presets import Preset
 from .templates import Template
 
-__all__ = ["IngestReport", "StreamCounts", "extract_examples", "learn", "progress_bar"]
+__all__ = ["IngestReport", "StreamCounts", "call_stream_bytes", "extract_examples", "learn", "progress_bar"]
 
 
 @dataclass
@@ -125,15 +125,24 @@ def _extract_one(engine: Engine, template: Template, pr: Preset, ex: Example, ne
     return r, fields
 
 
+def call_stream_bytes(counts: StreamCounts, examples: Sequence[Example]) -> int:
+    """The stream size once this call is learned: everything before it plus every example of
+    the call (skipped ones too: they were seen). A fractional budget resolves against this."""
+    return counts.stream_bytes + sum(len(ex.input.encode()) + len(ex.output.encode()) for ex in examples)
+
+
 def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extracted: Sequence[Extracted | None],
-          counts: StreamCounts, *, limit_for: Callable[[int], int | None], size_fn: Callable[[], int],
+          counts: StreamCounts, *, limit: int | None, size_fn: Callable[[], int],
           budget_spec: str) -> tuple[list[int], dict]:
     """Write each extraction into ``bank`` in stream order and repair after each one (eqs. 3-5).
 
-    ``limit_for(stream_bytes)`` is the budget in bytes once the stream has that many bytes
-    (None: unlimited); ``size_fn()`` the exact committed size of the memory as it stands, which
-    reads ``counts`` too (the manifest holds them), so ``counts`` is updated before each repair.
-    Returns (the lines of skipped examples, the repair counts)."""
+    ``limit`` is the byte budget for the whole call (None: unlimited): a fractional budget is
+    resolved by the caller once, against ``call_stream_bytes`` — the stream as it will be after
+    this call — not against the stream so far at each example, which would leave a fresh memory
+    a few bytes for its first rows (a ``5%`` budget of one 40-byte row is 2 bytes). The memory
+    stays within ``limit`` after every example. ``size_fn()`` is the exact committed size of the
+    memory as it stands, which reads ``counts`` too (the manifest holds them), so ``counts`` is
+    updated before each repair. Returns (the lines of skipped examples, the repair counts)."""
     total_log = {"pruned": 0, "merged": 0, "evicted": 0}
     skipped_lines: list[int] = []
     stream = counts.stream_bytes
@@ -152,7 +161,6 @@ def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extract
         bank.write(dirs, np.asarray(e.target), e.key)
         counts.examples += 1
         counts.stream_bytes = stream
-        limit = limit_for(stream)
         if limit is not None:
             try:
                 log = bank.repair(limit, lambda b: size_fn())
