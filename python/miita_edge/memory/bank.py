@@ -64,21 +64,67 @@ class BankConfig:
                 raise ValueError(f"{name} must be a cosine in [-1, 1], got {v}")
 
 
-@dataclass
 class Prototype:
-    dirs: np.ndarray  # (L', H) float32 unit rows as stored (decoded); L' = 1 (mean), L (sequence), 0 (tokens)
-    tokens: np.ndarray  # (L,) int32 answer tokens (empty for 'mean')
-    anchors: np.ndarray  # (a, H) float32 keys as stored (decoded)
-    n: int = 1
-    anchor_n: np.ndarray | None = None  # (a,) how many keys each anchor stands for (stored)
-    anchor_sum: np.ndarray | None = None  # (a, H) sum of those prepared keys (RAM only; see _fold)
+    """One prototype: its payload, its answer tokens and its anchors (keys) with their counts.
 
-    def __post_init__(self) -> None:
-        if self.anchor_n is None:
-            self.anchor_n = np.ones(len(self.anchors), np.int64)
-        if self.anchor_sum is None:  # best estimate from the stored form: unit anchor × count
-            self.anchor_sum = (_unit_rows(self.anchors) * self.anchor_n[:, None]).astype(np.float32) \
-                if len(self.anchors) else np.zeros_like(self.anchors)
+    ``dirs`` (L', H) float32 unit rows as stored (decoded); L' = 1 (mean), L (sequence), 0 (tokens).
+    ``tokens`` (L,) int32 answer tokens (empty for 'mean'). ``anchors`` (a, H) float32 keys as
+    stored (decoded). ``anchor_n`` (a,) how many keys each anchor stands for (stored).
+    ``anchor_sum`` (a, H) the sum of those prepared keys (RAM only; see ``_fold``).
+
+    ``anchor_sum`` is only read when the bank changes (ingest, repair), so a prototype loaded
+    from the store derives it on first use — unit anchor × count, the best estimate from the
+    stored form — instead of at load: a memory opened to answer questions then holds one float
+    copy of its anchors, not two (peak memory of ``ask``, issue 15). Replacing ``anchors`` or
+    ``anchor_n`` first fixes the estimate from the values being replaced, so the lazy value is
+    always the one an eager load would have computed.
+    """
+
+    def __init__(self, dirs: np.ndarray, tokens: np.ndarray, anchors: np.ndarray, n: int = 1,
+                 anchor_n: np.ndarray | None = None, anchor_sum: np.ndarray | None = None) -> None:
+        self.dirs = dirs
+        self.tokens = tokens
+        self._anchors = anchors
+        self.n = n
+        self._anchor_n = np.ones(len(anchors), np.int64) if anchor_n is None else anchor_n
+        self._anchor_sum = anchor_sum
+
+    def __repr__(self) -> str:
+        return (f"Prototype(n={self.n}, tokens={list(self.tokens)}, dirs={self.dirs.shape}, "
+                f"anchors={self.anchors.shape})")
+
+    @property
+    def anchors(self) -> np.ndarray:
+        return self._anchors
+
+    @anchors.setter
+    def anchors(self, value: np.ndarray) -> None:
+        self._fix_sum()
+        self._anchors = value
+
+    @property
+    def anchor_n(self) -> np.ndarray:
+        return self._anchor_n
+
+    @anchor_n.setter
+    def anchor_n(self, value: np.ndarray) -> None:
+        self._fix_sum()
+        self._anchor_n = value
+
+    @property
+    def anchor_sum(self) -> np.ndarray:
+        self._fix_sum()
+        return self._anchor_sum
+
+    @anchor_sum.setter
+    def anchor_sum(self, value: np.ndarray) -> None:
+        self._anchor_sum = value
+
+    def _fix_sum(self) -> None:
+        if self._anchor_sum is None:  # best estimate from the stored form: unit anchor × count
+            a = self._anchors
+            self._anchor_sum = (_unit_rows(a) * self._anchor_n[:, None]).astype(np.float32) if len(a) \
+                else np.zeros_like(a)
 
 
 @dataclass
@@ -416,16 +462,31 @@ class MemoryBank:
             if "dir_scale" in arrays:
                 enc["scale"] = arrays["dir_scale"]
             D = codecs.decode(enc, config.dir_precision, H)
-        enc = {"data": arrays["anchors"]}
-        if "anchor_scale" in arrays:
-            enc["scale"] = arrays["anchor_scale"]
-        Amat = codecs.decode(enc, config.key_precision, H)
+        raw = np.asarray(arrays["anchors"])
+        scale = np.asarray(arrays["anchor_scale"]) if "anchor_scale" in arrays else None
+        width = codecs.bytes_per_vector(config.key_precision, H) if config.key_precision == "bit" else H
+        if raw.ndim != 2 or raw.shape[1] != width:
+            raise ValueError(f"anchors array has shape {raw.shape}, expected (n, {width})")
+        if scale is not None and scale.shape != (len(raw),):
+            raise ValueError("anchor_scale does not match the anchors")
         owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
         acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
         if len(acount) != len(owner) or (len(acount) and acount.min() < 1):
             raise ValueError("anchor_count does not match the anchors")
-        if len(owner) != len(Amat) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
+        if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
             raise ValueError("anchor_owner does not index the prototypes")
+        # Each prototype's anchors in stored order, decoded one prototype at a time: a sort by owner
+        # instead of one mask per prototype (O(A log A), not O(J·A)), and no decoded copy of the
+        # whole anchor matrix beside the per-prototype ones (peak memory of opening, issue 15).
+        by_owner = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[by_owner], np.arange(J + 1))
+
+        def anchors_of(j: int) -> tuple[np.ndarray, np.ndarray]:
+            idx = by_owner[bounds[j]:bounds[j + 1]]
+            enc = {"data": raw[idx]}
+            if scale is not None:
+                enc["scale"] = scale[idx]
+            return codecs.decode(enc, config.key_precision, H), acount[idx]
         if config.payload != "mean":
             flat = np.asarray(arrays["tokens"], np.int32)
             ends = np.flatnonzero(flat == TOKEN_END)
@@ -440,8 +501,8 @@ class MemoryBank:
             L = 1 if config.payload == "mean" else (len(seqs[j]) if config.payload == "sequence" else 0)
             if row + L > len(D):
                 raise ValueError("dirs array is shorter than the prototypes need")
-            bank.protos.append(Prototype(D[row:row + L].copy(), seqs[j].copy(), Amat[owner == j].copy(),
-                                         int(counts[j]), acount[owner == j].copy()))
+            a, a_n = anchors_of(j)
+            bank.protos.append(Prototype(D[row:row + L].copy(), seqs[j].copy(), a, int(counts[j]), a_n))
             row += L
         if row != len(D):
             raise ValueError("dirs array is longer than the prototypes need")

@@ -25,25 +25,37 @@ PlanFn = Callable[[int, list], "np.ndarray | None"]
 
 @dataclass
 class RetrievalIndex:
-    """What retrieval reads, derived from one bank version."""
+    """What retrieval reads, derived from one bank version.
 
-    anchors: np.ndarray  # (A, H) as stored (centred keys; ±1 rows for 1-bit keys)
-    anchors_unit: np.ndarray  # (A, H) float32, unit rows
+    1-bit keys are scored in packed form by the native popcount kernel: 80 bytes per anchor to
+    read instead of 2,560 (the float matrix falls out of the caches during the prompt pass), and
+    no float copy of the anchors is built at all (a 3,000-anchor memory would hold two: 15 MiB of
+    the ask's peak memory, issue 15). Float keys keep unit float32 rows for one BLAS product.
+    """
+
+    anchors_unit: np.ndarray | None  # (A, H) float32 unit rows; None for 1-bit keys (see packed)
     owner: np.ndarray  # (A,) prototype of each anchor
     D: np.ndarray  # (J, H) directions at answer position 0
     seqs: list  # each prototype's answer tokens
-    packed: np.ndarray | None  # 1-bit anchors as packed sign bits (native popcount scan), else None
+    packed: np.ndarray | None  # (A, ceil(H/8)) packed sign bits of 1-bit anchors, else None
     scan: ScanIndex | None = None  # the paper preset's recall index, built on first use
 
     @classmethod
     def build(cls, bank: MemoryBank) -> "RetrievalIndex":
-        A, owner = bank.anchor_matrix()
-        n = np.linalg.norm(A, axis=1, keepdims=True)
-        A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
-        # 1-bit anchors are scored in packed form by the native kernel: 80 bytes per anchor
-        # to read instead of 2,560 (the float matrix falls out of the caches during the prompt pass)
-        packed = np.packbits(A >= 0, axis=1) if bank.config.key_precision == "bit" else None
-        return cls(A, A_unit, owner, bank.directions(0), [p.tokens for p in bank.protos], packed)
+        protos = bank.protos
+        owner = (np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(protos)]) if protos
+                 else np.zeros(0, np.int64))
+        if bank.config.key_precision == "bit":
+            width = (bank.n_embd + 7) // 8
+            packed = (np.concatenate([np.packbits(p.anchors >= 0, axis=1) for p in protos]) if protos
+                      else np.zeros((0, width), np.uint8))
+            A_unit = None
+        else:
+            A, owner = bank.anchor_matrix()
+            n = np.linalg.norm(A, axis=1, keepdims=True)
+            A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
+            packed = None
+        return cls(A_unit, owner, bank.directions(0), [p.tokens for p in protos], packed)
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
@@ -52,6 +64,10 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     pr = preset
     k_q = bank.prepare_key(state.key)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
+    if A_unit is None and (pr.aggregation == "paper" or index.packed is None):  # a preset mixing 1-bit keys
+        A, _ = bank.anchor_matrix()                                           # with float scoring
+        index.anchors_unit = A_unit = (A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-12)
+                                       ).astype(np.float32)
     if pr.aggregation == "paper":
         if index.scan is None:
             index.scan = ScanIndex.build(A_unit, owner, D)
@@ -61,11 +77,12 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
         return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
     scores = None
-    if index.packed is not None and len(index.packed):
+    if index.packed is not None:
         from .. import _native
 
         q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
-        scores = _native.bit_scores(index.packed, q) / np.sqrt(bank.n_embd)  # cos: anchors are ±1/√H
+        scores = (_native.bit_scores(index.packed, q) / np.sqrt(bank.n_embd) if len(index.packed)
+                  else np.zeros(0))  # cos: anchors are ±1/√H
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     cache: dict[tuple[int, int], np.ndarray] = {}
