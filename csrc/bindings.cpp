@@ -54,6 +54,22 @@ class State {
         if (!m || m.ndim() != 1) throw std::invalid_argument("mask must be a 1-D array");
         check(miita_state_begin_batch(st_, m.data(), m.size()));
     }
+    void begin_groups(py::object group, int64_t n_groups) {
+        auto g = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(group);
+        if (!g || g.ndim() != 1) throw std::invalid_argument("group must be a 1-D array");
+        check(miita_state_begin_groups(st_, g.data(), g.size(), n_groups));
+        n_groups_ = n_groups;
+    }
+    void end_groups() {
+        check(miita_state_begin_groups(st_, nullptr, 0, 0));
+        n_groups_ = 0;
+    }
+    py::tuple group_keys() const {
+        py::array_t<float> sums({n_groups_, n_embd_});
+        py::array_t<int64_t> rows(n_groups_);
+        check(miita_state_group_keys(st_, sums.mutable_data(), rows.mutable_data(), n_groups_));
+        return py::make_tuple(sums, rows);
+    }
     py::tuple key() const {
         py::array_t<float> out(n_embd_);
         int64_t n = 0;
@@ -102,6 +118,7 @@ class State {
 
   private:
     int64_t n_embd_;
+    int64_t n_groups_ = 0;
     miita_state * st_;
 };
 
@@ -294,6 +311,10 @@ PYBIND11_MODULE(_native, m) {
         .def("set_key_tensor", &State::set_key_tensor)
         .def("key_reset", &State::key_reset)
         .def("begin_batch", &State::begin_batch, py::arg("mask") = py::none())
+        .def("begin_groups", &State::begin_groups, py::arg("group"), py::arg("n_groups"),
+             "per-sequence keys for the next llama_decode: group[i] (-1 = none) of each batch row")
+        .def("end_groups", &State::end_groups)
+        .def("group_keys", &State::group_keys, "(sums (n_groups, H) float32, rows (n_groups,) int64)")
         .def("key", &State::key)
         .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
         .def("set_stop_after_norm", &State::set_stop_after_norm, py::arg("enabled"))

@@ -64,6 +64,11 @@ struct miita_state {
     int64_t key_rows = 0;
     std::vector<uint8_t> mask;     // per batch row; empty = all rows
     int64_t batch_rows_seen = 0;   // rows of the key tensor seen in the current llama_decode
+    // per-sequence keys (miita_state_begin_groups): group of each batch row, -1 = none
+    std::vector<int32_t> group;
+    int64_t n_groups = 0;
+    std::vector<double> group_sum;  // n_groups * n_embd
+    std::vector<int64_t> group_rows;
 
     // capture of result_norm rows (pre-steer)
     bool capture = false;
@@ -107,6 +112,23 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
     const int64_t rows = ggml_nrows(t);
     const float * data = static_cast<const float *>(t->data);
     const int64_t H = st->n_embd;
+    if (st->n_groups > 0) {
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t batch_row = st->batch_rows_seen + r;
+            if (batch_row >= (int64_t) st->group.size()) {
+                set_state_error(st, "key tensor has more rows than the batch's groups cover");
+                break;
+            }
+            const int32_t g = st->group[batch_row];
+            if (g < 0) continue;
+            const float * row = data + r * H;
+            double * acc = st->group_sum.data() + (int64_t) g * H;
+            for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+            st->group_rows[g]++;
+        }
+        st->batch_rows_seen += rows;
+        return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t batch_row = st->batch_rows_seen + r;
         if (!st->mask.empty()) {
@@ -218,6 +240,30 @@ void miita_state_key_reset(miita_state * st) {
     std::fill(st->key_sum.begin(), st->key_sum.end(), 0.0);
     st->key_rows = 0;
     st->batch_rows_seen = 0;
+    st->n_groups = 0;
+    st->group.clear();
+}
+
+int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups) {
+    if (!st) return fail("null state");
+    if (n_groups < 0 || n < 0 || (n > 0 && group == nullptr)) return fail("bad groups");
+    for (int64_t i = 0; i < n; ++i) {
+        if (group[i] < -1 || group[i] >= n_groups) return fail("group id out of range");
+    }
+    st->n_groups = n_groups;
+    st->group.assign(group, group + n);
+    st->group_sum.assign((size_t) (n_groups * st->n_embd), 0.0);
+    st->group_rows.assign((size_t) n_groups, 0);
+    st->batch_rows_seen = 0;
+    return 0;
+}
+
+int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups) {
+    if (!st) return fail("null state");
+    if (n_groups != st->n_groups) return fail("n_groups differs from the groups set");
+    for (int64_t k = 0; k < n_groups * st->n_embd; ++k) sums_out[k] = (float) st->group_sum[k];
+    for (int64_t g = 0; g < n_groups; ++g) rows_out[g] = st->group_rows[g];
+    return 0;
 }
 
 int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {

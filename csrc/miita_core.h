@@ -66,6 +66,14 @@ void miita_state_key_reset(miita_state * st);
 /* Row mask for the next llama_decode: mask[i] != 0 includes batch row i in the key.
  * n = 0 (mask NULL) includes every row. Also resets the batch row counter. */
 int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n);
+/* Per-sequence keys for the next llama_decode (several prompts decoded as separate sequences):
+ * group[i] in [0, n_groups) adds batch row i to that group's own sum, -1 leaves it out. While
+ * groups are set the single key sum is not touched. Zeroes the group sums and the batch row
+ * counter. n_groups = 0 ends group mode (as does miita_state_key_reset). */
+int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups);
+/* The group sums (n_groups x n_embd, float, summed in double in batch-row order as the single
+ * key is) and each group's row count. */
+int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups);
 /* Copy the key sum (n_embd floats) and the number of rows summed. */
 int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
 

@@ -135,7 +135,7 @@ def memory(base_memory, tmp_path) -> Path:
 HELP_OPTIONS = {
     None: ["ingest", "ask", "info", "demo", "MIITA_EDGE_MODEL", "MIITA_EDGE_MEMORY"],
     "ingest": ["DATA.jsonl", "--budget", "--template", "--preset", "--progress", "--no-progress",
-               "--memory", "--model", "--threads", "--json", "--help"],
+               "--ray", "--ray-workers", "--memory", "--model", "--threads", "--json", "--help"],
     "ask": ["text", "--no-adapt", "--max-tokens", "--eta", "--gate", "--memory", "--model", "--threads",
             "--json", "--help"],
     "info": ["--memory", "--json", "--help"],

@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "default; paper = the method exactly as published)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
+    p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
+                   help="extract on a Ray cluster: the cluster at ADDRESS, or a local one when no address is "
+                        "given; the memory is the one a local ingest makes (needs: pip install \"miita-edge[ray]\")")
+    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
+                   help="Ray workers, each loading the model once (default: 2)")
     _add_common(p)
 
     p = sub.add_parser("ask", help="answer a query with the memory applied",
@@ -166,7 +171,8 @@ def cmd_ingest(args) -> int:
     with Miita(args.model, args.memory, preset=args.preset, template=args.template,
                engine_config=_engine_config(args)) as m:
         try:
-            rep = m.ingest(examples, budget=args.budget, progress=args.progress)
+            rep = m.ingest(examples, budget=args.budget, progress=args.progress, ray=args.ray,
+                           ray_workers=args.ray_workers)
         except BudgetError as exc:  # it names the line; name the file too
             raise BudgetError(f"{args.data}: {exc}") from None
         out = rep.to_json()

@@ -110,6 +110,9 @@ class Miita:
         self.max_prompt_tokens: int | None = None
         # Optional extract_cache.ExtractCache: reuse decode passes across memories (sweeps).
         self.extract_cache = None
+        # Decode several prompts per llama_decode when only keys are needed (method.ingest);
+        # False decodes them one by one (the benchmark's baseline).
+        self.batch_keys = True
 
     # ---------------------------------------------------------------- counters
     @property
@@ -189,14 +192,34 @@ class Miita:
         return calibration_mean(self.engine, self.template, self.preset.skip_bos, self.fingerprint())
 
     def ingest(self, examples: Iterable[Example], budget: str | None = None, progress: bool | None = None,
-               dry_run: bool = False) -> IngestReport:
-        """Extract, write, repair and commit atomically (all or nothing for this call)."""
+               dry_run: bool = False, ray: str | bool | None = None, ray_workers: int = 2) -> IngestReport:
+        """Extract, write, repair and commit atomically (all or nothing for this call).
+
+        ``ray``: extract on a Ray cluster (True: a local one started for this call; a string: the
+        address of a running one) with ``ray_workers`` workers that each load the model once; the
+        bank is still written here in stream order, so the memory is the one a local ingest makes.
+        """
         t0 = time.perf_counter()
         examples = list(examples)
         if not examples:
             raise InputError("no examples to ingest")
         if budget is not None:
             parse_budget(budget)  # validate before any work
+        extractor = None
+        if ray:
+            from .method.ray_ingest import RayExtractor
+
+            extractor = RayExtractor(str(self.engine.info.path), self.preset.to_json(), self.template.name,
+                                     self.max_prompt_tokens, address=None if ray is True else str(ray),
+                                     workers=ray_workers)
+        try:
+            return self._ingest(examples, budget, progress, dry_run, t0, extractor)
+        finally:
+            if extractor is not None:
+                extractor.close()
+
+    def _ingest(self, examples: list[Example], budget: str | None, progress, dry_run: bool, t0,
+                extractor) -> IngestReport:
         with self.store.writer() as writer:
             current = self.store.read().version if self.store.exists() else 0
             if current != self.version:
@@ -204,7 +227,7 @@ class Miita:
             saved = (self.bank, self.budget_spec, self.counts)
             self.bank, self.counts = copy.deepcopy(self.bank), copy.copy(self.counts)
             try:
-                report = self._ingest_locked(examples, budget, progress, t0)
+                report = self._ingest_locked(examples, budget, progress, t0, extractor)
                 if not dry_run:
                     snap = writer.commit(self.bank.to_arrays(), self.manifest())
                     self.version = snap.version
@@ -216,12 +239,17 @@ class Miita:
                 self._index = None
         return report
 
-    def _ingest_locked(self, examples: list[Example], budget: str | None, progress, t0) -> IngestReport:
+    def _ingest_locked(self, examples: list[Example], budget: str | None, progress, t0, extractor=None
+                       ) -> IngestReport:
         if budget is not None:
             self.budget_spec = budget
         bar = progress_bar(len(examples), progress, "extract")
-        extracted = extract_examples(self.engine, self.template, self.preset, examples,
-                                     max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache, bar=bar)
+        if extractor is not None:
+            extracted = extractor(examples, bar)
+        else:
+            extracted = extract_examples(self.engine, self.template, self.preset, examples,
+                                         max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache, bar=bar,
+                                         batch_keys=self.batch_keys)
         bar.close()
         limit = self.budget_bytes(stream=call_stream_bytes(self.counts, examples))
         skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, self.counts, limit=limit,

@@ -136,6 +136,22 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     return Extracted(prompt, target, s / max(n, 1), R)
 
 
+def extract_keys(engine: Engine, template: Template, rows: list[tuple[str, str]], *, skip_bos: bool,
+                 max_prompt_tokens: int | None = None) -> list[Extracted | None]:
+    """:func:`extract` with ``corrections=False`` for many examples at once: their prompts are
+    decoded together as separate sequences (``Engine.prompt_keys``), which is what makes the
+    default preset's ingest faster; keys equal the one-by-one ones within 1e-4 relative (tested)."""
+    pts = [prompt_and_target(engine, template, x, y, skip_bos=skip_bos, max_prompt_tokens=max_prompt_tokens)
+           for x, y in rows]
+    live = [i for i, pt in enumerate(pts) if pt is not None]
+    keys = engine.prompt_keys([pts[i][0] for i in live], [pts[i][2] for i in live])
+    out: list[Extracted | None] = [None] * len(rows)
+    for i, (s, n) in zip(live, keys):
+        prompt, target, _ = pts[i]
+        out[i] = Extracted(prompt, target, s / max(n, 1), None)
+    return out
+
+
 def finish_corrections(engine: Engine, pending: list[PendingR], per_position: bool) -> list[Extracted | None]:
     """Exact R of several deferred examples from ONE online-softmax pass over the LM head.
 

@@ -16,7 +16,8 @@ from ..errors import BudgetError
 from ..memory.bank import MemoryBank
 from ..runtime.engine import Engine
 from ..streams import Example
-from .extract import HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract, finish_corrections
+from .extract import (HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract, extract_keys,
+                      finish_corrections)
 from .presets import Preset
 from .templates import Template
 
@@ -53,15 +54,30 @@ def per_position(preset: Preset) -> bool:
     return preset.bank.payload != "mean"  # the mean payload needs only R_m
 
 
+#: Examples whose keys one batched decode computes (default preset: no corrections to compute).
+KEY_BATCH_EXAMPLES = 32
+
+
 def extract_examples(engine: Engine, template: Template, preset: Preset, examples: Sequence[Example], *,
-                     max_prompt_tokens: int | None = None, cache=None, bar=None) -> list[Extracted | None]:
+                     max_prompt_tokens: int | None = None, cache=None, bar=None,
+                     batch_keys: bool = True) -> list[Extracted | None]:
     """eqs. 1-2 for every example, in order (None: the example cannot be learned, e.g. an
     answer that tokenises to nothing). Examples whose exact R comes from the hidden rows are
     decoded one by one and their R computed HIDDEN_BATCH_EXAMPLES at a time in one shared pass
     over the LM head (bitwise the per-example result, ``finish_corrections``). Goes through
-    ``cache`` (an ``ExtractCache``) when one is given, so sweeps share decode passes."""
+    ``cache`` (an ``ExtractCache``) when one is given, so sweeps share decode passes. Without
+    corrections to compute (the ``tokens`` payload) and with ``batch_keys``, prompts are decoded
+    several at a time as separate sequences (:func:`extract_keys`)."""
     need_R = preset.bank.payload != "tokens"
     bar = bar or progress_bar(0, False, "")
+    if not need_R and batch_keys and cache is None:
+        out: list[Extracted | None] = []
+        for i in range(0, len(examples), KEY_BATCH_EXAMPLES):
+            part = examples[i:i + KEY_BATCH_EXAMPLES]
+            out += extract_keys(engine, template, [(ex.input, ex.output) for ex in part], skip_bos=preset.skip_bos,
+                                max_prompt_tokens=max_prompt_tokens)
+            bar.update(len(part))
+        return out
     out: list[Extracted | None] = [None] * len(examples)
     pending: list[tuple[int, PendingR, dict | None]] = []
 
