@@ -212,7 +212,7 @@ def cmd_ask(args) -> int:
 def cmd_info(args) -> int:
     from .memory import store as store_mod
     from .memory.budget import parse_budget
-    from .miita import Preset, default_memory_dir
+    from .miita import check_memory_meta, default_memory_dir
 
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
     st = store_mod.Store(path)
@@ -220,12 +220,13 @@ def cmd_info(args) -> int:
         raise InputError(f"no memory at {path}")
     snap = st.read()
     meta = snap.manifest
+    preset = check_memory_meta(path, meta)
     b = parse_budget(meta["budget"])
     budget_bytes = None if b.unlimited else b.resolve(int(meta["stream_bytes"]))
     out = {"memory": str(path), "version": snap.version, "bytes": snap.bytes_on_disk, "budget": meta["budget"],
            "budget_bytes": budget_bytes, **{k: meta[k] for k in ("examples", "skipped", "prototypes", "anchors",
                                                                   "stream_bytes", "template", "fingerprint")},
-           "preset": meta["preset"]["name"], "hyperparameters": Preset.from_json(meta["preset"]).describe(),
+           "preset": preset.name, "hyperparameters": preset.describe(),
            "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()}}
     if args.json:
         print(json.dumps(out))

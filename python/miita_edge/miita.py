@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import InputError, StoreError
+from .errors import BudgetError, InputError, StoreError
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, parse_budget
@@ -36,6 +36,45 @@ __all__ = ["Answer", "CALIBRATION_INPUTS", "IngestReport", "Miita", "PRESETS", "
 MEMORY_ENV = "MIITA_EDGE_MEMORY"
 DEFAULT_BUDGET = "64KiB"
 FORMAT = "miita-edge-memory/1"
+
+
+_META_INTS = ("stream_bytes", "examples", "skipped", "prototypes", "anchors")
+
+
+def check_memory_meta(path, meta) -> Preset:
+    """Validate a memory's manifest (the store's user part) before anything reads it; returns its
+    preset. A damaged or foreign manifest is one StoreError naming the field, never a KeyError
+    from deep inside (the corruption campaign, docs/reliability.md)."""
+    def bad(why: str) -> StoreError:
+        return StoreError(f"memory {path}: manifest {why}; not a memory this miita-edge can open")
+
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise StoreError(f"memory {path}: unknown memory format {str(got)[:40]!r}")
+    for k in _META_INTS:
+        v = meta.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(f"field {k!r} is {str(v)[:40]!r}, not a count")
+    if not isinstance(meta.get("template"), str):
+        raise bad("field 'template' is not a name")
+    if not isinstance(meta.get("budget"), str):
+        raise bad("field 'budget' is not a budget")
+    try:
+        parse_budget(meta["budget"])
+    except (InputError, BudgetError):
+        raise bad(f"field 'budget' is {meta['budget'][:40]!r}") from None
+    fp = meta.get("fingerprint")
+    if not (isinstance(fp, dict) and isinstance(fp.get("sha256"), str) and isinstance(fp.get("arch"), str)
+            and all(isinstance(fp.get(k), int) and not isinstance(fp.get(k), bool) for k in ("n_embd", "key_layer"))):
+        raise bad("field 'fingerprint' is incomplete")
+    if not isinstance(meta.get("preset"), dict):
+        raise bad("field 'preset' is not an object")
+    try:
+        return Preset.from_json(meta["preset"])
+    except StoreError as exc:
+        raise StoreError(f"memory {path}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise bad(f"preset is invalid ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__})") from None
 
 
 def default_memory_dir() -> Path:
@@ -90,8 +129,9 @@ class Miita:
             try:
                 mean = self.calibration_mean() if stored.center_keys else None
                 self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean)
-            except (KeyError, ValueError) as exc:
-                raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({exc})") from None
+            except (KeyError, ValueError, TypeError, IndexError) as exc:
+                why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+                raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({why})") from None
             self.budget_spec = meta["budget"]
             self.counts = StreamCounts(int(meta["examples"]), int(meta["skipped"]), int(meta["stream_bytes"]))
             self.version = snap.version
@@ -162,8 +202,7 @@ class Miita:
             return None
         snap = self.store.read()
         meta = snap.manifest
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise StoreError(f"memory {self.memory_dir}: unknown memory format {meta.get('format') if isinstance(meta, dict) else None!r}")
+        check_memory_meta(self.memory_dir, meta)
         fp = self.fingerprint()
         if meta.get("fingerprint") != fp:
             other = meta.get("fingerprint") or {}

@@ -208,7 +208,7 @@ class Store:
         where = f"{name}/{MANIFEST}"
         try:
             doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             raise self._fail(f"{where} is corrupt (not valid JSON)") from None
         if not isinstance(doc, dict):
             raise self._fail(f"{where} is malformed (not a JSON object)")

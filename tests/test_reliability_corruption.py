@@ -1,0 +1,78 @@
+"""Short run of the corruption campaign (bench/reliability_corruption.py; figures in docs/reliability.md),
+and regression tests for what the full campaign found."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def _bench():
+    path = Path(__file__).resolve().parent.parent / "bench" / "reliability_corruption.py"
+    spec = importlib.util.spec_from_file_location("reliability_corruption", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_short_campaign_has_no_crash_and_no_silent_acceptance(tmp_path):
+    r = _bench().campaign(300, seed=3, work=tmp_path, with_model=False, model_sample=0, progress=False)
+    assert not r["failures"], r["failures"][:10]
+    total = sum(t["count"] for t in r["table"].values())
+    rejected = sum(t["store rejected"] for t in r["table"].values())
+    assert total == 300 and rejected > 200  # the mutations really damaged the stores
+
+
+def test_the_checker_flags_a_silent_acceptance_and_a_crash(tmp_path):
+    """A reader that skipped the CRC check would be caught: feed the classifier such a result."""
+    bench = _bench()
+    assert bench.failures_of({"store": "accepted", "silent": True, "consistent": False}) == [
+        "silent acceptance of changed array bytes"]
+    assert bench.failures_of({"store": "accepted", "silent": True, "consistent": True}) == []
+    assert bench.failures_of({"store": "CRASH KeyError: 'x'", "info": "rejected"}) == ["store: CRASH KeyError: 'x'"]
+    # and open_all_ways itself reports changed bytes when the store lets them through
+    from miita_edge.memory.store import Store
+
+    d = tmp_path / "s"
+    with Store(d).writer() as w:
+        w.commit({"a": np.arange(4, dtype=np.int32)}, {"k": 1})
+    base = bench._normalise(json.loads(json.dumps(bench.base_content(d), default=bench.encode_base),
+                                       object_hook=bench.decode_base))
+    assert bench.open_all_ways(d, base)["silent"] is False
+    base["arrays"]["a"] = (base["arrays"]["a"][0], base["arrays"]["a"][1], b"\x00" * 16)
+    assert bench.open_all_ways(d, base)["silent"] is True
+
+
+def test_deeply_nested_manifest_is_a_store_error(tmp_path):
+    """Found by the campaign: json.loads raised RecursionError, a traceback instead of one line."""
+    from miita_edge.errors import StoreError
+    from miita_edge.memory.store import Store
+
+    d = tmp_path / "s"
+    with Store(d).writer() as w:
+        w.commit({"a": np.zeros(2)}, {"k": 1})
+    v = (d / "CURRENT").read_text().strip()
+    (d / v / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(StoreError, match="not valid JSON"):
+        Store(d).read()
+
+
+@pytest.mark.parametrize("meta", [{"kind": "not a memory"}, {"format": "miita-edge-memory/1"},
+                                  {"format": "miita-edge-memory/1", "stream_bytes": -1}])
+def test_info_on_a_store_that_is_not_a_memory_is_one_line(tmp_path, capsys, meta):
+    """Found by the campaign: `miita-edge info` on a store whose manifest lacks the memory's fields
+    raised KeyError('budget')."""
+    from miita_edge.cli import main
+    from miita_edge.memory.store import Store
+
+    d = tmp_path / "s"
+    with Store(d).writer() as w:
+        w.commit({"a": np.zeros(2)}, meta)
+    rc = main(["info", "--memory", str(d)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and str(d) in err[0], err
