@@ -255,7 +255,7 @@ def open_all_ways(d: Path, base: dict, engine=None) -> dict:
     from miita_edge.errors import MiitaError
     from miita_edge.memory.bank import MemoryBank
     from miita_edge.memory.store import Store
-    from miita_edge.method.presets import Preset
+    from miita_edge.miita import check_memory_meta
 
     res = {"store": None, "info": None, "bank": None, "ask": None, "silent": False, "meta_changed": False}
 
@@ -282,8 +282,8 @@ def open_all_ways(d: Path, base: dict, engine=None) -> dict:
         res["info"] = f"CRASH {type(exc).__name__}: {str(exc)[:200]}"
     if snap is not None and isinstance(snap.manifest, dict) and "preset" in snap.manifest:
         try:
-            preset = Preset.from_json(snap.manifest["preset"])
-            n_embd = int(snap.manifest.get("fingerprint", {}).get("n_embd", 640))
+            preset = check_memory_meta(d, snap.manifest)  # what Miita does first with a manifest
+            n_embd = snap.manifest["fingerprint"]["n_embd"]
             MemoryBank.from_arrays(preset.bank, n_embd, snap.arrays,
                                    np.zeros(n_embd, np.float32) if preset.center_keys else None)
             res["bank"] = "accepted"

@@ -76,3 +76,26 @@ def test_info_on_a_store_that_is_not_a_memory_is_one_line(tmp_path, capsys, meta
     rc = main(["info", "--memory", str(d)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and str(d) in err[0], err
+
+
+@pytest.mark.parametrize("edit", ["drop-entry", "empty-arrays"])
+def test_a_manifest_that_lost_an_array_entry_is_refused(tmp_path, edit):
+    """Found by the campaign: deleting an array's entry from manifest.json made the store return the
+    other arrays without a word; a version directory must hold exactly the files its manifest lists."""
+    import zlib  # noqa: F401  (the manifest keeps its other entries' CRCs valid)
+
+    from miita_edge.errors import StoreError
+    from miita_edge.memory.store import Store
+
+    d = tmp_path / "s"
+    with Store(d).writer() as w:
+        w.commit({"a": np.zeros(2), "b": np.ones(3)}, {"k": 1})
+    v = (d / "CURRENT").read_text().strip()
+    man = json.loads((d / v / "manifest.json").read_text())
+    if edit == "drop-entry":
+        del man["arrays"]["b"]
+    else:
+        man["arrays"] = {}
+    (d / v / "manifest.json").write_text(json.dumps(man, separators=(",", ":")))
+    with pytest.raises(StoreError, match="does not list"):
+        Store(d).read()

@@ -196,6 +196,19 @@ class Store:
         except OSError as exc:
             raise self._fail(f"cannot read {name}/{MANIFEST} ({exc.strerror})") from None
         doc = self._parse_manifest(name, raw)
+        # Every file of a version is listed in its manifest: an array file the manifest does not
+        # list means the manifest lost an entry (an edit, a bad copy), and reading the rest would
+        # silently drop that array (found by the corruption campaign).
+        try:
+            present = set(os.listdir(vdir))
+        except FileNotFoundError:
+            raise self._vanished(name, f"{name}") from None
+        except OSError as exc:
+            raise self._fail(f"cannot list {name} ({exc.strerror})") from None
+        extra = present - {MANIFEST} - {f"{a}.npy" for a in doc["arrays"]}
+        if extra:
+            shown = ", ".join(sorted(extra))
+            raise self._fail(f"{name} holds files its manifest does not list ({shown[:80]})")
         arrays: dict[str, np.ndarray] = {}
         total = len(raw)
         for aname, entry in doc["arrays"].items():
