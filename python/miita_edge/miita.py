@@ -150,9 +150,10 @@ class Miita:
         self.max_prompt_tokens: int | None = None
         # Optional extract_cache.ExtractCache: reuse decode passes across memories (sweeps).
         self.extract_cache = None
-        # Decode several prompts per llama_decode when only keys are needed (method.ingest);
-        # False decodes them one by one (the benchmark's baseline).
-        self.batch_keys = True
+        # Decode several prompts per llama_decode when only keys are needed (method.ingest). Off by
+        # default: on a quiet 2-core AVX2 machine it was no faster (0.89x, docs/benchmarks.md), and
+        # its keys differ from one-by-one extraction by rounding; on a busy machine it was 1.7-5.9x.
+        self.batch_keys = False
 
     # ---------------------------------------------------------------- counters
     @property
@@ -262,7 +263,11 @@ class Miita:
         with self.store.writer() as writer:
             current = self.store.read().version if self.store.exists() else 0
             if current != self.version:
-                raise StoreError(f"memory {self.memory_dir} changed since it was opened; reopen and retry")
+                # Another writer committed between our open and our lock; merging into a bank
+                # read before that commit would drop its examples, so refuse and say what to do.
+                raise StoreError(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
+                                 f"{current}: another writer committed); nothing was written: open it again and "
+                                 f"rerun this ingest")
             saved = (self.bank, self.budget_spec, self.counts)
             self.bank, self.counts = copy.deepcopy(self.bank), copy.copy(self.counts)
             try:

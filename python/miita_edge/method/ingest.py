@@ -60,7 +60,7 @@ KEY_BATCH_EXAMPLES = 32
 
 def extract_examples(engine: Engine, template: Template, preset: Preset, examples: Sequence[Example], *,
                      max_prompt_tokens: int | None = None, cache=None, bar=None,
-                     batch_keys: bool = True) -> list[Extracted | None]:
+                     batch_keys: bool = False) -> list[Extracted | None]:
     """eqs. 1-2 for every example, in order (None: the example cannot be learned, e.g. an
     answer that tokenises to nothing). Examples whose exact R comes from the hidden rows are
     decoded one by one and their R computed HIDDEN_BATCH_EXAMPLES at a time in one shared pass
