@@ -22,6 +22,16 @@ ROWS = [("I was charged twice for the same coffee", "double charge"),
 
 
 @pytest.fixture(scope="module")
+def engine():
+    """A context that holds 8 sequences (the default engine holds one, as llama.cpp's default)."""
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    eng = Engine(None, EngineConfig(n_ctx=1024, n_batch=256, n_seq_max=8))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
 def template():
     from miita_edge.method.templates import get_template
 

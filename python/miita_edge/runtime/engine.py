@@ -74,9 +74,10 @@ class EngineConfig:
     key_layer: int | None = None  # None: n_layer // 2 (must be <= n_layer - 2: earlier layers hold all rows)
     use_extra_bufts: bool | None = None  # None: off on CPUs with AMX, on elsewhere
     verbose: bool = False
-    # Prompts decoded together as separate sequences by ``prompt_keys`` (batched ingest). The KV
-    # cache is unified (one pool of n_ctx cells), so one sequence can still use the whole context.
-    n_seq_max: int = 8
+    # Prompts decoded together as separate sequences by ``prompt_keys`` (batched ingest; at most
+    # n_batch). 1 (the default) keeps llama.cpp's single-sequence context exactly as before; above 1
+    # the KV cache is unified (one pool of n_ctx cells), so one sequence can still use all of it.
+    n_seq_max: int = 1
 
 
 @dataclass
@@ -161,8 +162,10 @@ class Engine:
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
         cparams.no_perf = True
-        cparams.n_seq_max = max(1, int(self.config.n_seq_max))
-        cparams.kv_unified = True
+        self._n_seq_ctx = max(1, min(int(self.config.n_seq_max), int(self.config.n_batch)))
+        if self._n_seq_ctx > 1:  # llama.cpp asserts n_outputs <= n_seq_max... keep n_seq_max <= n_batch
+            cparams.n_seq_max = self._n_seq_ctx
+            cparams.kv_unified = True
         self._cb = ctypes.cast(ctypes.c_void_p(_native.callback_address()), L.ggml_backend_sched_eval_callback)
         cparams.cb_eval = self._cb
         cparams.cb_eval_user_data = ctypes.c_void_p(self.native.user_data)
@@ -256,7 +259,7 @@ class Engine:
                 self.decode(toks, "none", key_mask=masks[i])
                 out[i] = self.native.key()
                 continue
-            if group and (len(group) >= max(1, self.config.n_seq_max)
+            if group and (len(group) >= max(1, min(self.config.n_seq_max, self._n_seq_ctx))
                           or sum(len(prompts[j]) for j in group) + len(toks) > nb):
                 self._decode_group(group, prompts, masks, out)
                 group = []

@@ -1,0 +1,306 @@
+// callback.cpp - the llama.cpp eval callback and the miita_state API: key capture (one sum, or
+// one per sequence of a batch), capture of result_norm rows, the gated pre-LM-head addition,
+// the optional stop after result_norm, alphas and errors. The contract is in miita_core.h.
+#include "kernels_common.h"
+
+namespace miita_internal {
+
+thread_local std::string g_last_error;
+
+int fail(const std::string & msg) {
+    g_last_error = msg;
+    return -1;
+}
+
+}  // namespace miita_internal
+
+using namespace miita_internal;
+
+struct miita_state {
+    int64_t n_embd = 0;
+
+    // key: sum of selected rows of one per-layer tensor
+    std::string key_name;
+    std::vector<double> key_sum;   // double: prompts of thousands of rows, norms ~1e4
+    int64_t key_rows = 0;
+    std::vector<uint8_t> mask;     // per batch row; empty = all rows
+    int64_t batch_rows_seen = 0;   // rows of the key tensor seen in the current llama_decode
+    // per-sequence keys (miita_state_begin_groups): group of each batch row, -1 = none
+    std::vector<int32_t> group;
+    int64_t n_groups = 0;
+    std::vector<double> group_sum;  // n_groups * n_embd
+    std::vector<int64_t> group_rows;
+
+    // capture of result_norm rows (pre-steer)
+    bool capture = false;
+    int64_t capture_max = 0;
+    std::vector<float> captured;   // rows * n_embd
+    int64_t captured_rows = 0;
+
+    // steering
+    int mode = MIITA_STEER_OFF;
+    float eta = 0.0f;
+    std::vector<float> dir;
+    std::vector<float> h_q;
+    float h_q_norm = 0.0f;
+    std::vector<float> alphas;
+
+    // stop the graph after result_norm (skip llama.cpp's LM-head product)
+    bool stop_after_norm = false;
+
+    // diagnostics
+    std::string error;
+    int64_t hits_key = 0;
+    int64_t hits_norm = 0;
+};
+
+static const char * const k_result_norm = "result_norm";
+
+static bool is_dense_f32(const ggml_tensor * t) {
+    return t->type == GGML_TYPE_F32 && t->data != nullptr && ggml_is_contiguous(t);
+}
+
+static void set_state_error(miita_state * st, const std::string & msg) {
+    if (st->error.empty()) st->error = msg;
+}
+
+static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
+    st->hits_key++;
+    if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
+        set_state_error(st, std::string("key tensor ") + t->name + " is not a contiguous f32 [n_embd, rows] tensor");
+        return;
+    }
+    const int64_t rows = ggml_nrows(t);
+    const float * data = static_cast<const float *>(t->data);
+    const int64_t H = st->n_embd;
+    if (st->n_groups > 0) {
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t batch_row = st->batch_rows_seen + r;
+            if (batch_row >= (int64_t) st->group.size()) {
+                set_state_error(st, "key tensor has more rows than the batch's groups cover");
+                break;
+            }
+            const int32_t g = st->group[batch_row];
+            if (g < 0) continue;
+            const float * row = data + r * H;
+            double * acc = st->group_sum.data() + (int64_t) g * H;
+            for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+            st->group_rows[g]++;
+        }
+        st->batch_rows_seen += rows;
+        return;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t batch_row = st->batch_rows_seen + r;
+        if (!st->mask.empty()) {
+            if (batch_row >= (int64_t) st->mask.size()) {
+                set_state_error(st, "key tensor has more rows than the batch mask covers");
+                break;
+            }
+            if (!st->mask[batch_row]) continue;
+        }
+        const float * row = data + r * H;
+        double * acc = st->key_sum.data();
+        for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+        st->key_rows++;
+    }
+    st->batch_rows_seen += rows;
+}
+
+static void on_result_norm(miita_state * st, ggml_tensor * t) {
+    st->hits_norm++;
+    if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
+        set_state_error(st, "result_norm is not a contiguous f32 [n_embd, rows] tensor");
+        return;
+    }
+    const int64_t rows = ggml_nrows(t);
+    const int64_t H = st->n_embd;
+    float * data = static_cast<float *>(t->data);
+
+    if (st->capture) {
+        const int64_t take = std::min(rows, st->capture_max - st->captured_rows);
+        if (take > 0) {
+            std::memcpy(st->captured.data() + st->captured_rows * H, data, sizeof(float) * take * H);
+            st->captured_rows += take;
+        }
+    }
+    if (st->mode == MIITA_STEER_OFF || st->dir.empty()) return;
+
+    const float * d = st->dir.data();
+    for (int64_t r = 0; r < rows; ++r) {
+        float * h = data + r * H;
+        float alpha = 1.0f;
+        if (st->mode == MIITA_STEER_GATED) {
+            double dot = 0.0, nn = 0.0;
+            for (int64_t i = 0; i < H; ++i) {
+                dot += (double) h[i] * st->h_q[i];
+                nn += (double) h[i] * h[i];
+            }
+            const double denom = std::sqrt(nn) * st->h_q_norm;
+            const double c = denom > 0.0 ? dot / denom : 0.0;
+            alpha = (float) std::max(0.0, c);
+        }
+        st->alphas.push_back(alpha);
+        const float scale = st->eta * alpha;
+        if (scale != 0.0f) {
+            for (int64_t i = 0; i < H; ++i) h[i] += scale * d[i];
+        }
+    }
+}
+
+extern "C" {
+
+const char * miita_last_error(void) { return g_last_error.c_str(); }
+
+miita_state * miita_state_new(int64_t n_embd) {
+    if (n_embd <= 0) {
+        fail("n_embd must be positive");
+        return nullptr;
+    }
+    auto * st = new miita_state();
+    st->n_embd = n_embd;
+    st->key_sum.assign(n_embd, 0.0);
+    return st;
+}
+
+void miita_state_free(miita_state * st) { delete st; }
+
+bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
+    auto * st = static_cast<miita_state *>(user_data);
+    if (st == nullptr || t == nullptr) return true;
+    const bool is_norm = std::strcmp(t->name, k_result_norm) == 0;
+    const bool is_key = !is_norm && !st->key_name.empty() && st->key_name == t->name;
+    if (ask) {
+        if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF || st->stop_after_norm;
+        return is_key;
+    }
+    if (is_key) on_key_tensor(st, t);
+    else if (is_norm) {
+        on_result_norm(st, t);
+        // false makes the scheduler leave the rest of this graph split uncomputed and still report
+        // success (ggml-backend.cpp, ggml_backend_sched_compute_splits); after result_norm that is
+        // only the LM-head product, whose logits the caller then must not read.
+        if (st->stop_after_norm) return false;
+    }
+    return true;  // otherwise never false: it would silently skip the rest of the split
+}
+
+int miita_state_set_stop_after_norm(miita_state * st, bool enabled) {
+    if (!st) return fail("null state");
+    st->stop_after_norm = enabled;
+    return 0;
+}
+
+int miita_state_set_key_tensor(miita_state * st, const char * name) {
+    if (!st) return fail("null state");
+    st->key_name = name ? name : "";
+    return 0;
+}
+
+void miita_state_key_reset(miita_state * st) {
+    std::fill(st->key_sum.begin(), st->key_sum.end(), 0.0);
+    st->key_rows = 0;
+    st->batch_rows_seen = 0;
+    st->n_groups = 0;
+    st->group.clear();
+}
+
+int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups) {
+    if (!st) return fail("null state");
+    if (n_groups < 0 || n < 0 || (n > 0 && group == nullptr)) return fail("bad groups");
+    for (int64_t i = 0; i < n; ++i) {
+        if (group[i] < -1 || group[i] >= n_groups) return fail("group id out of range");
+    }
+    st->n_groups = n_groups;
+    st->group.assign(group, group + n);
+    st->group_sum.assign((size_t) (n_groups * st->n_embd), 0.0);
+    st->group_rows.assign((size_t) n_groups, 0);
+    st->batch_rows_seen = 0;
+    return 0;
+}
+
+int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups) {
+    if (!st) return fail("null state");
+    if (n_groups != st->n_groups) return fail("n_groups differs from the groups set");
+    for (int64_t k = 0; k < n_groups * st->n_embd; ++k) sums_out[k] = (float) st->group_sum[k];
+    for (int64_t g = 0; g < n_groups; ++g) rows_out[g] = st->group_rows[g];
+    return 0;
+}
+
+int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || (n > 0 && mask == nullptr)) return fail("bad mask");
+    st->mask.assign(mask, mask + n);
+    st->batch_rows_seen = 0;
+    return 0;
+}
+
+int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out) {
+    if (!st) return fail("null state");
+    for (int64_t i = 0; i < st->n_embd; ++i) sum_out[i] = (float) st->key_sum[i];
+    *n_rows_out = st->key_rows;
+    return 0;
+}
+
+int miita_state_set_capture(miita_state * st, bool enabled, int64_t max_rows) {
+    if (!st) return fail("null state");
+    if (max_rows < 0) return fail("max_rows must be >= 0");
+    st->capture = enabled;
+    st->capture_max = max_rows;
+    st->captured.assign(max_rows * st->n_embd, 0.0f);
+    st->captured_rows = 0;
+    return 0;
+}
+
+int64_t miita_state_captured_rows(const miita_state * st) { return st->captured_rows; }
+
+int miita_state_captured_get(const miita_state * st, float * out, int64_t max_rows) {
+    const int64_t n = std::min(max_rows, st->captured_rows);
+    std::memcpy(out, st->captured.data(), sizeof(float) * n * st->n_embd);
+    return 0;
+}
+
+void miita_state_capture_clear(miita_state * st) { st->captured_rows = 0; }
+
+int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode) {
+    if (!st) return fail("null state");
+    if (mode < MIITA_STEER_OFF || mode > MIITA_STEER_GATED) return fail("unknown steer mode");
+    if (!std::isfinite(eta)) return fail("eta must be finite");
+    const int64_t H = st->n_embd;
+    if (dir) st->dir.assign(dir, dir + H);
+    if (h_q) {
+        st->h_q.assign(h_q, h_q + H);
+        double nn = 0.0;
+        for (int64_t i = 0; i < H; ++i) nn += (double) h_q[i] * h_q[i];
+        st->h_q_norm = (float) std::sqrt(nn);
+    }
+    if (mode != MIITA_STEER_OFF && st->dir.empty()) return fail("steering needs a direction");
+    if (mode == MIITA_STEER_GATED && st->h_q.empty()) return fail("gated steering needs h_q");
+    st->eta = eta;
+    st->mode = mode;
+    return 0;
+}
+
+int64_t miita_state_alpha_count(const miita_state * st) { return (int64_t) st->alphas.size(); }
+
+int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n) {
+    const int64_t n = std::min<int64_t>(max_n, st->alphas.size());
+    std::memcpy(out, st->alphas.data(), sizeof(float) * n);
+    return 0;
+}
+
+void miita_state_alpha_clear(miita_state * st) { st->alphas.clear(); }
+
+int miita_state_error(const miita_state * st, char * err_out, size_t cap) {
+    if (st->error.empty()) return 0;
+    if (err_out && cap) std::snprintf(err_out, cap, "%s", st->error.c_str());
+    return -1;
+}
+
+void miita_state_error_clear(miita_state * st) { st->error.clear(); }
+
+int64_t miita_state_hits(const miita_state * st, int which) { return which == 0 ? st->hits_key : st->hits_norm; }
+
+size_t miita_compiled_tensor_size(void) { return sizeof(struct ggml_tensor); }
+
+}  // extern "C"

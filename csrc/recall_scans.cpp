@@ -1,0 +1,284 @@
+// recall_scans.cpp - the retrieval scans behind the C ABI: 1-bit anchor scores (popcount), int8
+// shadow scores and the exact-recall scans with their error bounds, and the top-k pass.
+#include "kernels_common.h"
+
+using namespace miita_internal;
+
+namespace {
+
+
+// Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
+// scan goes to the pool whose workers are still spinning from llama.cpp's last parallel region,
+// one thread per 512 KiB of rows. Without OpenMP a std::thread of ours would compete with those
+// spinning workers instead (measured before OpenMP was used here: 2.9 ms with two threads vs
+// 0.75 ms with one, 10,000 x 640 rows), so the scan stays on the calling thread.
+int scan_threads(int64_t n, int64_t H) {
+#if defined(_OPENMP)
+    return clamp_threads(0, (n * H) >> 19);
+#else
+    (void) n;
+    (void) H;
+    return 1;
+#endif
+}
+
+// The best k of x[b, e) under (value desc, index asc), in that order, into out.
+// Returns whether x[b, n) holds a NaN (the vector passes test every value for it on the way).
+bool top_k_range(const float * x, int64_t b, int64_t n, int64_t k, int32_t * out) {
+    bool nan = false;
+    if (k <= 0) {
+        for (int64_t i = b; i < n; ++i) nan |= std::isnan(x[i]);
+        return nan;
+    }
+    // a min-heap of the best k under the order (value desc, index asc): exactly the first k of a
+    // stable descending sort; one pass, most elements rejected by one comparison with the root.
+    // Every element already in the heap has a lower index than the one scanned, so an element
+    // equal to the root's value loses the tie: only x[v] > root can enter.
+    auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    std::vector<int32_t> heap;
+    heap.reserve(k);
+    auto offer = [&](int64_t i) {
+        const int32_t v = (int32_t) i;
+        if ((int64_t) heap.size() < k) {
+            heap.push_back(v);
+            std::push_heap(heap.begin(), heap.end(), better);
+        } else if (better(v, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), better);
+            heap.back() = v;
+            std::push_heap(heap.begin(), heap.end(), better);
+        }
+    };
+    int64_t i = b;
+    for (; i < n && (int64_t) heap.size() < k; ++i) {
+        nan |= std::isnan(x[i]);
+        offer(i);
+    }
+#if defined(__AVX512F__)
+    // 16 values per compare against the root; only the lanes above it take the scalar path
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
+        __mmask16 m = _mm512_cmp_ps_mask(v, _mm512_set1_ps(x[heap.front()]), _CMP_GT_OQ);
+        while (m) {
+            const int lane = __builtin_ctz(m);
+            m &= m - 1;
+            offer(i + lane);
+        }
+    }
+#else
+    // 64 values per test (vector maxima, one horizontal max): only a block whose maximum beats
+    // the root goes through offer(), which almost none do once the heap is full
+    i32x8 bad = i32x8{};
+    for (; i + 64 <= n; i += 64) {
+        f32x8 m = load8(x + i);
+        bad |= m != m;
+        for (int j = 8; j < 64; j += 8) {
+            const f32x8 v = load8(x + i + j);
+            bad |= v != v;
+            m = m > v ? m : v;
+        }
+        if (hmax8(m) > x[heap.front()])
+            for (int64_t j = i; j < i + 64; ++j) offer(j);
+    }
+    for (int j = 0; j < 8; ++j) nan |= bad[j] != 0;
+#endif
+    for (; i < n; ++i) {
+        nan |= std::isnan(x[i]);
+        offer(i);
+    }
+    std::sort_heap(heap.begin(), heap.end(), better);
+    std::copy(heap.begin(), heap.end(), out);
+    return nan;
+}
+
+// sum_h q[h] * r[h] over int8 r
+inline float dot_f32_i8(const float * q, const int8_t * r, int64_t H) {
+    int64_t h = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (; h + 32 <= H; h += 32) {
+        const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(r + h));
+        const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(r + h + 16));
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b0)), _mm512_loadu_ps(q + h), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b1)), _mm512_loadu_ps(q + h + 16), a1);
+    }
+    s = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+#else
+    // a fixed-width loop over 32 independent lanes: GCC vectorises it (4 FMA chains with
+    // sign-extending int8 -> float conversion); __builtin_convertvector(int8 -> float) did not
+    float acc[32] = {};
+    for (; h + 32 <= H; h += 32)
+        for (int j = 0; j < 32; ++j) acc[j] += q[h + j] * (float) r[h + j];
+    // pairwise over the lanes (vector adds); a running s += acc[j] is a 32-add latency chain per row
+    for (int w = 16; w >= 1; w /= 2)
+        for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+    s = acc[0];
+#endif
+    for (; h < H; ++h) s += q[h] * (float) r[h];
+    return s;
+}
+
+// sum_h r[h] * k[h] in int32 (the caller keeps it from overflowing): integers may be
+// reassociated, so this plain loop vectorises (vpmovsxbw + vpmaddwd on AVX2).
+inline int32_t dot_i8_i16(const int8_t * r, const int16_t * k, int64_t H) {
+    int32_t s = 0;
+    for (int64_t h = 0; h < H; ++h) s += (int32_t) r[h] * (int32_t) k[h];
+    return s;
+}
+
+// The argument checks of miita_i8_recall (on the calling thread: fail() keeps its message per thread).
+int i8_recall_check(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                    const int64_t * seg_start, int64_t & n_seg, const float * q, int64_t R, int64_t * out) {
+    if (n < 0 || H <= 0 || R < 0 || (n > 0 && (!rows || !scales || !errs || !q || !out)))
+        return fail("bad i8_recall arguments");
+    if (!seg_start) n_seg = n;
+    if (n_seg < 0 || n_seg > n || (n > 0 && n_seg == 0)) return fail("bad i8_recall segments");
+    for (int64_t g = 0; seg_start && g < n_seg; ++g)
+        if (seg_start[g] < 0 || seg_start[g] >= n || (g > 0 && seg_start[g] <= seg_start[g - 1]) ||
+            (g == 0 && seg_start[0] != 0))
+            return fail("i8_recall: segment starts must rise strictly from 0 and stay below the row count");
+    return 0;
+}
+
+// The scan of miita_i8_recall on n_threads threads, after i8_recall_check.
+int64_t i8_recall_scan(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                       const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out,
+                       int n_threads) {
+    if (n_seg == 0 || R == 0) return 0;
+    // The query is rounded to int16, u_hat = sigma * k, so that each row's dot product is an
+    // integer sum (int8 x int16 -> int32: pmaddwd on x86, smlal on Arm; a float dot spends most
+    // of its time converting int8 to float). L keeps |sum| <= 127 L H < 2^31.
+    const int64_t L = std::max<int64_t>(1, std::min<int64_t>(16383, INT32_MAX / (127 * H)));
+    double umax = 0.0;
+    for (int64_t h = 0; h < H; ++h) umax = std::max(umax, (double) std::fabs(q[h]));
+    const double sigma = umax > 0.0 ? umax / (double) L : 0.0;
+    std::vector<int16_t> kq(H);
+    double e2 = 0.0;
+    for (int64_t h = 0; h < H; ++h) {
+        kq[h] = sigma > 0.0 ? (int16_t) std::lrint(q[h] / sigma) : 0;
+        const double d = (double) q[h] - sigma * kq[h];
+        e2 += d * d;
+    }
+    // |s (u . q_a) - s (u_hat . q_a)| <= s ||q_a|| ||u - u_hat|| <= s * 127 sqrt(H) * ||u - u_hat||
+    const double qerr = 127.0 * std::sqrt((double) H) * std::sqrt(e2) * (1.0 + 1e-6);
+    // Per segment (a prototype's anchors, or one row), the bounds of its max score:
+    // [max(approx - slack), max(approx + slack)], slack = the row's residual norm (Cauchy-Schwarz
+    // for the int8 row) + the query-rounding term above + 1e-5 (float32 rounding of the exact
+    // re-score, a blocked 640-term sum, and of these bounds).
+    std::vector<float> lo(n_seg), hi(n_seg);
+    parallel_for(n_threads, n_seg, [&](int, int64_t gb, int64_t ge) {
+        for (int64_t g = gb; g < ge; ++g) {
+            const int64_t b = seg_start ? seg_start[g] : g;
+            const int64_t e = seg_start ? (g + 1 < n_seg ? seg_start[g + 1] : n) : g + 1;
+            float l = -INFINITY, h = -INFINITY;
+            for (int64_t a = b; a < e; ++a) {
+                const float s = (float) ((double) scales[a] * sigma * (double) dot_i8_i16(rows + a * H, kq.data(), H));
+                const float slack = errs[a] + (float) (scales[a] * qerr) + 1e-5f;
+                l = std::max(l, s - slack);
+                h = std::max(h, s + slack);
+            }
+            lo[g] = l;
+            hi[g] = h;
+        }
+    });
+    float theta = -INFINITY;
+    if (n_seg >= R) {  // the R-th largest lower bound: no segment below it can be in Top_R
+        std::vector<float> tmp(lo);
+        std::nth_element(tmp.begin(), tmp.begin() + (R - 1), tmp.end(), std::greater<float>());
+        theta = tmp[R - 1];
+    }
+    int64_t m = 0;
+    for (int64_t g = 0; g < n_seg; ++g)
+        if (hi[g] >= theta) out[m++] = g;
+    return m;
+}
+
+}  // namespace
+
+extern "C" {
+
+int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out) {
+    if (n < 0 || H <= 0 || (n > 0 && (!bits || !q || !out))) return fail("bad bit_scores arguments");
+    const int64_t nb = (H + 7) / 8;
+    std::vector<float> lut(nb * 256);
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int v = 0; v < 256; ++v) {
+            float acc = 0.0f;
+            for (int j = 0; j < 8; ++j) {
+                const int64_t dim = 8 * b + j;
+                if (dim >= H) break;
+                acc += ((v >> (7 - j)) & 1) ? q[dim] : -q[dim];
+            }
+            lut[b * 256 + v] = acc;
+        }
+    }
+    for (int64_t a = 0; a < n; ++a) {
+        const uint8_t * row = bits + a * nb;
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) acc += lut[b * 256 + row[b]];
+        out[a] = acc;
+    }
+    return 0;
+}
+
+int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
+                    float * out) {
+    if (n < 0 || H <= 0 || (n > 0 && (!rows || !scales || !q || !out))) return fail("bad i8_scores arguments");
+    parallel_for(scan_threads(n, H), n, [&](int, int64_t b, int64_t e) {
+        for (int64_t a = b; a < e; ++a) out[a] = scales[a] * dot_f32_i8(q, rows + a * H, H);
+    });
+    return 0;
+}
+
+int miita_top_k(const float * x, int64_t n, int64_t k, int32_t * out) {
+    if (n < 0 || k < 0 || k > n || (k > 0 && (!x || !out))) return fail("bad top_k arguments");
+    // Split over the scan threads (the logits are 1 MiB for a 262,144-token vocabulary): each
+    // keeps the best k of its range, then the nt * k candidates are ordered by the same total
+    // order, so the result is the single-pass one exactly.
+    const int nt = (int) std::min<int64_t>(scan_threads(n, 4), n / std::max<int64_t>(k, 1));
+    if (nt <= 1) return top_k_range(x, 0, n, k, out) ? fail("values contain NaN") : 0;
+    std::vector<int32_t> cand((size_t) nt * k, -1);
+    std::vector<char> nan(nt, 0);
+    parallel_for(nt, n, [&](int ti, int64_t b, int64_t e) {
+        nan[ti] = top_k_range(x, b, e, std::min<int64_t>(k, e - b), cand.data() + (size_t) ti * k);
+    });
+    if (std::find(nan.begin(), nan.end(), 1) != nan.end()) return fail("values contain NaN");
+    cand.erase(std::remove(cand.begin(), cand.end(), -1), cand.end());
+    auto better = [x](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), better);
+    std::copy(cand.begin(), cand.begin() + k, out);
+    return 0;
+}
+
+int64_t miita_i8_recall(const int8_t * rows, const float * scales, const float * errs, int64_t n, int64_t H,
+                        const int64_t * seg_start, int64_t n_seg, const float * q, int64_t R, int64_t * out) {
+    if (i8_recall_check(rows, scales, errs, n, H, seg_start, n_seg, q, R, out)) return -1;
+    return i8_recall_scan(rows, scales, errs, n, H, seg_start, n_seg, q, R, out, scan_threads(n, H));
+}
+
+int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const float * errs_a, int64_t n_a,
+                         const int64_t * seg_start_a, int64_t n_seg_a, const float * q_a, int64_t R_a,
+                         int64_t * out_a, int64_t * m_a,
+                         const int8_t * rows_b, const float * scales_b, const float * errs_b, int64_t n_b,
+                         const int64_t * seg_start_b, int64_t n_seg_b, const float * q_b, int64_t R_b,
+                         int64_t * out_b, int64_t * m_b, int64_t H) {
+    if (!m_a || !m_b) return fail("null i8_recall_pair count pointer");
+    if (i8_recall_check(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a) ||
+        i8_recall_check(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b))
+        return -1;
+    // Each scan on a thread of its own: after a prompt pass both read their rows from DRAM, and two
+    // concurrent streams move more bytes per second than one scan split in two after the other.
+    // Only where the pool would split each scan anyway (OpenMP, enough rows).
+    if (scan_threads(n_a, H) > 1 && scan_threads(n_b, H) > 1) {
+        parallel_for(2, 2, [&](int, int64_t b, int64_t) {
+            if (b == 0) *m_a = i8_recall_scan(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a, 1);
+            else *m_b = i8_recall_scan(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b, 1);
+        });
+    } else {
+        *m_a = i8_recall_scan(rows_a, scales_a, errs_a, n_a, H, seg_start_a, n_seg_a, q_a, R_a, out_a, scan_threads(n_a, H));
+        *m_b = i8_recall_scan(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b, scan_threads(n_b, H));
+    }
+    return 0;
+}
+}  // extern "C"
