@@ -9,6 +9,7 @@ Layers, bottom to top (README "Layout"):
     method      templates, extraction, ingest pipeline, retrieval, steering, presets
     facade      miita.py (the Miita class)
     evaluation  the continual-learning harness
+    serve       the OpenAI-compatible server (beside evaluation)
     app         cli.py, demo/, the package __init__
 
 Every ``import`` and ``from ... import`` counts, wherever it stands (a function-local import is
@@ -31,6 +32,7 @@ LAYERS = {
     "method": ("method",),
     "facade": ("miita",),
     "evaluation": ("evaluation",),
+    "serve": ("serve",),
     "app": ("cli", "demo", "__init__", "__main__"),
 }
 ALLOWED = {
@@ -40,6 +42,7 @@ ALLOWED = {
     "method": {"base", "runtime", "memory", "method"},
     "facade": {"base", "runtime", "memory", "method", "facade"},
     "evaluation": {"base", "runtime", "memory", "method", "facade", "evaluation"},
+    "serve": {"base", "runtime", "memory", "method", "facade", "serve"},
     "app": set(LAYERS),
 }
 

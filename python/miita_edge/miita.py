@@ -153,6 +153,7 @@ class Miita:
         # Decode several prompts per llama_decode when only keys are needed (method.ingest). Off by
         # default: on a quiet 2-core AVX2 machine it was no faster (0.89x, docs/benchmarks.md), and
         # its keys differ from one-by-one extraction by rounding; on a busy machine it was 1.7-5.9x.
+        # Needs an engine made with EngineConfig(n_seq_max=8); with one sequence it changes nothing.
         self.batch_keys = False
 
     # ---------------------------------------------------------------- counters
@@ -303,25 +304,71 @@ class Miita:
                             budget_bytes=self.budget_bytes(), repair=repair,
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
 
+    # ---------------------------------------------------------------- forget
+    def forget(self, output: str, dry_run: bool = False) -> dict:
+        """Remove everything that teaches ``output``: every prototype whose stored answer is that
+        output's target tokens (``template.render_target(output)``), and the anchors it owns;
+        committed atomically like ``ingest`` (under the store's lock; all or nothing; nothing is
+        committed when nothing matches). The example count drops by the removed prototypes' write
+        counts; ``stream_bytes`` (what a percentage budget is a share of) is kept. The exact
+        property is in docs/serving.md ("Forgetting"). Refused for 'mean' payloads (paper preset)."""
+        if not isinstance(output, str) or not output.strip():
+            raise InputError("forget: 'output' must be a non-empty string")
+        if self.preset.bank.payload == "mean":
+            raise InputError(f"memory {self.memory_dir}: preset {self.preset.name!r} stores merged directions without "
+                             f"answers (payload 'mean'), so it cannot forget by answer")
+        tokens = self.engine.tokenize(self.template.render_target(output), add_bos=False)
+        if not self.store.exists():
+            raise InputError(f"no memory at {self.memory_dir}: nothing to forget")
+        with self.store.writer() as writer:
+            current = self.store.read().version
+            if current != self.version:
+                raise StoreError(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
+                                 f"{current}: another writer committed); nothing was written: open it again and "
+                                 f"rerun this forget")
+            saved = (self.bank, self.counts)
+            self.bank, self.counts = copy.deepcopy(self.bank), copy.copy(self.counts)
+            try:
+                n_p, n_a, n_ex = self.bank.forget_answer(np.asarray(tokens, np.int32))
+                self.counts.examples = max(0, self.counts.examples - n_ex)
+                nbytes = self.nbytes()
+                if n_p and not dry_run:
+                    snap = writer.commit(self.bank.to_arrays(), self.manifest())
+                    self.version = snap.version
+                    nbytes = snap.bytes_on_disk
+                else:
+                    self.bank, self.counts = saved
+            except BaseException:
+                self.bank, self.counts = saved
+                raise
+            finally:
+                self._index = None
+        return {"output": output, "removed_prototypes": n_p, "removed_anchors": n_a, "removed_examples": n_ex,
+                "prototypes": self.bank.n_prototypes, "anchors": self.bank.n_anchors, "version": self.version,
+                "bytes": nbytes}
+
     # ---------------------------------------------------------------- ask
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
             mode: str | None = None, gate: str | None = None, eta: float | None = None,
-            temperature: float = 0.0, seed: int = 0, oracle_dir: np.ndarray | None = None) -> Answer:
+            temperature: float = 0.0, seed: int = 0, oracle_dir: np.ndarray | None = None,
+            top_p: float = 1.0, on_token=None, prompt_tokens_override: Sequence[int] | None = None) -> Answer:
         """Answer one query; the hidden-state update is discarded afterwards.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (an upper bound)."""
         pr = self.preset
         eng = self.engine
-        toks = prompt_tokens(eng, self.template, text, self.max_prompt_tokens)
+        toks = (list(prompt_tokens_override) if prompt_tokens_override is not None
+                else prompt_tokens(eng, self.template, text, self.max_prompt_tokens))
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
+        gen_kw = {"top_p": top_p, "on_token": on_token} if (top_p != 1.0 or on_token is not None) else {}
         if not adapt or self.bank.n_prototypes == 0:
-            g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed)
+            g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **gen_kw)
             return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason)
         eta_abs = (pr.eta if eta is None else eta) * float(np.linalg.norm(state.h_q))
         gate_mode = gate or pr.gate
         ids, scores, weights, plan = self.plan(state, mode=mode, oracle_dir=oracle_dir)
         g: Generation = eng.generate(state, max_tokens=max_tokens, stop=stop, plan=plan, eta=eta_abs,
-                                     mode=gate_mode, temperature=temperature, seed=seed)
+                                     mode=gate_mode, temperature=temperature, seed=seed, **gen_kw)
         return Answer(g.text, True, [int(i) for i in ids], [float(s) for s in scores],
                       [float(w) for w in weights], eta_abs, g.alphas, g.stop_reason)
 

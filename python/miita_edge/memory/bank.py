@@ -297,6 +297,27 @@ class MemoryBank:
             out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p)
         return out
 
+    # ------------------------------------------------------------ forgetting
+    def forget_answer(self, tokens: np.ndarray) -> tuple[int, int, int]:
+        """Mutates: remove every prototype whose stored answer is exactly ``tokens``, with the
+        anchors it owns. Returns (prototypes removed, anchors removed, their write count n).
+
+        Only for payloads that keep answers ('tokens', 'sequence'): there a prototype is only ever
+        merged with one of the same answer (``_mergeable``), so each prototype carries exactly one
+        answer, and the prototypes of other answers never depended on the removed ones (a write
+        only compares against mergeable prototypes). A 'mean' prototype can merge several answers
+        into one direction and keeps no tokens, so it cannot be forgotten by answer: ValueError.
+        """
+        if self.config.payload == "mean":
+            raise ValueError("this memory's payload is 'mean': its prototypes keep no answer tokens and may each "
+                             "merge several answers, so it cannot forget by answer")
+        t = np.asarray(tokens, np.int32).reshape(-1)
+        keep, gone = [], []
+        for p in self.protos:
+            (gone if len(p.tokens) == len(t) and bool(np.all(p.tokens == t)) else keep).append(p)
+        self.protos = keep
+        return len(gone), sum(len(p.anchors) for p in gone), sum(int(p.n) for p in gone)
+
     # ------------------------------------------------------------ repair
     def prune_one_anchor(self) -> bool:
         """Mutates: fold the most redundant anchor into its nearest sibling (see module doc).

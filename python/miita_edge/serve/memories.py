@@ -1,0 +1,135 @@
+"""The memories one server serves, and the single worker that owns the llama.cpp context.
+
+Concurrency: every piece of model work (answering, teaching, forgetting, opening a memory) is a
+job on one worker thread fed by a FIFO queue (a one-thread executor), so the one llama.cpp context
+serves requests one at a time in arrival order. A job first brings its memory up to the committed
+version on disk (another process may have written), then runs start to end on that version: a
+teach is itself a job, so it can never land in the middle of an answer, and each response names
+the version it used. Writes go through the facade (``Miita.ingest``/``forget``), under the store's
+lock, committed atomically; a write that finds the memory changed (or locked) by another process
+reopens it and retries.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from pathlib import Path
+
+from ..errors import InputError, StoreError
+from ..memory import store as store_mod
+from ..miita import Miita
+from ..runtime.engine import Engine, EngineConfig
+from .errors import APIError
+from .settings import Settings
+
+
+def committed_version(store: store_mod.Store) -> int:
+    name = store._read_current()
+    return 0 if name is None else int(name[1:])
+
+
+class Registry:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="miita-llama")
+        self.engine = Engine(settings.model, EngineConfig(n_threads=settings.threads, n_ctx=settings.n_ctx))
+        stem = self.engine.info.path.name
+        for suffix in (".gguf", ".GGUF"):
+            stem = stem.removesuffix(suffix)
+        self.model_id = stem.lower().replace("_", "-")
+        self.dirs: dict[str, Path] = dict(settings.memories)
+        self.open: dict[str, Miita] = {}
+        self.frozen: Miita | None = None  # no memory: the plain template, nothing stored
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        self.engine.close()
+
+    async def run(self, fn, *args):
+        """Queue ``fn`` on the worker that owns the context; await its result."""
+        return await asyncio.wrap_future(self.executor.submit(fn, *args))
+
+    # -------------------------------------------------------------- naming
+    def resolve(self, model: str) -> str | None:
+        """The memory a request's ``model`` names (None: the frozen model); 404 if unknown."""
+        if model in (self.model_id, "miita-edge"):
+            return None
+        name = model.rsplit(":", 1)[1] if ":" in model else model  # MODEL:NAME (any model prefix) or NAME
+        if name in self.dirs:
+            return name
+        raise APIError(404, f"model {model!r} not found: served are {', '.join(self.model_ids())}",
+                       "model_not_found", "model")
+
+    def model_ids(self) -> list[str]:
+        return [self.model_id] + [f"{self.model_id}:{n}" for n in self.dirs]
+
+    def known(self, name: str) -> Path:
+        if name not in self.dirs:
+            raise APIError(404, f"memory {name!r} not found: served are {', '.join(self.dirs) or 'none'}",
+                           "memory_not_found")
+        return self.dirs[name]
+
+    # -------------------------------------------------------------- worker-side (run via self.run)
+    def memory(self, name: str | None) -> Miita:
+        """The memory at its committed version (reopened when another writer moved it)."""
+        if name is None:
+            if self.frozen is None:
+                import tempfile
+
+                self.frozen = Miita(memory=Path(tempfile.mkdtemp(prefix="miita-frozen-")), engine=self.engine)
+            return self.frozen
+        m = self.open.get(name)
+        if m is None or committed_version(m.store) != m.version:
+            m = Miita(memory=self.dirs[name], engine=self.engine)
+            self.open[name] = m
+        return m
+
+    def write(self, name: str, op):
+        """Run ``op(miita)`` (an ingest or a forget) on the newest version; retry when another
+        process committed between our reopen and the store's lock."""
+        import time
+
+        for attempt in range(50):
+            m = self.memory(name)
+            try:
+                return m, op(m)
+            except StoreError as exc:
+                busy = "locked by another writer" in str(exc)
+                if not (busy or "changed since it was opened" in str(exc)) or attempt == 49:
+                    raise
+                self.open.pop(name, None)
+                if busy:  # another process is writing: wait for its commit (up to ~10 s in all)
+                    time.sleep(0.2)
+        raise AssertionError("unreachable")
+
+    def create(self, name: str, budget: str, template: str, preset: str) -> dict:
+        from ..memory.budget import parse_budget
+        from ..method.templates import get_template
+
+        if name in self.dirs:
+            raise APIError(409, f"memory {name!r} already exists", "memory_exists", "name")
+        parse_budget(budget)
+        get_template(template)
+        root = self.settings.memory_root
+        if root is None:
+            raise APIError(400, "this server has no --memory-root: new memories cannot be created", "no_memory_root")
+        path = Path(root) / name
+        m = Miita(memory=path, template=template, preset=preset, engine=self.engine)
+        if m.store.exists():
+            raise APIError(409, f"memory {name!r} already exists at {path}", "memory_exists", "name")
+        m.budget_spec = budget
+        with m.store.writer() as w:  # commit an empty version: the memory exists for every process
+            m.version = w.commit(m.bank.to_arrays(), m.manifest()).version
+        self.dirs[name] = path
+        self.open[name] = m
+        return info(name, m)
+
+
+def info(name: str, m: Miita) -> dict:
+    out = m.info() if m.store.exists() else {"memory": str(m.memory_dir), "version": 0, "examples": 0,
+                                              "prototypes": 0, "anchors": 0}
+    out["name"] = name
+    return out
+
+
+__all__ = ["Registry", "committed_version", "info", "InputError"]
