@@ -100,9 +100,14 @@ def main(argv=None) -> int:
     ap.add_argument("--gen", type=int, default=48, help="generated tokens per round")
     args = ap.parse_args(argv)
 
+    from miita_edge.errors import MiitaError
     from miita_edge.runtime.engine import Engine, EngineConfig, cpu_has_amx
 
-    eng = Engine(args.model, EngineConfig(n_ctx=2048, n_batch=512, n_threads=args.threads))
+    try:  # any GGUF that `miita-edge check-model` calls supported; a refused one gets its one-line reason
+        eng = Engine(args.model, EngineConfig(n_ctx=2048, n_batch=512, n_threads=args.threads))
+    except MiitaError as exc:
+        print(f"bench/engine.py: error: {exc}", file=sys.stderr)
+        return 2
     pl = PlainLlama(eng.info.path, args.threads, use_extra_bufts=eng.config.use_extra_bufts
                     if eng.config.use_extra_bufts is not None else not cpu_has_amx())
     toks = eng.tokenize(PROMPT)

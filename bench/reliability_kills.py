@@ -55,6 +55,32 @@ with store.writer(wait=True) as w:
 """
 
 
+# ``miita-edge ingest`` as the CLI runs it, plus two stdout markers around the store commit (with
+# a clock), so a third of the kills can be aimed inside the real commit; nothing else changes.
+INGEST_HOOK = r"""
+import sys, time
+from miita_edge.memory import store
+_commit = store.Writer.commit
+def commit(self, *a, **k):
+    print("@commit", time.perf_counter(), flush=True)
+    snap = _commit(self, *a, **k)
+    print("@committed", time.perf_counter(), flush=True)
+    return snap
+store.Writer.commit = commit
+sys.argv[0] = "miita-edge"
+from miita_edge.cli import main
+raise SystemExit(main())
+"""
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def content(seed: int, version: int) -> tuple[dict[str, np.ndarray], dict]:
     """The arrays and manifest of ``version``: random, but a pure function of (seed, version)."""
     rng = np.random.default_rng([seed, version])
@@ -86,6 +112,7 @@ class Tally:
     failures: list[str] = field(default_factory=list)
     inside_commit: int = 0  # kills that landed between "begin v" and "done v"
     debris_seen: int = 0  # kills after which an unfinished version or pointer file lay beside it
+    killed_but_committed: int = 0  # ingest: killed runs whose commit had reached CURRENT
     seconds: float = 0.0
 
     def fail(self, msg: str) -> None:
@@ -175,8 +202,11 @@ def store_campaign(kills: int, seed: int, work: Path, max_delay: float = 0.25, p
 
 
 def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, threads: int = 1,
-                    progress: bool = True) -> Tally:
-    """SIGKILL a real ``miita-edge ingest`` ``kills`` times at random moments."""
+                    progress: bool = True, commit_kill_scale: float = 1.3) -> Tally:
+    """SIGKILL a real ``miita-edge ingest`` ``kills`` times at random moments.
+
+    ``commit_kill_scale``: the commit-aimed kills come 0 to this many median commit times after
+    the commit starts (0: at once, which the short test uses so its one such kill lands inside)."""
     from miita_edge.memory.store import Store
     from miita_edge.memory.store_format import version_name
 
@@ -187,6 +217,7 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
     have = 0  # examples in the memory as last observed
     cli = [sys.executable, "-c", "from miita_edge.cli import main; raise SystemExit(main())"]
     durations: list[float] = []
+    commit_s: list[float] = []  # how long the real commits took (from the markers of finished runs)
     for i in range(kills):
         data = work / f"rows-{i}.jsonl"
         with open(data, "w", encoding="utf-8") as fh:
@@ -195,13 +226,22 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
                                      "output": "billing desk" if j % 2 else "shipping desk"}) + "\n")
         # the kill lands anywhere from model loading to after the commit (a full run's time, measured)
         horizon = (np.median(durations) if durations else 4.0) * 1.1
-        # half of the kills anywhere, half in the last fifth of a run, where extraction ends and
-        # the commit happens (a commit is a few ms of a seconds-long run: uniform kills rarely hit it)
-        delay = rng.uniform(0.2, horizon) if i % 2 == 0 else rng.uniform(0.8 * horizon, 1.02 * horizon)
+        # a third of the kills anywhere, a third in the last fifth of a run, where extraction ends
+        # and the commit happens, and a third inside the commit itself: the run prints a marker
+        # when Writer.commit starts (INGEST_HOOK) and is killed a random few ms later (a commit is
+        # milliseconds of a seconds-long run: timed kills alone almost never land in it)
+        mode = i % 3
+        delay = rng.uniform(0.2, horizon) if mode == 0 else rng.uniform(0.8 * horizon, 1.02 * horizon)
         start = time.perf_counter()
-        p = subprocess.Popen(cli + ["ingest", str(data), "--memory", str(mem), "--budget", "3KiB",
-                                    "--threads", str(threads), "--json"],
+        p = subprocess.Popen([sys.executable, "-c", INGEST_HOOK, "ingest", str(data), "--memory", str(mem),
+                              "--budget", "3KiB", "--threads", str(threads), "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if mode == 2:
+            line = p.stdout.readline()  # blocks until the commit starts (or the run ends without one)
+            if line.startswith("@commit"):
+                # median commit time of the finished runs, else 20 ms; kills spread over 1.3x of it
+                time.sleep(rng.uniform(0, commit_kill_scale * (float(np.median(commit_s)) if commit_s else 0.02)))
+            delay = 0.0
         try:
             p.wait(timeout=delay)
             finished = True
@@ -210,6 +250,15 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
             p.wait()
             finished = False
         out, err = p.communicate()
+        if mode == 2:
+            out = line + out
+        marks = {ln.split()[0]: float(ln.split()[1]) for ln in out.splitlines()
+                 if ln.startswith("@") and len(ln.split()) == 2 and _is_float(ln.split()[1])}
+        if "@commit" in marks and "@committed" in marks:
+            commit_s.append(marks["@committed"] - marks["@commit"])
+        if not finished and "@commit" in marks and "@committed" not in marks:
+            t.inside_commit += 1
+        out = "\n".join(ln for ln in out.splitlines() if not ln.startswith("@"))
         if finished:
             durations.append(time.perf_counter() - start)
             if p.returncode != 0:
@@ -234,12 +283,15 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
             t.fail(f"ingest {i}: killed, {n} examples (expected {have} or {have + rows_per_file})")
         if n < have:
             t.fail(f"ingest {i}: committed examples lost ({have} -> {n})")
+        t.killed_but_committed += (not finished) and n == have + rows_per_file
         if meta["prototypes"] != len(snap.arrays["counts"]) or meta["anchors"] != len(snap.arrays["anchor_owner"]):
             t.fail(f"ingest {i}: manifest counts disagree with the arrays")
         have = n
         debris, problems = check_store_dir(mem, {version_name(snap.version)})
-        t.debris_seen += debris
+        t.debris_seen += debris  # a kill's debris stays until the next run takes the writer lock
         t.failures += [f"ingest {i}: {m}" for m in problems]
+        if finished and debris:  # a run that took the lock and committed leaves nothing beside its version
+            t.fail(f"ingest {i}: finished, yet {entries(mem)} lie in the memory")
         info = subprocess.run(cli + ["info", "--memory", str(mem), "--json"], capture_output=True, text=True)
         if info.returncode != 0 or json.loads(info.stdout)["examples"] != n:
             t.fail(f"ingest {i}: miita-edge info: rc {info.returncode} {info.stderr.strip()[-200:]}")
@@ -270,8 +322,9 @@ def main(argv=None) -> int:
             print("   ", f)
     if args.ingest_kills:
         t = ingest_campaign(args.ingest_kills, args.seed, work, threads=args.threads)
-        print(f"ingest: {args.ingest_kills} runs of miita-edge ingest, {t.kills} SIGKILLed, debris beside the version "
-              f"after {t.debris_seen}, failures {len(t.failures)}, {t.seconds:.0f} s")
+        print(f"ingest: {args.ingest_kills} runs of miita-edge ingest, {t.kills} SIGKILLed ({t.inside_commit} inside "
+              f"the commit, {t.killed_but_committed} after the commit point), debris beside the version after "
+              f"{t.debris_seen}, failures {len(t.failures)}, {t.seconds:.0f} s")
         rc |= bool(t.failures)
         for f in t.failures[:20]:
             print("   ", f)

@@ -26,8 +26,10 @@ def test_store_survives_sigkills_during_commits(tmp_path):
 
 @pytest.mark.model
 def test_real_ingest_survives_sigkills(tmp_path):
-    t = _bench().ingest_campaign(4, seed=1, work=tmp_path, progress=False)
+    # three runs: one killed anywhere, one near its end, one inside its commit (aimed by the marker)
+    t = _bench().ingest_campaign(3, seed=1, work=tmp_path, progress=False, commit_kill_scale=0.0)
     assert not t.failures, t.failures
+    assert t.inside_commit >= 1, "the third kill is aimed inside the real commit"
 
 
 def test_the_checks_catch_what_they_look_for(tmp_path):

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import BudgetError, InputError, MiitaError
+from .errors import BudgetError, InputError, MiitaError, ModelError
 
 EPILOG = """environment:
   MIITA_EDGE_MODEL   GGUF used when --model is not given (default: the embedded Gemma-3-270M)
@@ -72,6 +72,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gate", choices=["gated", "ungated"], help="activation gate (default: the preset's, gated)")
     _add_common(p)
 
+    p = sub.add_parser("forget", help="remove everything in a memory that teaches one answer",
+                       description="Remove every prototype whose stored answer is OUTPUT (and the anchors it owns); "
+                                   "committed atomically. Refused for the paper preset, whose prototypes keep no "
+                                   "answer (docs/serving.md).")
+    p.add_argument("--output", required=True, metavar="TEXT", help="the answer to forget, as it was ingested")
+    _add_common(p)
+
+    p = sub.add_parser("serve", help="serve memories over an OpenAI-compatible HTTP API (pip install \".[server]\")",
+                       description="OpenAI-compatible server (chat/completions, models) whose memories can be taught "
+                                   "and can forget while it serves; a page at /. docs/serving.md.")
+    p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: $MIITA_EDGE_MODEL or the embedded "
+                   "Gemma-3-270M Q4_K_M)")
+    p.add_argument("--memory", action="append", default=[], metavar="[NAME=]DIR", help="a memory to serve, as model "
+                   "MODEL:NAME (NAME defaults to the directory's name); repeatable")
+    p.add_argument("--memory-root", metavar="DIR", help="where POST /v1/memories creates memories (default: none)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", metavar="KEY", help="require Authorization: Bearer KEY")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default: 4096)")
+    p.add_argument("--max-body", default="1MiB", help="largest request body (default: 1MiB)")
+
     p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",
                        description="Show a memory without loading the model.")
     _add_common(p, model=False)
@@ -88,6 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
     _add_bench(sub)
+
+    p = sub.add_parser("check-model", help="can miita-edge steer this GGUF? facts, a self-test, a verdict",
+                       description="Print the model's architecture, sizes, key layer, LM-head tensor and type, and "
+                                   "whether its llama.cpp graph names the tensors the callback needs (l_out-<k>, "
+                                   "result_norm); then test on the real file that the native head rows equal gguf-py's "
+                                   "dequantisation, that the captured key equals a reference decode, and that the "
+                                   "logits move by exactly c·W·δ under a known addition. Ends with 'supported' "
+                                   "(exit 0) or 'refused: REASON' (exit 2).",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model_path", nargs="?", metavar="GGUF", help="the GGUF to check (default: --model, "
+                   "$MIITA_EDGE_MODEL or the embedded Gemma-3-270M)")
+    p.add_argument("--key-layer", type=int, help="the key layer to check (default: n_layer // 2)")
+    p.add_argument("--no-self-test", action="store_true", help="only the header and graph checks")
+    _add_common(p, memory=False)
     return ap
 
 
@@ -157,6 +193,27 @@ def _engine_config(args):
     return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
 
 
+def _model_error_line(m, examples, exc) -> str:
+    """``N:`` for the first row whose prompt (plus answer, when the preset decodes it) cannot fit
+    the model's context -- what "sequence of N tokens exceeds the context" during ingest means --
+    else "" (the error is not about one row). Runs only after a failure, so a file that ingests
+    fine is not tokenised twice."""
+    if "exceeds the context" not in str(exc):
+        return ""
+    from .method.extract import prompt_tokens
+
+    n_ctx = m.engine.config.n_ctx
+    decodes_answer = m.preset.bank.payload != "tokens"
+    for ex in examples:
+        n = len(prompt_tokens(m.engine, m.template, ex.input, m.max_prompt_tokens))
+        if decodes_answer:
+            n += len(m.engine.tokenize(m.template.render_target(ex.output), add_bos=False))
+        if n > n_ctx:
+            field = "input" if not decodes_answer else "input + output"
+            return f"{ex.line}: {field} too long for the model:"
+    return ""
+
+
 def cmd_ingest(args) -> int:
     from .memory.budget import parse_budget
     from .miita import Miita
@@ -175,6 +232,8 @@ def cmd_ingest(args) -> int:
                            ray_workers=args.ray_workers)
         except BudgetError as exc:  # it names the line; name the file too
             raise BudgetError(f"{args.data}: {exc}") from None
+        except ModelError as exc:  # e.g. a row longer than the context: name the file and the row
+            raise ModelError(f"{args.data}:{_model_error_line(m, examples, exc)} {exc}") from None
         out = rep.to_json()
         out.update(memory=str(m.memory_dir), version=m.version)
     if args.json:
@@ -246,6 +305,56 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_forget(args) -> int:
+    from .miita import Miita
+
+    if not args.output.strip():
+        raise InputError("--output must be a non-empty answer")
+    with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
+        if not m.store.exists():
+            raise InputError(f"no memory at {m.memory_dir}")
+        out = m.forget(args.output)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"forgot {out['removed_prototypes']} prototypes ({out['removed_anchors']} anchors, "
+              f"{out['removed_examples']} examples) teaching {args.output!r}; memory version {out['version']}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from .memory.budget import parse_budget
+
+    try:
+        import fastapi  # noqa: F401
+        import sse_starlette  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
+    from .serve.app import create_app
+    from .serve.settings import Settings, parse_memory_arg
+
+    if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64:
+        raise InputError("--threads must be >= 0, --port in 1..65535, --ctx >= 64")
+    mems = {}
+    for spec in args.memory:
+        name, path = parse_memory_arg(spec)
+        if name in mems:
+            raise InputError(f"--memory: two memories named {name!r}; use NAME=DIR")
+        mems[name] = path
+    limit = parse_budget(args.max_body)
+    if limit.unlimited:
+        raise InputError("--max-body must be a size")
+    st = Settings(model=args.model, memories=mems, host=args.host, port=args.port, api_key=args.api_key,
+                  threads=args.threads, n_ctx=args.ctx, max_body_bytes=limit.resolve(0),
+                  memory_root=Path(args.memory_root).expanduser() if args.memory_root else None)
+    from .serve.memories import Registry
+
+    registry = Registry(st)  # load the model here: a bad model is a one-line error, not a startup traceback
+    uvicorn.run(create_app(st, registry), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo.run import run_demo
 
@@ -307,6 +416,27 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_check_model(args) -> int:
+    from .runtime.model_check import check_model_isolated
+
+    if args.threads < 0:
+        raise InputError(f"--threads must be >= 0, got {args.threads}")
+    # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print
+    rep = check_model_isolated(args.model_path or args.model, threads=args.threads, key_layer=args.key_layer,
+                               run_self_test=not args.no_self_test)
+    if args.json:
+        print(json.dumps(rep.to_json()))
+    else:
+        print("\n".join(rep.lines()))
+    return 0 if rep.supported else 2
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters escaped (``\\n``, ``\\x1b``...), so an error that quotes a
+    file name or a value stays one line on the terminal and cannot inject escape sequences."""
+    return "".join(ch if ch.isprintable() or ch == " " else ascii(ch)[1:-1] for ch in text)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -316,9 +446,10 @@ def main(argv=None) -> int:
         return 2
     try:
         return {"ingest": cmd_ingest, "ask": cmd_ask, "info": cmd_info, "demo": cmd_demo,
-                "bench": cmd_bench}[args.command](args)
+                "bench": cmd_bench, "check-model": cmd_check_model, "forget": cmd_forget,
+                "serve": cmd_serve}[args.command](args)
     except MiitaError as exc:
-        print(f"miita-edge: error: {exc}", file=sys.stderr)
+        print(f"miita-edge: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("miita-edge: interrupted; the memory keeps its last committed version"

@@ -25,6 +25,11 @@ Choices made here (none is in the paper):
 * Strings with unpaired surrogate escapes (``"\\ud800"``) are refused: they
   cannot be encoded as UTF-8, so they could not be tokenised or counted.
 * Invalid UTF-8 is reported by 1-based byte offset within its line.
+* A row with a duplicate key (``{"input": "a", "input": "b", ...}``) is refused: JSON readers
+  disagree on which value wins (first, last, error), so the row is ambiguous. Duplicates inside
+  nested extra fields are not checked (those fields are ignored).
+* A lone ``\r`` is not a line break (the row after it is reported as extra data on the same
+  line, with a hint).
 """
 from __future__ import annotations
 
@@ -59,6 +64,25 @@ def _type_name(v: object) -> str:
     if isinstance(v, bool):
         return "bool"
     return {dict: "object", list: "array", str: "string", int: "int", float: "float"}.get(type(v), type(v).__name__)
+
+
+class _DuplicateKeys(dict):
+    """A decoded object in which some key occurs twice; ``duplicate`` names the first such key."""
+
+    duplicate: str = ""
+
+
+def _object(pairs: list[tuple[str, object]]) -> dict:
+    """json ``object_pairs_hook``: a plain dict, or a :class:`_DuplicateKeys` when a key repeats
+    (only the row object itself is refused for it; nested extra fields are ignored anyway)."""
+    row = dict(pairs)
+    if len(row) == len(pairs):
+        return row
+    seen: set[str] = set()
+    dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+    out = _DuplicateKeys(row)
+    out.duplicate = dup
+    return out
 
 
 def _check_encodable(where: str, name: str, s: str) -> None:
@@ -106,15 +130,21 @@ def read_examples(path: str | os.PathLike) -> list[Example]:
         if not text.strip():
             continue
         try:
-            row = json.loads(text)
+            row = json.loads(text, object_pairs_hook=_object)
         except json.JSONDecodeError as e:
-            raise InputError(f"{where} not valid JSON ({e.msg} at column {e.colno})") from None
+            hint = ""
+            if e.msg == "Extra data" and "\r" in text[:e.pos]:
+                hint = "; a lone CR is not a line break: end lines with LF or CRLF"
+            raise InputError(f"{where} not valid JSON ({e.msg} at column {e.colno}{hint})") from None
         except RecursionError:
             raise InputError(f"{where} not valid JSON (nested too deeply)") from None
         except ValueError as e:  # e.g. an integer with more digits than Python allows
-            raise InputError(f"{where} not valid JSON ({str(e).splitlines()[0]})") from None
+            raise InputError(f"{where} not valid JSON ({str(e).splitlines()[0].split('; use sys.')[0]})") from None
         if not isinstance(row, dict):
             raise InputError(f"{where} expected a JSON object, got {_type_name(row)}")
+        if isinstance(row, _DuplicateKeys):
+            raise InputError(f'{where} duplicate key "{row.duplicate}" (refused: JSON readers disagree '
+                             f'on which value wins)')
         for field in ("input", "output"):
             if field not in row:
                 raise InputError(f'{where} field "{field}" is missing')

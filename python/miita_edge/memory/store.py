@@ -355,11 +355,19 @@ class Writer:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.wait else fcntl.LOCK_NB))
             except BlockingIOError:
-                raise StoreError(f"memory {path} is locked by another writer (pid {_read_pid(fd)})") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                # Said in full: a user who ran two ingests at once must know that this one changed
+                # nothing and what to do (the concurrency campaign, docs/reliability.md).
+                raise StoreError(f"memory {path} is locked by another writer (pid {_read_pid(fd)}); nothing was "
+                                 f"written: run this again when that writer has finished") from None
+            except OSError as exc:
+                raise self.store._fail(f"cannot lock {LOCK} ({exc.strerror or exc})") from None
+            _write_pid(fd)
             self._fd = fd
-            self._recover()
+            try:
+                self._recover()
+            except OSError as exc:  # e.g. debris in a read-only directory: the committed version is intact
+                raise self.store._fail(f"cannot remove an unfinished earlier write ({exc.strerror or exc}: "
+                                       f"{exc.filename or '?'})") from None
         except BaseException:
             self._fd = None
             os.close(fd)
@@ -444,6 +452,7 @@ class Writer:
             write_file(path / CURRENT_TMP, [f"{vname}\n".encode("ascii")])
         except OSError as exc:
             _best_effort_rmtree(vdir)  # unpublished, so nobody can be reading it
+            _best_effort_unlink(path / CURRENT_TMP)  # e.g. created, then the disk was full
             raise self.store._fail(f"cannot write {vname} ({exc.strerror or exc})") from None
         try:
             os.replace(path / CURRENT_TMP, path / CURRENT)  # the commit point
@@ -467,6 +476,28 @@ def _best_effort_rmtree(path: Path) -> None:
         shutil.rmtree(path)
     except OSError:
         pass
+
+
+def _best_effort_unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _write_pid(fd: int) -> None:
+    """Record the writer's pid in the lock file, best effort: it only serves the "locked by
+    another writer (pid N)" message, so a full disk or a file-size limit must not fail the write
+    for it. pwrite before truncating: overwriting the existing bytes needs no new disk block."""
+    pid = f"{os.getpid()}\n".encode()
+    try:
+        os.pwrite(fd, pid, 0)
+        os.ftruncate(fd, len(pid))
+    except OSError:
+        try:
+            os.ftruncate(fd, 0)  # no stale pid of an earlier writer: the message says "unknown"
+        except OSError:
+            pass
 
 
 def _read_pid(fd: int) -> str:

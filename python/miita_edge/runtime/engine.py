@@ -126,10 +126,11 @@ class Engine:
         self._native_mod = _native
         self.config = config or EngineConfig()
         self.info: ModelInfo = inspect_gguf(resolve_model_path(model))
-        if self.info.logit_softcap:
-            raise ModelError(
-                f"{self.info.arch} soft-caps its logits (final_logit_softcapping={self.info.logit_softcap:g}); "
-                "a hidden-state addition then no longer shifts logits by W·δ, so miita-edge refuses this model")
+        from .support import refusal_reason
+
+        reason = refusal_reason(self.info)  # the same text as `miita-edge check-model`
+        if reason:
+            raise ModelError(f"unsupported model {self.info.path.name}: {reason}")
         self.n_embd = self.info.n_embd
         self.n_layer = self.info.n_layer
         k = self.config.key_layer if self.config.key_layer is not None else self.n_layer // 2
@@ -147,6 +148,12 @@ class Engine:
         self._model = L.llama_model_load_from_file(str(self.info.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.info.path}")
+        from .support import refusal_after_load
+
+        reason = refusal_after_load(L, self._model)
+        if reason:
+            L.llama_model_free(self._model)
+            raise ModelError(f"unsupported model {self.info.path.name}: {reason}")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
         if self.n_vocab != self.info.n_vocab:
@@ -180,6 +187,36 @@ class Engine:
         self.bos = int(L.llama_vocab_bos(self._vocab))
         self._lm = None
         self._closed = False
+        self.graph_tensors = self._probe_graph()
+
+    def _probe_graph(self) -> tuple[bool, bool]:
+        """Decode two tokens once with the key and result_norm watched: an architecture whose graph
+        does not name them would otherwise give zero keys and no steering, silently."""
+        from .support import missing_tensor_reason
+
+        st = self.native
+        hk, hn = st.hits(0), st.hits(1)
+        st.key_reset()
+        st.set_capture(True, 1)
+        try:
+            self.decode([self.bos if self.bos >= 0 else 0, 0], "last", key_mask=[True, True], read_logits=False)
+            seen = (st.hits(0) > hk, st.hits(1) > hn)
+        finally:
+            self.reset()
+            st.set_capture(False, 0)
+        for ok, name in zip(seen, (self._key_name, "result_norm")):
+            if not ok:
+                self.close()
+                raise ModelError(f"unsupported model {self.info.path.name}: {missing_tensor_reason(name)}")
+        return seen
+
+    def check(self, seed: int = 0):
+        """The self-test of ``miita-edge check-model`` on this engine's model (runtime/support.py):
+        a list of ``CheckItem`` (head rows vs gguf-py, captured key vs a reference decode, logit shift
+        vs c·W·δ). Leaves the sequence reset."""
+        from .support import self_test
+
+        return self_test(self, seed=seed)
 
     # ------------------------------------------------------------------ life
     @staticmethod
@@ -411,7 +448,7 @@ class Engine:
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> Generation:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None) -> Generation:
         """Generate after ``query(state.tokens)``; the KV cache must still hold that prompt.
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
@@ -444,6 +481,8 @@ class Engine:
             generated.append(tok)
             text_bytes += self.token_bytes(tok)
             text = text_bytes.decode("utf-8", errors="ignore")
+            if on_token is not None:  # streaming (serve): the text so far, after each sampled token
+                on_token(text)
             if any(s and s in text for s in stop):
                 reason = "stop"
                 break
@@ -507,6 +546,9 @@ class LMHeadRows:
     def correction_from_hidden(self, hidden: np.ndarray, targets: Sequence[int],
                                per_position: bool = False) -> np.ndarray:
         """Exact eq. 2 with p_t = softmax(W h_t), from the final hidden rows, in one pass over W."""
+        c = self.info.logit_mult  # logits = c W h (granite: c = 1 / logit_scale)
+        if c != 1.0:
+            hidden = np.asarray(hidden, np.float32) * np.float32(c)
         return self._n.lm_correction_hidden(*self._args(), np.ascontiguousarray(hidden, np.float32),
                                             np.asarray(targets, np.int32), bool(per_position), self.n_threads)
 

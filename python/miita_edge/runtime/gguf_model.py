@@ -46,11 +46,34 @@ class ModelInfo:
     lm_head: LMHead
     logit_softcap: float | None
     file_size: int
+    logit_scale: float | None = None  # {arch}.logit_scale as stored (granite divides by it, command-r multiplies)
+    tensor_names: frozenset = frozenset()
+
+    @property
+    def logit_mult(self) -> float:
+        """logits = logit_mult * W h: the factor llama.cpp's graph applies after the LM head."""
+        return logit_multiplier(self.arch, self.logit_scale)
 
     def map_lm_head(self) -> np.ndarray:
         """Map the LM-head bytes read-only (no copy; pages come from the OS cache)."""
         h = self.lm_head
         return np.memmap(self.path, dtype=np.uint8, mode="r", offset=h.offset, shape=(h.n_bytes,))
+
+
+# Where llama.cpp scales the LM head's output by {arch}.logit_scale (src/models/*.cpp):
+# granite-family graphs divide by it, command-r/cohere2 multiply by it.
+LOGIT_SCALE_DIVIDES = frozenset({"granite", "granitemoe", "granitehybrid"})
+LOGIT_SCALE_MULTIPLIES = frozenset({"command-r", "cohere2"})
+
+
+def logit_multiplier(arch: str, logit_scale: float | None) -> float:
+    if not logit_scale:
+        return 1.0
+    if arch in LOGIT_SCALE_DIVIDES:
+        return 1.0 / float(logit_scale)
+    if arch in LOGIT_SCALE_MULTIPLIES:
+        return float(logit_scale)
+    return 1.0  # a key the graph does not read (the self-test of check-model would show otherwise)
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -149,6 +172,7 @@ def inspect_gguf(path: str | os.PathLike) -> ModelInfo:
     if not isinstance(n_embd, int) or not isinstance(n_layer, int):
         raise ModelError(f"GGUF lacks {arch}.embedding_length/block_count: {p}")
     softcap = fields.get(f"{arch}.final_logit_softcapping")
+    lscale = fields.get(f"{arch}.logit_scale")
 
     tensors = {t[0]: t for t in reader.tensors}
     head_t = tensors.get("output.weight") or tensors.get("token_embd.weight")
@@ -178,6 +202,8 @@ def inspect_gguf(path: str | os.PathLike) -> ModelInfo:
         lm_head=head,
         logit_softcap=float(softcap) if isinstance(softcap, (int, float)) and softcap > 0 else None,
         file_size=size,
+        logit_scale=float(lscale) if isinstance(lscale, (int, float)) and lscale > 0 else None,
+        tensor_names=frozenset(tensors),
     )
 
 
