@@ -6,7 +6,6 @@ launcher. These tests put a child that allocates nothing next to a parent that h
 """
 from __future__ import annotations
 
-import importlib.util
 import resource
 import sys
 from pathlib import Path
@@ -14,15 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "peak_rss.py"
-    spec = importlib.util.spec_from_file_location("bench_peak_rss", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("peak_rss")
 
 
 def test_an_idle_child_reports_far_less_than_a_big_parent():

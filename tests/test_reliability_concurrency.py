@@ -1,22 +1,17 @@
 """Short runs of the concurrency campaign (bench/reliability_concurrency.py; figures in docs/reliability.md)."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "reliability_concurrency.py"
-    spec = importlib.util.spec_from_file_location("reliability_concurrency", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("reliability_concurrency")
 
 
 def test_store_readers_never_see_a_torn_version(tmp_path):

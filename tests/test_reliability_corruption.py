@@ -2,22 +2,16 @@
 and regression tests for what the full campaign found."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "reliability_corruption.py"
-    spec = importlib.util.spec_from_file_location("reliability_corruption", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("reliability_corruption")
 
 
 def test_short_campaign_has_no_crash_and_no_silent_acceptance(tmp_path):
@@ -82,7 +76,6 @@ def test_info_on_a_store_that_is_not_a_memory_is_one_line(tmp_path, capsys, meta
 def test_a_manifest_that_lost_an_array_entry_is_refused(tmp_path, edit):
     """Found by the campaign: deleting an array's entry from manifest.json made the store return the
     other arrays without a word; a version directory must hold exactly the files its manifest lists."""
-    import zlib  # noqa: F401  (the manifest keeps its other entries' CRCs valid)
 
     from miita_edge.errors import StoreError
     from miita_edge.memory.store import Store

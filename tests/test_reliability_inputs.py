@@ -7,27 +7,21 @@ failures. The regression tests pin what the full campaign found (see docs/reliab
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    path = ROOT / "bench" / "reliability_inputs.py"
-    spec = importlib.util.spec_from_file_location("bench_reliability_inputs", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("reliability_inputs")
 
 
 bench = _bench()

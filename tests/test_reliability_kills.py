@@ -1,21 +1,15 @@
 """Short runs of the kill campaign (bench/reliability_kills.py; full figures in docs/reliability.md)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 
 def _bench():
-    path = Path(__file__).resolve().parent.parent / "bench" / "reliability_kills.py"
-    spec = importlib.util.spec_from_file_location("reliability_kills", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("reliability_kills")
 
 
 def test_store_survives_sigkills_during_commits(tmp_path):

@@ -9,7 +9,6 @@ catch planted failures.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import resource
 import signal
@@ -20,16 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _bench_scripts import load_bench  # tests/_bench_scripts.py
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    path = ROOT / "bench" / "reliability_resources.py"
-    spec = importlib.util.spec_from_file_location("bench_reliability_resources", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("reliability_resources")
 
 
 bench = _bench()
