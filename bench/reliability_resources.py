@@ -48,7 +48,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PYDIR = HERE.parent / "python"
+
+
+def _package_parent() -> Path:
+    """The directory holding the miita_edge that this Python imports: the installed package (with
+    its compiled extension), or the checkout's python/ when that is what is on the path (dev runs
+    with PYTHONPATH). Never the checkout's sources in front of an installed package: they have no
+    compiled extension."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("miita_edge")
+    if spec is None or not spec.origin:
+        return HERE.parent / "python"
+    return Path(spec.origin).resolve().parent.parent
+
+
+PYDIR = _package_parent()
 if str(PYDIR) not in sys.path:
     sys.path.insert(0, str(PYDIR))
 

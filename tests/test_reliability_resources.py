@@ -43,7 +43,10 @@ def _child(code: str, *args: str, fsize: int | None = None, prefix: list[str] | 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import miita_edge  # the package under test, installed or from PYTHONPATH: its parent goes to the child
+
+    pkg = str(Path(miita_edge.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=pkg + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run((prefix or []) + [sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=env, timeout=120, preexec_fn=pre if fsize is not None else None)
 
