@@ -164,3 +164,42 @@ def test_json_round_trip_property(a: np.ndarray, data: st.DataObject) -> None:
     back = CLMatrix.from_dict(json.loads(json.dumps(m.to_dict(), allow_nan=False)))
     assert back == m
     assert back.is_complete() == (not mask.any())
+
+
+# ---- bootstrap interval of OP --------------------------------------------------------------
+
+def test_op_bootstrap_matches_the_normal_approximation_for_one_large_stage() -> None:
+    # one stage of 4,000 Bernoulli(0.3) scores: the bootstrap's 95% interval must agree with the
+    # textbook p ± 1.96·sqrt(p(1-p)/n), an independent derivation
+    from miita_edge.evaluation.cl_matrix import op_bootstrap_ci
+
+    rng = np.random.default_rng(5)
+    x = (rng.random(4000) < 0.3).astype(float)
+    p = x.mean()
+    half = 1.96 * math.sqrt(p * (1 - p) / x.size) * 100
+    lo, hi = op_bootstrap_ci([x], n_boot=4000, seed=1)
+    assert lo == pytest.approx(100 * p - half, abs=0.25)
+    assert hi == pytest.approx(100 * p + half, abs=0.25)
+
+
+def test_op_bootstrap_over_stages_is_the_mean_of_stage_variances() -> None:
+    # OP = mean of T stage means: its variance is (1/T²) Σ var_τ/n_τ; compare the interval's width
+    from miita_edge.evaluation.cl_matrix import op_bootstrap_ci
+
+    rng = np.random.default_rng(7)
+    stages = [(rng.random(n) < p).astype(float) for n, p in ((300, 0.1), (800, 0.5), (500, 0.9))]
+    var = sum(s.var() / s.size for s in stages) / len(stages) ** 2
+    lo, hi = op_bootstrap_ci(stages, n_boot=6000, seed=2)
+    op = 100 * np.mean([s.mean() for s in stages])
+    assert (hi - lo) == pytest.approx(2 * 1.96 * math.sqrt(var) * 100, rel=0.06)
+    assert lo < op < hi
+
+
+def test_op_bootstrap_degenerate_and_bad_input() -> None:
+    from miita_edge.evaluation.cl_matrix import op_bootstrap_ci
+
+    assert op_bootstrap_ci([[1.0, 1.0], [0.0]]) == (50.0, 50.0)  # no spread: the interval is the point
+    with pytest.raises(ValueError):
+        op_bootstrap_ci([[1.0], []])
+    with pytest.raises(ValueError):
+        op_bootstrap_ci([[1.0]], level=1.0)

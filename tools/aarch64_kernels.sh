@@ -44,12 +44,22 @@ if [ -z "$SRC" ]; then
   say "fetching the llama-cpp-python $PIN sdist (for its vendored ggml)"
   rm -rf "$WORK/ggml-src" "$WORK/sdist" && mkdir -p "$WORK/sdist"
   if python3 - "$PIN" "$WORK/sdist" <<'EOF'
-import json, sys, tarfile, urllib.request
+import hashlib, json, sys, tarfile, urllib.request
+# The package index's simple API (PEP 691, JSON), which pip itself reads: the registry is reachable
+# where the rest of the web is not (PyPI's older /pypi/<name>/<version>/json API may be blocked).
 pin, out = sys.argv[1], sys.argv[2]
-meta = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-python/{pin}/json", timeout=60))
-url = next(u["url"] for u in meta["urls"] if u["packagetype"] == "sdist")
+req = urllib.request.Request("https://pypi.org/simple/llama-cpp-python/",
+                             headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+files = json.load(urllib.request.urlopen(req, timeout=60))["files"]
+f = next(f for f in files if f["filename"] == f"llama_cpp_python-{pin}.tar.gz")
 path = f"{out}/sdist.tar.gz"
-urllib.request.urlretrieve(url, path)
+urllib.request.urlretrieve(f["url"], path)
+h = hashlib.sha256()
+with open(path, "rb") as fh:
+    for block in iter(lambda: fh.read(1 << 20), b""):
+        h.update(block)
+if h.hexdigest() != f["hashes"]["sha256"]:
+    sys.exit(f"aarch64_kernels: sha256 mismatch for {f['filename']}")
 with tarfile.open(path) as tf:
     members = [m for m in tf.getmembers() if "/vendor/llama.cpp/ggml/" in m.name]
     tf.extractall(out, members=members)
@@ -57,7 +67,7 @@ EOF
   then
     mv "$(find "$WORK/sdist" -type d -path '*vendor/llama.cpp/ggml' | head -1)" "$WORK/ggml-src"
   else
-    say "PyPI not reachable; cloning github.com/ggml-org/ggml"
+    say "the package index is not reachable; cloning github.com/ggml-org/ggml"
     git clone -q --depth 1 https://github.com/ggml-org/ggml "$WORK/ggml-src"
   fi
   SRC="$WORK/ggml-src"

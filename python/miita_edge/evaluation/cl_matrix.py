@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CLMatrix"]
+__all__ = ["CLMatrix", "op_bootstrap_ci"]
 
 
 @dataclass(eq=False)
@@ -143,3 +143,28 @@ class CLMatrix:
         if not isinstance(other, CLMatrix):
             return NotImplemented
         return bool(np.array_equal(self.A, other.A, equal_nan=True))
+
+
+def op_bootstrap_ci(final_row: Sequence[Sequence[float]], n_boot: int = 10_000, level: float = 0.95,
+                    seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval for OP (0..100) from the final row's per-query scores.
+
+    ``final_row[τ]`` holds stage τ's per-query scores in 0..1 (what the cell A[T-1, τ] averages).
+    Each replicate resamples every stage's queries with replacement, within the stage (the
+    stages are fixed by the protocol; only which queries were drawn is random), and takes OP of
+    the resampled row. Why a bootstrap: a cell is a mean of 6-60 queries here, and a difference of
+    one query is several points; the interval says which differences the sample can resolve.
+    """
+    rows = [np.asarray(r, np.float64) for r in final_row]
+    if not rows or any(r.ndim != 1 or r.size == 0 for r in rows):
+        raise ValueError("every stage needs at least one per-query score")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    rng = np.random.default_rng(seed)
+    stage_means = np.empty((n_boot, len(rows)))
+    for tau, r in enumerate(rows):
+        idx = rng.integers(0, r.size, size=(n_boot, r.size))
+        stage_means[:, tau] = r[idx].mean(axis=1)
+    ops = 100.0 * stage_means.mean(axis=1)
+    lo, hi = np.quantile(ops, [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)

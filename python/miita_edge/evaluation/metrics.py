@@ -63,6 +63,7 @@ __all__ = [
     "label_accuracy",
     "label_match",
     "normalize_label",
+    "per_example_scores",
     "rouge_l",
     "score",
     "squad_normalize",
@@ -257,13 +258,14 @@ def _check_lengths(preds: Sequence[Any], golds: Sequence[Any]) -> None:
         raise ValueError("cannot score an empty test set")
 
 
-def score(
+def per_example_scores(
     metric_name: str,
     preds: Sequence[str],
     golds_list: Sequence[str | Sequence[str]],
     langs: str | Sequence[str] | None = None,
-) -> float:
-    """Mean per-example score of one test set, as a percentage (0..100) -- one cell A[t, τ].
+) -> list[float]:
+    """Each example's score in 0..1 (1/0 for accuracy and exact match, Rouge-L F for rouge_l):
+    what :func:`score` averages, kept per example so that a bootstrap can resample queries.
 
     ``golds_list[i]`` is the gold answer of example ``i``: a string or a list of acceptable
     alternatives (any match counts for accuracy and exact match; the best reference counts for
@@ -279,17 +281,27 @@ def score(
         raise ValueError(f"langs is only used by exact_match, not {metric_name!r}")
 
     if metric_name == "accuracy":
-        per_example = [float(label_match(p, g)) for p, g in zip(preds, golds_list)]
-    elif metric_name == "exact_match":
+        return [float(label_match(p, g)) for p, g in zip(preds, golds_list)]
+    if metric_name == "exact_match":
         if langs is None or isinstance(langs, str):
             lang_list = [langs or "en"] * n
         else:
             lang_list = list(langs)
             if len(lang_list) != n:
                 raise ValueError(f"{n} predictions but {len(lang_list)} languages")
-        per_example = [exact_match(p, g, l) for p, g, l in zip(preds, golds_list, lang_list)]
-    else:
-        per_example = [rouge_l(p, g) for p, g in zip(preds, golds_list)]
+        return [exact_match(p, g, l) for p, g, l in zip(preds, golds_list, lang_list)]
+    return [rouge_l(p, g) for p, g in zip(preds, golds_list)]
 
-    mean = math.fsum(per_example) / n
-    return 100.0 * mean
+
+def score(
+    metric_name: str,
+    preds: Sequence[str],
+    golds_list: Sequence[str | Sequence[str]],
+    langs: str | Sequence[str] | None = None,
+) -> float:
+    """Mean per-example score of one test set, as a percentage (0..100) -- one cell A[t, τ].
+
+    Arguments as for :func:`per_example_scores`.
+    """
+    per_example = per_example_scores(metric_name, preds, golds_list, langs)
+    return 100.0 * math.fsum(per_example) / len(per_example)

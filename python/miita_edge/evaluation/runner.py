@@ -48,7 +48,7 @@ from ..errors import BudgetError, InputError
 from ..memory.budget import parse_budget
 from ..streams import stream_bytes
 from .benchmarks import BenchSpec, TestItem, check_limit, get_benchmark, load_benchmark
-from .cl_matrix import CLMatrix
+from .cl_matrix import CLMatrix, op_bootstrap_ci
 from .methods import Context, EngineHolder, Method
 from .registry import get_method
 
@@ -150,12 +150,17 @@ class _Cells:
         _write_json(self.path(t, tau), {**cell, "config": self.hash})
 
 
-def _score(spec: BenchSpec, preds: list[str], items: list[TestItem]) -> float:
-    from .metrics import score as metric_score  # lazy: building its punctuation table takes a moment
+def _per_example(spec: BenchSpec, preds: list[str], items: list[TestItem]) -> list[float]:
+    from .metrics import per_example_scores  # lazy: building its punctuation table takes a moment
 
     golds = [it.golds for it in items]
     langs = [it.lang for it in items] if spec.metric == "exact_match" else None
-    return metric_score(spec.metric, preds, golds, langs)
+    return per_example_scores(spec.metric, preds, golds, langs)
+
+
+def _score(spec: BenchSpec, preds: list[str], items: list[TestItem]) -> float:
+    per = _per_example(spec, preds, items)
+    return 100.0 * math.fsum(per) / len(per)
 
 
 def _predict_cell(method: Method, items: list[TestItem], bar_desc: str, progress: bool, chunk: int = 8):
@@ -465,6 +470,12 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                     "engine": engine_info},
         "command": command, "out_dir": str(out),
     }
+    # per-query scores of the final row, so that OP gets a bootstrap interval (and tables can
+    # compare methods query by query); OP itself stays the matrix's mean of cell means
+    final_row = [_per_example(spec, cell_data[(T - 1, tau)]["predictions"], stages_[tau].test) for tau in range(T)]
+    result["final_row_scores"] = final_row
+    lo, hi = op_bootstrap_ci(final_row)
+    result["op_ci95"] = [lo, hi]
     if any("oracle_alignment" in c.get("extra", {}) for c in cell_data.values()):
         oa = [[cell_data[(t, tau)]["extra"].get("oracle_alignment") if (t, tau) in cell_data else None
                for tau in range(T)] for t in range(T)]
