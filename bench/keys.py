@@ -1,75 +1,203 @@
-"""How keys should be pooled, centred and stored: label-vote accuracy of variants.
+"""Which keys tell answers apart: a probe over all stages of all four benchmarks (issue 14).
 
-Extracts the key of every train and test prompt of one stage once, then scores
-the top-k anchor vote (no language model) for each variant. This isolates the
-key design from generation. Used for docs/method.md.
+Two steps, so that the expensive one runs once:
 
-    python bench/keys.py --data ../shared/data/banking77
+    python bench/keys.py extract --data ../shared/data --out bench-results/keys   # prompt passes
+    python bench/keys.py eval --cache bench-results/keys                           # numpy only
+
+``extract`` decodes every training and test prompt of every stage once (the sweep's subsample:
+bench/sweep.py LIMITS) and keeps the BOS-less mean of *every* layer's output ``l_out-<k>``
+(k = 0 .. n_layer-2, one prompt pass: the native callback sums several key tensors at once), plus
+the same for the calibration inputs through each benchmark's template. ``eval`` then scores key
+designs without a language model, as the memory would use them after the final stage:
+
+* **vote**: the top-k anchor vote (``steering.knn_prototypes`` + ``vote``, k = 8, T = 0.02, the
+  default preset's) over *all* stored training rows of all stages, scored against the test
+  row's gold answer (normalised) — the label-vote ceiling of retrieval alone;
+* **stage**: the share of a test row's top-8 neighbours from its own stage (the domain, language
+  or task): what a relevance decision and the anchor vote rest on for generation tasks.
+
+Nothing here reads a test row to build a key: centring vectors come from the calibration inputs
+(model + template only), projections from the model's own structure or a fixed seed.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from presets import load_stage  # noqa: E402
+from sweep import DATA_DIRS, LIMITS  # noqa: E402
+
+BENCHES = ("banking77", "dsc", "xquad", "superni")
 
 
-def vote_acc(Q, A, labels_a, golds, k=8, T=0.05):
+def extract(args) -> int:
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.method.calibration import CALIBRATION_INPUTS
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.templates import get_template
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    eng = Engine(args.model, EngineConfig(n_threads=args.threads))
+    layers = list(range(0, eng.n_layer - 1))
+    eng.set_key_layers(layers)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for b in args.benchmarks.split(","):
+        path = args.out / f"{b}.npz"
+        if path.exists():
+            print(f"{b}: cached at {path}", flush=True)
+            continue
+        spec = get_benchmark(b)
+        tr_lim, te_lim = LIMITS[b]
+        _, stages = load_benchmark(spec, args.data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
+        tpl = get_template(spec.template)
+        rows = []  # (split, stage index, input, answer(s))
+        for si, s in enumerate(stages):
+            rows += [("train", si, e.input, [e.output]) for e in s.train]
+            rows += [("test", si, it.example.input, list(it.golds)) for it in s.test]
+        rows += [("calib", -1, x, [""]) for x in CALIBRATION_INPUTS]
+        K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
+        t0 = time.perf_counter()
+        for i, (_, _, x, _) in enumerate(rows):
+            st = eng.query(prompt_tokens(eng, tpl, x, spec.max_prompt_tokens))
+            K[i] = st.keys
+            if (i + 1) % 200 == 0:
+                print(f"  {b}: {i + 1}/{len(rows)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
+        meta = {"benchmark": b, "layers": layers, "stages": [s.name for s in stages],
+                "split": [r[0] for r in rows], "stage": [r[1] for r in rows], "answers": [r[3] for r in rows],
+                "model": eng.info.path.name, "seconds": time.perf_counter() - t0}
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, keys=K.astype(np.float16) if args.f16 else K, meta=json.dumps(meta))
+        tmp.replace(path)
+        print(f"{b}: {len(rows)} prompts x {len(layers)} layers in {meta['seconds']:.0f} s -> {path}", flush=True)
+    eng.close()
+    return 0
+
+
+def load(cache: Path, b: str):
+    z = np.load(cache / f"{b}.npz")
+    meta = json.loads(str(z["meta"]))
+    K = z["keys"].astype(np.float32)
+    split = np.array(meta["split"])
+    return K, meta, split
+
+
+def vote_scores(Q: np.ndarray, A: np.ndarray, labels: list, k: int = 8, T: float = 0.02,
+                bits: bool = False) -> list:
+    """The anchor vote's answer for every query (unit rows; ``bits``: rows are ±1 already)."""
     from miita_edge.method.steering import knn_prototypes, vote
 
-    uniq = sorted(set(labels_a))
-    owner = np.array([uniq.index(l) for l in labels_a])
-    hits = 0
-    for q, g in zip(Q, golds):
-        ids, w, _ = knn_prototypes(q, A, owner, k, T)
-        hits += vote(ids, w, uniq) == g
-    return 100.0 * hits / len(golds)
+    uniq = sorted(set(labels))
+    owner = np.array([uniq.index(l) for l in labels])
+    An = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-12)
+    Qn = Q / np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-12)
+    S = Qn @ An.T
+    out = []
+    for s in S:
+        ids, w, _ = knn_prototypes(None, None, owner, k, T, scores=s)
+        out.append(vote(ids, w, uniq))
+    return out
+
+
+def neighbour_stage_share(Q, A, q_stage, a_stage, k=8) -> float:
+    An = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-12)
+    Qn = Q / np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-12)
+    top = np.argsort(-(Qn @ An.T), axis=1)[:, :k]
+    return float((a_stage[top] == q_stage[:, None]).mean())
+
+
+def design_keys(K: np.ndarray, calib: np.ndarray, design: dict) -> np.ndarray:
+    """Rows of K (n, L, H) -> the key vectors a design stores, as floats (bits as ±1)."""
+    layers = design["layers"]
+    parts = []
+    for li in layers:
+        x = K[:, li] - (calib[:, li].mean(0) if design.get("centre", True) else 0.0)
+        if design.get("whiten") == "calib_diag":  # per-dimension scale of the calibration keys
+            x = x / np.maximum(calib[:, li].std(0), 1e-3 * calib[:, li].std(0).max())
+        if design.get("unit_layers") and len(layers) > 1:
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        parts.append(x)
+    x = np.concatenate(parts, axis=1)
+    proj = design.get("proj")
+    if proj is not None:
+        x = x @ proj
+    prec = design.get("prec", "float32")
+    if prec == "bit":
+        x = np.where(x >= 0, 1.0, -1.0)
+    return x
+
+
+def evaluate(args) -> int:
+    from miita_edge.evaluation.metrics import normalize_label
+
+    results = {}
+    for b in args.benchmarks.split(","):
+        if not (args.cache / f"{b}.npz").exists():
+            print(f"{b}: not extracted yet")
+            continue
+        K, meta, split = load(args.cache, b)
+        stage = np.array(meta["stage"])
+        answers = meta["answers"]
+        tr, te, cal = split == "train", split == "test", split == "calib"
+        labels = [normalize_label(answers[i][0]) for i in np.flatnonzero(tr)]
+        golds = [[normalize_label(g) for g in answers[i]] for i in np.flatnonzero(te)]
+        H = K.shape[2]
+        L = K.shape[1]
+        rng = np.random.default_rng(0)
+        designs = {}
+        for li in args.layers:
+            if li >= L:
+                continue
+            designs[f"l{li} f32"] = {"layers": [li]}
+            designs[f"l{li} bit"] = {"layers": [li], "prec": "bit"}
+        for combo in args.combos:
+            ls = [int(c) for c in combo.split("+")]
+            designs[f"l{combo} f32"] = {"layers": ls, "unit_layers": True}
+            designs[f"l{combo} bit"] = {"layers": ls, "unit_layers": True, "prec": "bit"}
+        for m in args.simhash:
+            for li in args.simhash_layers:
+                ls = [int(c) for c in str(li).split("+")]
+                R = rng.standard_normal((H * len(ls), m)).astype(np.float32)
+                designs[f"l{li} simhash{m}"] = {"layers": ls, "proj": R, "prec": "bit", "unit_layers": True}
+                designs[f"l{li} simhash{m} wd"] = {"layers": ls, "proj": R, "prec": "bit", "unit_layers": True,
+                                                   "whiten": "calib_diag"}
+        print(f"\n# {b}: {tr.sum()} anchors ({len(meta['stages'])} stages), {te.sum()} queries")
+        for name, d in designs.items():
+            X = design_keys(K, K[cal], d)
+            # queries are never quantised: the memory compares a float query with stored anchors
+            Xq = design_keys(K[te], K[cal], {**d, "prec": "float32"})
+            pred = vote_scores(Xq, X[tr], labels)
+            acc = 100.0 * np.mean([p in g for p, g in zip(pred, golds)])
+            share = 100.0 * neighbour_stage_share(Xq, X[tr], stage[te], stage[tr])
+            results[(b, name)] = (acc, share)
+            print(f"  {name:18s} vote {acc:5.1f}%   own-stage neighbours {share:5.1f}%", flush=True)
+    return 0
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/banking77"))
-    ap.add_argument("--template", default="banking77")
-    ap.add_argument("--stage", default=None)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    x = sub.add_parser("extract")
+    x.add_argument("--data", type=Path, default=Path("../shared/data"))
+    x.add_argument("--out", type=Path, default=Path("bench-results/keys"))
+    x.add_argument("--benchmarks", default=",".join(BENCHES))
+    x.add_argument("--model", default=None)
+    x.add_argument("--threads", type=int, default=1)
+    x.add_argument("--f16", action="store_true", help="store the keys as float16 (half the disk)")
+    e = sub.add_parser("eval")
+    e.add_argument("--cache", type=Path, default=Path("bench-results/keys"))
+    e.add_argument("--benchmarks", default=",".join(BENCHES))
+    e.add_argument("--layers", type=int, nargs="*", default=[3, 6, 9, 12, 14, 15, 16])
+    e.add_argument("--combos", nargs="*", default=["9+12", "6+12", "3+6+9+12+15"])
+    e.add_argument("--simhash", type=int, nargs="*", default=[])
+    e.add_argument("--simhash-layers", nargs="*", default=["12"])
     args = ap.parse_args(argv)
-
-    from miita_edge.memory import codecs
-    from miita_edge.runtime.engine import Engine
-    from miita_edge.miita import CALIBRATION_INPUTS
-    from miita_edge.method.templates import get_template
-
-    stage, train, test = load_stage(args.data, args.stage, None)
-    eng = Engine()
-    tpl = get_template(args.template)
-
-    def keys(texts, skip_bos):
-        return np.stack([eng.query(eng.tokenize(tpl.render_prompt(t)), skip_bos_in_key=skip_bos).key for t in texts])
-
-    print(f"# {args.data.name} {stage}: {len(train)} anchors, {len(test)} queries; top-8 anchor vote, T=0.05")
-    golds = [e.output for e in test]
-    labs = [e.output for e in train]
-    for skip_bos in (False, True):
-        Ktr, Kte = keys([e.input for e in train], skip_bos), keys([e.input for e in test], skip_bos)
-        cal = keys(CALIBRATION_INPUTS, skip_bos).mean(0)
-        means = {"none": np.zeros(eng.n_embd, np.float32), "train mean f16": Ktr.mean(0).astype(np.float16).astype(np.float32),
-                 "train mean int8": codecs.roundtrip(Ktr.mean(0)[None], "int8")[0],
-                 "calibration mean": cal}
-        for mname, mu in means.items():
-            for prec in ("float32", "bit"):
-                A = codecs.roundtrip(Ktr - mu, prec)
-                acc = vote_acc(Kte - mu, A, labs, golds)
-                # one centroid anchor per label (sum of centred keys, then stored)
-                uniq = sorted(set(labs))
-                C = np.stack([(Ktr - mu)[[l == u for l in labs]].mean(0) for u in uniq])
-                accc = vote_acc(Kte - mu, codecs.roundtrip(C, prec), uniq, golds, k=1)
-                print(f"bos={'dropped' if skip_bos else 'kept':7s} centre={mname:16s} keys={prec:7s}: "
-                      f"all anchors {acc:5.1f}%   one centroid/label {accc:5.1f}%", flush=True)
-    eng.close()
-    return 0
+    return extract(args) if args.cmd == "extract" else evaluate(args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <pybind11/stl.h>
+
 #include <cstdint>
+#include <cstring>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -44,6 +48,12 @@ class State {
     int64_t n_embd() const { return n_embd_; }
 
     void set_key_tensor(const std::string & name) { check(miita_state_set_key_tensor(st_, name.c_str())); }
+    void set_key_tensors(const std::vector<std::string> & names) {
+        std::vector<const char *> ptrs;
+        for (const auto & n : names) ptrs.push_back(n.c_str());
+        check(miita_state_set_key_tensors(st_, ptrs.data(), (int64_t) ptrs.size()));
+    }
+    int64_t key_count() const { return miita_state_key_count(st_); }
     void key_reset() { miita_state_key_reset(st_); }
     void begin_batch(py::object mask) {
         if (mask.is_none()) {
@@ -65,16 +75,28 @@ class State {
         n_groups_ = 0;
     }
     py::tuple group_keys() const {
-        py::array_t<float> sums({n_groups_, n_embd_});
+        const int64_t nk = miita_state_key_count(st_);
+        py::array_t<float> sums({n_groups_, nk, n_embd_});
         py::array_t<int64_t> rows(n_groups_);
         check(miita_state_group_keys(st_, sums.mutable_data(), rows.mutable_data(), n_groups_));
+        if (nk == 1) return py::make_tuple(sums.reshape({n_groups_, n_embd_}), rows);
         return py::make_tuple(sums, rows);
     }
-    py::tuple key() const {
-        py::array_t<float> out(n_embd_);
+    // All key sums (n_keys, H) and the rows summed.
+    py::tuple keys() const {
+        const int64_t nk = miita_state_key_count(st_);
+        py::array_t<float> out({nk, n_embd_});
         int64_t n = 0;
         check(miita_state_key_get(st_, out.mutable_data(), &n));
         return py::make_tuple(out, n);
+    }
+    // The first key's sum (H,) and the rows summed: the single-layer key.
+    py::tuple key() const {
+        py::tuple all = keys();
+        py::array_t<float> sums = all[0].cast<py::array_t<float>>();
+        py::array_t<float> first(n_embd_);
+        std::memcpy(first.mutable_data(), sums.data(), sizeof(float) * n_embd_);
+        return py::make_tuple(first, all[1]);
     }
     void set_capture(bool enabled, int64_t max_rows) { check(miita_state_set_capture(st_, enabled, max_rows)); }
     void set_stop_after_norm(bool enabled) { check(miita_state_set_stop_after_norm(st_, enabled)); }
@@ -315,7 +337,11 @@ PYBIND11_MODULE(_native, m) {
              "per-sequence keys for the next llama_decode: group[i] (-1 = none) of each batch row")
         .def("end_groups", &State::end_groups)
         .def("group_keys", &State::group_keys, "(sums (n_groups, H) float32, rows (n_groups,) int64)")
-        .def("key", &State::key)
+        .def("key", &State::key, "(the first key tensor's row sum (H,) float32, rows summed)")
+        .def("keys", &State::keys, "(every key tensor's row sum (n_keys, H) float32, rows summed)")
+        .def("set_key_tensors", &State::set_key_tensors,
+             "several key tensors, one sum each (e.g. ['l_out-6', 'l_out-12']); [] stops collecting")
+        .def("key_count", &State::key_count)
         .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
         .def("set_stop_after_norm", &State::set_stop_after_norm, py::arg("enabled"))
         .def("captured", &State::captured)

@@ -19,17 +19,18 @@ using namespace miita_internal;
 struct miita_state {
     int64_t n_embd = 0;
 
-    // key: sum of selected rows of one per-layer tensor
-    std::string key_name;
-    std::vector<double> key_sum;   // double: prompts of thousands of rows, norms ~1e4
-    int64_t key_rows = 0;
+    // key: sum of selected rows of one or more per-layer tensors (one sum per tensor)
+    std::vector<std::string> key_names;
+    std::vector<double> key_sum;   // n_keys * n_embd; double: prompts of thousands of rows, norms ~1e4
+    int64_t key_rows = 0;          // rows summed (counted on the first key tensor; all see the same rows)
     std::vector<uint8_t> mask;     // per batch row; empty = all rows
-    int64_t batch_rows_seen = 0;   // rows of the key tensor seen in the current llama_decode
+    std::vector<int64_t> rows_seen;  // per key tensor: its rows seen in the current llama_decode
     // per-sequence keys (miita_state_begin_groups): group of each batch row, -1 = none
     std::vector<int32_t> group;
     int64_t n_groups = 0;
-    std::vector<double> group_sum;  // n_groups * n_embd
+    std::vector<double> group_sum;  // n_groups * n_keys * n_embd
     std::vector<int64_t> group_rows;
+    int64_t n_keys_alloc = 1;       // key sums kept (the last non-empty list's length)
 
     // capture of result_norm rows (pre-steer)
     bool capture = false;
@@ -64,7 +65,7 @@ static void set_state_error(miita_state * st, const std::string & msg) {
     if (st->error.empty()) st->error = msg;
 }
 
-static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
+static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
     st->hits_key++;
     if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
         set_state_error(st, std::string("key tensor ") + t->name + " is not a contiguous f32 [n_embd, rows] tensor");
@@ -73,9 +74,11 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
     const int64_t rows = ggml_nrows(t);
     const float * data = static_cast<const float *>(t->data);
     const int64_t H = st->n_embd;
+    const int64_t n_keys = (int64_t) st->key_names.size();
+    int64_t & seen = st->rows_seen[k];
     if (st->n_groups > 0) {
         for (int64_t r = 0; r < rows; ++r) {
-            const int64_t batch_row = st->batch_rows_seen + r;
+            const int64_t batch_row = seen + r;
             if (batch_row >= (int64_t) st->group.size()) {
                 set_state_error(st, "key tensor has more rows than the batch's groups cover");
                 break;
@@ -83,15 +86,15 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
             const int32_t g = st->group[batch_row];
             if (g < 0) continue;
             const float * row = data + r * H;
-            double * acc = st->group_sum.data() + (int64_t) g * H;
+            double * acc = st->group_sum.data() + ((int64_t) g * n_keys + (int64_t) k) * H;
             for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
-            st->group_rows[g]++;
+            if (k == 0) st->group_rows[g]++;
         }
-        st->batch_rows_seen += rows;
+        seen += rows;
         return;
     }
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t batch_row = st->batch_rows_seen + r;
+        const int64_t batch_row = seen + r;
         if (!st->mask.empty()) {
             if (batch_row >= (int64_t) st->mask.size()) {
                 set_state_error(st, "key tensor has more rows than the batch mask covers");
@@ -100,11 +103,20 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t) {
             if (!st->mask[batch_row]) continue;
         }
         const float * row = data + r * H;
-        double * acc = st->key_sum.data();
+        double * acc = st->key_sum.data() + (int64_t) k * H;
         for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
-        st->key_rows++;
+        if (k == 0) st->key_rows++;
     }
-    st->batch_rows_seen += rows;
+    seen += rows;
+}
+
+// Index of t's name among the key tensors, or -1. Called for every graph node (hundreds per
+// decode): a cheap prefix test first, since every per-layer key tensor shares "l_out-"-like names.
+static int64_t key_index(const miita_state * st, const char * name) {
+    for (size_t k = 0; k < st->key_names.size(); ++k) {
+        if (st->key_names[k] == name) return (int64_t) k;
+    }
+    return -1;
 }
 
 static void on_result_norm(miita_state * st, ggml_tensor * t) {
@@ -160,6 +172,7 @@ miita_state * miita_state_new(int64_t n_embd) {
     auto * st = new miita_state();
     st->n_embd = n_embd;
     st->key_sum.assign(n_embd, 0.0);
+    st->rows_seen.assign(1, 0);
     return st;
 }
 
@@ -169,12 +182,12 @@ bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
     auto * st = static_cast<miita_state *>(user_data);
     if (st == nullptr || t == nullptr) return true;
     const bool is_norm = std::strcmp(t->name, k_result_norm) == 0;
-    const bool is_key = !is_norm && !st->key_name.empty() && st->key_name == t->name;
+    const int64_t key = is_norm ? -1 : key_index(st, t->name);
     if (ask) {
         if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF || st->stop_after_norm;
-        return is_key;
+        return key >= 0;
     }
-    if (is_key) on_key_tensor(st, t);
+    if (key >= 0) on_key_tensor(st, t, (size_t) key);
     else if (is_norm) {
         on_result_norm(st, t);
         // false makes the scheduler leave the rest of this graph split uncomputed and still report
@@ -193,14 +206,39 @@ int miita_state_set_stop_after_norm(miita_state * st, bool enabled) {
 
 int miita_state_set_key_tensor(miita_state * st, const char * name) {
     if (!st) return fail("null state");
-    st->key_name = name ? name : "";
+    if (name == nullptr || name[0] == '\0') return miita_state_set_key_tensors(st, nullptr, 0);
+    return miita_state_set_key_tensors(st, &name, 1);
+}
+
+int miita_state_set_key_tensors(miita_state * st, const char * const * names, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || n > MIITA_MAX_KEY_TENSORS || (n > 0 && names == nullptr)) return fail("bad key tensor list");
+    std::vector<std::string> list;
+    for (int64_t k = 0; k < n; ++k) {
+        if (names[k] == nullptr || names[k][0] == '\0') return fail("empty key tensor name");
+        for (const auto & seen : list) {
+            if (seen == names[k]) return fail(std::string("key tensor named twice: ") + names[k]);
+        }
+        list.emplace_back(names[k]);
+    }
+    // A different number of tensors changes the sums' shape: start them again. The same count
+    // (a decode that switches collection off and on) keeps accumulating, as one tensor always did.
+    if (list.size() != st->key_names.size() && !list.empty()) {
+        st->key_sum.assign(list.size() * (size_t) st->n_embd, 0.0);
+        st->key_rows = 0;
+        st->rows_seen.assign(list.size(), 0);
+    }
+    if (!list.empty()) st->n_keys_alloc = (int64_t) list.size();
+    st->key_names = std::move(list);
     return 0;
 }
+
+int64_t miita_state_key_count(const miita_state * st) { return st ? st->n_keys_alloc : 0; }
 
 void miita_state_key_reset(miita_state * st) {
     std::fill(st->key_sum.begin(), st->key_sum.end(), 0.0);
     st->key_rows = 0;
-    st->batch_rows_seen = 0;
+    std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     st->n_groups = 0;
     st->group.clear();
 }
@@ -213,16 +251,16 @@ int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n,
     }
     st->n_groups = n_groups;
     st->group.assign(group, group + n);
-    st->group_sum.assign((size_t) (n_groups * st->n_embd), 0.0);
+    st->group_sum.assign((size_t) (n_groups * st->n_keys_alloc * st->n_embd), 0.0);
     st->group_rows.assign((size_t) n_groups, 0);
-    st->batch_rows_seen = 0;
+    std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     return 0;
 }
 
 int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups) {
     if (!st) return fail("null state");
     if (n_groups != st->n_groups) return fail("n_groups differs from the groups set");
-    for (int64_t k = 0; k < n_groups * st->n_embd; ++k) sums_out[k] = (float) st->group_sum[k];
+    for (int64_t k = 0; k < n_groups * st->n_keys_alloc * st->n_embd; ++k) sums_out[k] = (float) st->group_sum[k];
     for (int64_t g = 0; g < n_groups; ++g) rows_out[g] = st->group_rows[g];
     return 0;
 }
@@ -231,13 +269,13 @@ int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {
     if (!st) return fail("null state");
     if (n < 0 || (n > 0 && mask == nullptr)) return fail("bad mask");
     st->mask.assign(mask, mask + n);
-    st->batch_rows_seen = 0;
+    std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     return 0;
 }
 
 int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out) {
     if (!st) return fail("null state");
-    for (int64_t i = 0; i < st->n_embd; ++i) sum_out[i] = (float) st->key_sum[i];
+    for (int64_t i = 0; i < st->n_keys_alloc * st->n_embd; ++i) sum_out[i] = (float) st->key_sum[i];
     *n_rows_out = st->key_rows;
     return 0;
 }

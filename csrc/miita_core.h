@@ -59,8 +59,17 @@ void miita_state_free(miita_state * st);
 /* The callback itself; pass it as cb_eval with the state as cb_eval_user_data. */
 bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data);
 
-/* Name of the tensor whose rows form the semantic key (e.g. "l_out-9"); "" disables. */
+/* Name of the tensor whose rows form the semantic key (e.g. "l_out-9"); "" disables.
+ * The same as miita_state_set_key_tensors with one name (or none). */
 int miita_state_set_key_tensor(miita_state * st, const char * name);
+/* Several key tensors at once (e.g. "l_out-6", "l_out-12"): each gets its own sum of the same
+ * selected rows, so one prompt pass yields the pooled rows of every listed layer. n = 0 disables
+ * collection (the sums are kept, for a decode that needs no key); a list of another length than
+ * the last one resets the sums. At most MIITA_MAX_KEY_TENSORS names, no name twice. */
+#define MIITA_MAX_KEY_TENSORS 64
+int miita_state_set_key_tensors(miita_state * st, const char * const * names, int64_t n);
+/* Number of key sums kept (the length of the last non-empty list; 1 initially). */
+int64_t miita_state_key_count(const miita_state * st);
 /* Zero the key sum and row count (call per prompt). */
 void miita_state_key_reset(miita_state * st);
 /* Row mask for the next llama_decode: mask[i] != 0 includes batch row i in the key.
@@ -71,10 +80,11 @@ int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n);
  * groups are set the single key sum is not touched. Zeroes the group sums and the batch row
  * counter. n_groups = 0 ends group mode (as does miita_state_key_reset). */
 int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups);
-/* The group sums (n_groups x n_embd, float, summed in double in batch-row order as the single
- * key is) and each group's row count. */
+/* The group sums (n_groups x n_keys x n_embd, float, summed in double in batch-row order as the
+ * single key is) and each group's row count. */
 int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups);
-/* Copy the key sum (n_embd floats) and the number of rows summed. */
+/* Copy the key sums (n_keys x n_embd floats, n_keys = miita_state_key_count) and the number of
+ * rows summed. */
 int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
 
 /* Capture result_norm rows (pre-steer) into an internal buffer of at most max_rows rows. */

@@ -187,6 +187,37 @@ def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
         np.testing.assert_allclose(q2.key, ref_nobos, rtol=1e-4, atol=1e-3 * np.abs(ref_nobos).max())
 
 
+def test_several_key_layers_are_each_layers_mean_in_one_pass(model_path):
+    """One prompt pass watching l_out-12, l_out-9 and l_out-3 gives each layer's BOS-less row mean,
+    against a reference decode per layer (a Python callback) and in the order asked for; the
+    concatenation is the key, and a key of one layer again is that layer's alone."""
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    with Engine(model_path, EngineConfig(n_ctx=256)) as eng:
+        toks = eng.tokenize(PROMPT)
+        eng.set_key_layers([12, 9, 3])
+        q = eng.query(toks)
+        assert q.key.shape == (3 * eng.n_embd,) and q.keys.shape == (3, eng.n_embd)
+        refs = [_reference_layer_rows(model_path, toks, layer)[1:].mean(axis=0) for layer in (12, 9, 3)]
+        for block, ref in zip(q.keys, refs):
+            np.testing.assert_allclose(block, ref, rtol=1e-4, atol=1e-3 * np.abs(ref).max())
+    # several ubatches per decode: each layer's sum carries across them (llama.cpp's kernels round
+    # a 4-row batch differently, so within 1% of the norm rather than elementwise)
+    with Engine(model_path, EngineConfig(n_ctx=256, n_batch=4)) as eng:
+        eng.set_key_layers([12, 9, 3])
+        q4 = eng.query(toks)
+        for block, ref in zip(q4.keys, refs):
+            assert np.linalg.norm(block - ref) <= 1e-2 * np.linalg.norm(ref)
+        eng.set_key_layers([9])
+        q9 = eng.query(toks)
+        assert q9.key.shape == (eng.n_embd,)
+        np.testing.assert_array_equal(q9.key, q4.keys[1])
+        with pytest.raises(ValueError):
+            eng.set_key_layers([9, 9])
+        with pytest.raises(Exception, match="out of range"):
+            eng.set_key_layers([eng.n_layer - 1])
+
+
 def test_exact_correction_matches_dense_numpy(engine, W_ref):
     toks = engine.tokenize(PROMPT)
     target = engine.tokenize(" card arrival\n", add_bos=False)

@@ -72,6 +72,9 @@ EOF
   fi
   SRC="$WORK/ggml-src"
 fi
+# The sdist's vendored ggml lacks ggml.pc.in (a pkg-config template that ggml's CMakeLists configures
+# unconditionally); nothing here installs ggml, so an empty template serves.
+[ -f "$SRC/ggml.pc.in" ] || : > "$SRC/ggml.pc.in"
 say "ggml from $SRC; -march=$MARCH"
 
 # 3. ggml-base + ggml-cpu for aarch64 (static, portable: GGML_NATIVE=OFF)

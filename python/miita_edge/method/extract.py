@@ -84,7 +84,7 @@ class PendingR:
 class Extracted:
     prompt: list[int]
     target: list[int]  # answer tokens y_1..y_L (the template's target, newline included)
-    key: np.ndarray  # (H,) mean of the key layer over the selected prompt rows (eq. 1, before Norm)
+    key: np.ndarray  # (L·H,) mean of each key layer over the selected prompt rows (eq. 1, before Norm)
     R: np.ndarray | None  # (L, H) per-position R_t = W[y_t] − Wᵀp_t; (1, H) = their mean; None: not computed
 
     @property
@@ -112,7 +112,7 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     engine.reset()
     if not corrections:
         engine.decode(prompt, "none", key_mask=mask)
-        s, n = engine.native.key()
+        s, n = engine.key_sum()
         return Extracted(prompt, target, s / max(n, 1), None)
     # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
@@ -121,13 +121,13 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
         # exact, short answer: llama.cpp stops after result_norm and one online-softmax pass over
         # the head gives R from the hidden rows (the head is read once, not twice)
         hidden = engine.hidden_states(prompt + target, flags, key_mask=key_mask)
-        s, n = engine.native.key()
+        s, n = engine.key_sum()
         if defer:
             return PendingR(prompt, target, s / max(n, 1), hidden)
         R = engine.lm_head.correction_from_hidden(hidden, target, per_position=per_position)
     else:
         logits = engine.decode(prompt + target, flags, key_mask=key_mask)
-        s, n = engine.native.key()
+        s, n = engine.key_sum()
         R = engine.lm_head.correction(logits, target, top_k=top_k, per_position=per_position)
     if not per_position:
         R = R.reshape(1, -1)

@@ -85,14 +85,21 @@ class QueryState:
     """What one prompt pass leaves behind for retrieval (eqs. 1, 6, 7, 11)."""
 
     tokens: list[int]
-    key_sum: np.ndarray  # (H,) sum of the selected rows of l_out-<k>
+    key_sum: np.ndarray  # (L·H,) sums of the selected rows of l_out-<k>, one H-block per key layer
     key_rows: int
     h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
     logits: np.ndarray  # (V,) logits of the first answer token, unsteered
 
     @property
     def key(self) -> np.ndarray:
+        """Eq. 1's pooled key: (L·H,), the mean of each key layer's rows, layers in
+        ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
         return self.key_sum / max(self.key_rows, 1)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(L, H) the pooled key of every key layer."""
+        return self.key.reshape(-1, self.h_q.shape[0])
 
 
 @dataclass
@@ -161,7 +168,8 @@ class Engine:
 
         # The callback state must outlive the context: created first, freed last.
         self.native = _native.State(self.n_embd)
-        self._key_name = f"l_out-{k}"
+        self.key_layers: tuple[int, ...] = (k,)
+        self._key_names = [f"l_out-{k}"]
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = self.config.n_batch
@@ -188,6 +196,35 @@ class Engine:
         self._lm = None
         self._closed = False
         self.graph_tensors = self._probe_graph()
+
+    def key_sum(self) -> tuple[np.ndarray, int]:
+        """The key sums collected since the last reset: ((L·H,) float32, rows summed), one H-block per
+        key layer in ``key_layers`` order; divide by the rows for eq. 1's mean."""
+        sums, rows = self.native.keys()
+        return sums.reshape(-1).copy(), int(rows)
+
+    @property
+    def _key_name(self) -> str:
+        """The first key layer's tensor name (what the self-test and the graph probe check)."""
+        return self._key_names[0]
+
+    def set_key_layers(self, layers: Sequence[int]) -> None:
+        """Pool the key from these layers' outputs (``l_out-<k>``), one sum each, in one prompt pass.
+
+        The key is then the concatenation of the layers' means (``QueryState.key``, (L·H,)), in the
+        order given. Each must be <= n_layer - 2: the last layer keeps only output rows."""
+        layers = tuple(int(k) for k in layers)
+        if not layers or len(set(layers)) != len(layers):
+            raise ValueError(f"key layers must be distinct and at least one, got {layers}")
+        for k in layers:
+            if not 0 <= k <= self.n_layer - 2:
+                raise ModelError(f"key layer {k} out of range 0..{self.n_layer - 2} for {self.info.path.name}")
+        self.key_layers = layers
+        self.key_layer = layers[0]
+        self._key_names = [f"l_out-{k}" for k in layers]
+        self.native.set_key_tensors(self._key_names)
+        self.native.set_key_tensors([])  # sized for the new list; collected only while decoding a key
+        self.native.key_reset()
 
     def _probe_graph(self) -> tuple[bool, bool]:
         """Decode two tokens once with the key and result_norm watched: an architecture whose graph
@@ -294,7 +331,7 @@ class Engine:
             if len(toks) > nb:  # alone, in chunks
                 self.reset()
                 self.decode(toks, "none", key_mask=masks[i])
-                out[i] = self.native.key()
+                out[i] = self.key_sum()
                 continue
             if group and (len(group) >= max(1, min(self.config.n_seq_max, self._n_seq_ctx))
                           or sum(len(prompts[j]) for j in group) + len(toks) > nb):
@@ -318,7 +355,7 @@ class Engine:
                 ids[r] = s if m else -1
                 r += 1
         b.n_tokens = r
-        self.native.set_key_tensor(self._key_name)
+        self.native.set_key_tensors(self._key_names)
         self.native.begin_groups(ids, len(group))
         try:
             rc = L.llama_decode(self._ctx, b)
@@ -331,7 +368,7 @@ class Engine:
         finally:
             self.native.end_groups()
         for s, j in enumerate(group):
-            out[j] = (sums[s], int(rows[s]))
+            out[j] = (sums[s].reshape(-1), int(rows[s]))
 
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
@@ -377,7 +414,7 @@ class Engine:
         n_out = 0
         # Ask the callback for the key layer only while a key is being collected:
         # every watched tensor splits the graph computation once more.
-        self.native.set_key_tensor(self._key_name if key_mask is not None else "")
+        self.native.set_key_tensors(self._key_names if key_mask is not None else [])
         for start in range(0, n, nb):
             chunk = range(start, min(n, start + nb))
             for i, j in enumerate(chunk):
@@ -443,7 +480,7 @@ class Engine:
         logits = self.decode(prompt_tokens, "last", key_mask=mask)[0]
         h_q = self.native.captured()[0].copy()
         self.native.set_capture(False, 0)
-        key_sum, rows = self.native.key()
+        key_sum, rows = self.key_sum()
         return QueryState(list(prompt_tokens), key_sum, int(rows), h_q, logits)
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
