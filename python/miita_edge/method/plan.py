@@ -45,20 +45,16 @@ class RetrievalIndex:
 
     @classmethod
     def build(cls, bank: MemoryBank, entries: dict | None = None) -> "RetrievalIndex":
-        protos = bank.protos
-        owner = (np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(protos)]) if protos
-                 else np.zeros(0, np.int64))
+        owner = bank.anchor_owner()  # the bank's views read a just-opened memory's arrays in place
         if bank.config.key_precision == "bit":
-            width = (bank.n_embd + 7) // 8
-            packed = (np.concatenate([np.packbits(p.anchors >= 0, axis=1) for p in protos]) if protos
-                      else np.zeros((0, width), np.uint8))
+            packed = bank.packed_anchors()
             A_unit = None
         else:
             A, owner = bank.anchor_matrix()
             n = np.linalg.norm(A, axis=1, keepdims=True)
             A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
             packed = None
-        index = cls(A_unit, owner, bank.directions(0), [p.tokens for p in protos], packed, entries=entries)
+        index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries)
         if packed is not None:
             index.ann = ann_index.front(packed, "bits", entries, "anchors")
         return index
@@ -102,11 +98,10 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     def dir_fn(j: int, s: int) -> np.ndarray:
         key = (j, s)
         if key not in cache:
-            p = bank.protos[j]
             if pr.bank.payload == "sequence":
-                cache[key] = p.dirs[s]
+                cache[key] = bank.protos[j].dirs[s]
             else:  # 'tokens': the target token's own LM-head row
-                r = engine.lm_head.rows([int(p.tokens[s])])[0]
+                r = engine.lm_head.rows([int(index.seqs[j][s])])[0]
                 cache[key] = r / max(float(np.linalg.norm(r)), 1e-12)
         return cache[key]
 
