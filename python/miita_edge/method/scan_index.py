@@ -93,7 +93,7 @@ class ScanIndex:
     D_unit: np.ndarray  # (J, H) float32, Norm(d_j)
     seg_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (J,) run of j, -1 if none
     shadow: tuple | None = None  # (A_q, A_s, A_err, D_q, D_s, D_err) int8 copies, or None (small memory)
-    ann: tuple = (None, None)  # ann_index.AnnFront over the anchor and direction shadows (large memories)
+    ann: tuple = (None, None)  # ann_index.AnnFront over A_unit and D_unit (large memories), else None each
 
     #: below this many rows a full float32 scan is cheaper than the shadow's bookkeeping
     SHADOW_MIN_ROWS = 2048
@@ -125,8 +125,8 @@ class ScanIndex:
         if self.shadow is not None:
             from . import ann_index
 
-            self.ann = (ann_index.front(self.shadow[0], "i8", entries, "paper-anchors"),
-                        ann_index.front(self.shadow[3], "i8", entries, "paper-dirs"))
+            self.ann = (ann_index.front(self.A_unit, "f16", entries, "paper-anchors"),
+                        ann_index.front(self.D_unit, "f16", entries, "paper-dirs"))
         return self
 
     def _ann_ready(self, i: int):
