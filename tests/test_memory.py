@@ -1043,6 +1043,43 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
                for p in back.protos)
 
 
+@pytest.mark.parametrize("payload", PAYLOADS)
+@pytest.mark.parametrize("key_precision", KEY_PRECISIONS)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_opened_bank_answers_its_views_before_making_prototypes(payload, key_precision, shuffle):
+    """from_arrays makes no Prototype objects until ``protos`` is used (opening 1M prototypes took
+    ~14 s, issue 15); the views read from the arrays equal those of the materialised bank, also
+    for stored anchors that are not sorted by owner."""
+    H = 12
+    rng = np.random.default_rng(1)
+    cfg = BankConfig(payload=payload, dir_precision="int8", key_precision=key_precision, tau_d=0.6, tau_k=0.7)
+    bank = MemoryBank(cfg, H)
+    for dirs, tokens, key in _random_writes(payload, H, rng, 15):
+        bank.write(dirs, tokens, key)
+    assert bank.n_anchors > bank.n_prototypes >= 2
+    arrays = bank.to_arrays()
+    if shuffle:  # a store written in another anchor order
+        perm = rng.permutation(len(arrays["anchor_owner"]))
+        arrays = dict(arrays, **{k: arrays[k][perm] for k in ("anchors", "anchor_owner", "anchor_count",
+                                                                 "anchor_scale") if k in arrays})
+    lazy, eager = MemoryBank.from_arrays(cfg, H, arrays), MemoryBank.from_arrays(cfg, H, arrays)
+    eager.protos  # noqa: B018  (materialise)
+    assert lazy._protos is None
+    assert (lazy.n_prototypes, lazy.n_anchors) == (eager.n_prototypes, eager.n_anchors)
+    for x, y in zip(lazy.anchor_matrix(), eager.anchor_matrix()):
+        assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert np.array_equal(lazy.anchor_owner(), eager.anchor_owner())
+    assert np.array_equal(lazy.packed_anchors(), eager.packed_anchors())
+    for pos in range(3):
+        assert np.array_equal(lazy.directions(pos), eager.directions(pos))
+    seqs = lazy.answer_tokens()
+    assert len(seqs) == eager.n_prototypes
+    assert all(np.array_equal(seqs[j], p.tokens) for j, p in enumerate(eager.protos))
+    assert lazy._protos is None  # none of the views made the objects
+    _assert_banks_equal(eager, lazy)  # and the objects, once made, are the eager ones
+    assert lazy._stored is None
+
+
 def test_anchor_count_saturates_at_uint16():
     bank = _bank_with_protos(J=2)
     bank.protos[0].anchor_n[0] = 70000

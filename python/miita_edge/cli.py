@@ -271,6 +271,7 @@ def cmd_ask(args) -> int:
 def cmd_info(args) -> int:
     from .memory import store as store_mod
     from .memory.budget import parse_budget
+    from .method import ann_index
     from .miita import check_memory_meta, default_memory_dir
 
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
@@ -286,7 +287,8 @@ def cmd_info(args) -> int:
            "budget_bytes": budget_bytes, **{k: meta[k] for k in ("examples", "skipped", "prototypes", "anchors",
                                                                   "stream_bytes", "template", "fingerprint")},
            "preset": preset.name, "hyperparameters": preset.describe(),
-           "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()}}
+           "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()},
+           "recall": ann_index.status(int(meta["anchors"]))}
     if args.json:
         print(json.dumps(out))
     else:
@@ -302,6 +304,7 @@ def cmd_info(args) -> int:
         print(f"payload     {hp['bank']['payload']}, directions {hp['bank']['dir_precision']}, keys "
               f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}")
         print(f"adaptation  {hp['aggregation']} aggregation, eta={hp['eta']} (x ||h_q||), {hp['gate']}")
+        print(f"recall      {out['recall']}")
     return 0
 
 

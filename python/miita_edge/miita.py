@@ -135,6 +135,7 @@ class Miita:
             self.budget_spec = meta["budget"]
             self.counts = StreamCounts(int(meta["examples"]), int(meta["skipped"]), int(meta["stream_bytes"]))
             self.version = snap.version
+            self._entries = snap.entries  # what the retrieval index's derived caches are keyed on
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
             self.template = get_template(template or "plain")
@@ -143,6 +144,7 @@ class Miita:
             self.budget_spec = DEFAULT_BUDGET
             self.counts = StreamCounts()
             self.version = 0
+            self._entries = None
         self._index: RetrievalIndex | None = None  # derived from the bank; rebuilt after each ingest
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         # Token budget for prompts (None: no cut), applied in ask() and in extraction; see
@@ -269,16 +271,18 @@ class Miita:
                 raise StoreError(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
                                  f"{current}: another writer committed); nothing was written: open it again and "
                                  f"rerun this ingest")
-            saved = (self.bank, self.budget_spec, self.counts)
+            saved = (self.bank, self.budget_spec, self.counts, self._entries)
             self.bank, self.counts = copy.deepcopy(self.bank), copy.copy(self.counts)
             try:
                 report = self._ingest_locked(examples, budget, progress, t0, extractor)
+                self._entries = None  # the bank no longer matches a committed version, unless:
                 if not dry_run:
                     snap = writer.commit(self.bank.to_arrays(), self.manifest())
                     self.version = snap.version
+                    self._entries = snap.entries
                     report.bytes = snap.bytes_on_disk
             except BaseException:
-                self.bank, self.budget_spec, self.counts = saved
+                self.bank, self.budget_spec, self.counts, self._entries = saved
                 raise
             finally:
                 self._index = None
@@ -335,6 +339,7 @@ class Miita:
                 if n_p and not dry_run:
                     snap = writer.commit(self.bank.to_arrays(), self.manifest())
                     self.version = snap.version
+                    self._entries = snap.entries
                     nbytes = snap.bytes_on_disk
                 else:
                     self.bank, self.counts = saved
@@ -380,7 +385,7 @@ class Miita:
     def retrieval_index(self) -> RetrievalIndex:
         """The matrices retrieval reads, cached per memory version."""
         if self._index is None:
-            self._index = RetrievalIndex.build(self.bank)
+            self._index = RetrievalIndex.build(self.bank, self._entries)
         return self._index
 
     # ---------------------------------------------------------------- info

@@ -170,29 +170,73 @@ class MemoryBank:
         config.validate()
         self.config = config
         self.n_embd = int(n_embd)
-        self.protos: list[Prototype] = []
+        self._protos: list[Prototype] | None = []
+        self._stored: _Stored | None = None  # a bank opened from the store, before its Prototypes exist
         # Centring vector for keys (stored as float16); None: keys are not centred.
         self.key_mean = None if key_mean is None else np.asarray(key_mean, np.float16).astype(np.float32)
+
+    @property
+    def protos(self) -> list[Prototype]:
+        """The prototypes, in order. A bank opened by ``from_arrays`` makes these Python objects on
+        first use, not at open: 1,000,000 of them take ~14 s, while answering needs only the views
+        below, which read the stored arrays directly (issue 15)."""
+        if self._protos is None:
+            self._protos = self._stored.prototypes()
+            self._stored = None
+        return self._protos
+
+    @protos.setter
+    def protos(self, value: list[Prototype]) -> None:
+        self._protos, self._stored = list(value), None
 
     # ------------------------------------------------------------ views
     @property
     def n_prototypes(self) -> int:
-        return len(self.protos)
+        return self._stored.J if self._protos is None else len(self._protos)
 
     @property
     def n_anchors(self) -> int:
-        return sum(len(p.anchors) for p in self.protos)
+        return len(self._stored.owner) if self._protos is None else sum(len(p.anchors) for p in self._protos)
 
     def anchor_matrix(self) -> tuple[np.ndarray, np.ndarray]:
         """All anchors (A, H) float32 and their owner prototype index (A,)."""
+        if self._protos is None:
+            return self._stored.anchors(), self._stored.owner_sorted()
         if not self.protos:
             return np.zeros((0, self.n_embd), np.float32), np.zeros(0, np.int64)
         A = np.concatenate([p.anchors for p in self.protos])
         owner = np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(self.protos)])
         return A, owner
 
+    def anchor_owner(self) -> np.ndarray:
+        """The owner prototype of each row of ``anchor_matrix()`` (A,) int64, without the matrix."""
+        if self._protos is None:
+            return self._stored.owner_sorted()
+        if not self._protos:
+            return np.zeros(0, np.int64)
+        return np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(self._protos)])
+
+    def packed_anchors(self) -> np.ndarray:
+        """The rows of ``anchor_matrix()`` as packed sign bits (A, ceil(H/8)) uint8: for 1-bit keys
+        exactly the stored bytes (read in place when the bank was just opened)."""
+        if self._protos is None:
+            if self.config.key_precision == "bit":
+                return self._stored.packed_sorted()
+            return np.packbits(self._stored.anchors() >= 0, axis=1)
+        if not self.protos:
+            return np.zeros((0, (self.n_embd + 7) // 8), np.uint8)
+        return np.concatenate([np.packbits(p.anchors >= 0, axis=1) for p in self.protos])
+
+    def answer_tokens(self):
+        """Each prototype's answer tokens (a sequence of int32 arrays, indexable by prototype)."""
+        if self._protos is None:
+            return self._stored.seqs()
+        return [p.tokens for p in self._protos]
+
     def directions(self, position: int = 0) -> np.ndarray:
         """(J, H) direction of each prototype at an answer position (zeros where absent)."""
+        if self._protos is None:
+            return self._stored.directions(position)
         D = np.zeros((len(self.protos), self.n_embd), np.float32)
         for j, p in enumerate(self.protos):
             if position < len(p.dirs):
@@ -470,10 +514,37 @@ class MemoryBank:
         """Rebuild from stored arrays; raises ValueError on inconsistent arrays.
 
         ``key_mean`` is not stored: it derives from the model and template
-        (see ``Miita``), so the caller passes it in again.
+        (see ``Miita``), so the caller passes it in again. Every array is checked here; the
+        Prototype objects are made on first use of ``protos`` (see there).
         """
-        H = n_embd
-        bank = cls(config, H, key_mean)
+        bank = cls(config, n_embd, key_mean)
+        bank._stored = _Stored(config, int(n_embd), arrays)
+        bank._protos = None
+        return bank
+
+
+class _Seqs:
+    """Each prototype's answer tokens as slices of the stored flat array (indexable, sized)."""
+
+    def __init__(self, flat: np.ndarray, ends: np.ndarray) -> None:
+        self.flat, self.ends = flat, ends
+        self.starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        return self.flat[self.starts[j]:self.ends[j]]
+
+
+class _Stored:
+    """A bank's stored arrays, checked, before its Prototype objects exist.
+
+    The checks (and their messages) are the ones ``from_arrays`` always made; the views read the
+    arrays with numpy (one pass each) instead of walking Prototype objects."""
+
+    def __init__(self, config: BankConfig, H: int, arrays: dict[str, np.ndarray]) -> None:
+        self.config, self.H = config, H
         counts = np.asarray(arrays["counts"])
         J = len(counts)
         if config.payload == "tokens":
@@ -496,35 +567,71 @@ class MemoryBank:
             raise ValueError("anchor_count does not match the anchors")
         if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
             raise ValueError("anchor_owner does not index the prototypes")
-        # Each prototype's anchors in stored order, decoded one prototype at a time: a sort by owner
-        # instead of one mask per prototype (O(A log A), not O(J·A)), and no decoded copy of the
-        # whole anchor matrix beside the per-prototype ones (peak memory of opening, issue 15).
-        by_owner = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[by_owner], np.arange(J + 1))
+        if config.payload != "mean":
+            flat = np.asarray(arrays["tokens"], np.int32)
+            ends = np.flatnonzero(flat == TOKEN_END)
+            if len(ends) != J:
+                raise ValueError("tokens array does not hold one sequence per prototype")
+        else:
+            flat, ends = np.zeros(J, np.int32), np.arange(J)  # J empty sequences
+        n_dirs = {"mean": J, "sequence": int(ends[-1]) + 1 - J if J else 0, "tokens": 0}[config.payload]
+        if n_dirs > len(D):
+            raise ValueError("dirs array is shorter than the prototypes need")
+        if n_dirs != len(D):
+            raise ValueError("dirs array is longer than the prototypes need")
+        self.J, self.counts, self.D, self.raw, self.scale = J, counts, D, raw, scale
+        self.owner, self.acount, self._seqs = owner, acount, _Seqs(flat, ends)
+        # Each prototype's anchors in stored order: a sort by owner instead of one mask per
+        # prototype (O(A log A), not O(J·A)); none when the owners are sorted (as written).
+        self.sorted = bool(len(owner) < 2 or (owner[1:] >= owner[:-1]).all())
+        self.by_owner = None if self.sorted else np.argsort(owner, kind="stable")
+
+    def owner_sorted(self) -> np.ndarray:
+        return self.owner if self.sorted else self.owner[self.by_owner]
+
+    def packed_sorted(self) -> np.ndarray:
+        return self.raw if self.sorted else self.raw[self.by_owner]
+
+    def anchors(self) -> np.ndarray:
+        enc = {"data": self.packed_sorted()}
+        if self.scale is not None:
+            enc["scale"] = self.scale if self.sorted else self.scale[self.by_owner]
+        return codecs.decode(enc, self.config.key_precision, self.H)
+
+    def seqs(self) -> _Seqs:
+        return self._seqs
+
+    def dir_rows(self) -> np.ndarray:
+        """First row of each prototype's payload in D (J,), and its length (J,)."""
+        L = {"mean": np.ones(self.J, np.int64), "tokens": np.zeros(self.J, np.int64),
+             "sequence": (self._seqs.ends - self._seqs.starts).astype(np.int64)}[self.config.payload]
+        return np.cumsum(L) - L, L
+
+    def directions(self, position: int) -> np.ndarray:
+        D = np.zeros((self.J, self.H), np.float32)
+        first, L = self.dir_rows()
+        has = np.flatnonzero(position < L)
+        D[has] = self.D[first[has] + position]
+        return D
+
+    def prototypes(self) -> list[Prototype]:
+        """The Prototype objects (what ``from_arrays`` built at open before issue 15)."""
+        cfg, H, raw, scale, acount = self.config, self.H, self.raw, self.scale, self.acount
+        by_owner = np.arange(len(self.owner)) if self.by_owner is None else self.by_owner
+        bounds = np.searchsorted(self.owner[by_owner], np.arange(self.J + 1))
 
         def anchors_of(j: int) -> tuple[np.ndarray, np.ndarray]:
             idx = by_owner[bounds[j]:bounds[j + 1]]
             enc = {"data": raw[idx]}
             if scale is not None:
                 enc["scale"] = scale[idx]
-            return codecs.decode(enc, config.key_precision, H), acount[idx]
-        if config.payload != "mean":
-            flat = np.asarray(arrays["tokens"], np.int32)
-            ends = np.flatnonzero(flat == TOKEN_END)
-            if len(ends) != J:
-                raise ValueError("tokens array does not hold one sequence per prototype")
-            seqs = np.split(flat, ends + 1)[:J]
-            seqs = [s[:-1] for s in seqs]
-        else:
-            seqs = [np.zeros(0, np.int32)] * J
-        row = 0
-        for j in range(J):
-            L = 1 if config.payload == "mean" else (len(seqs[j]) if config.payload == "sequence" else 0)
-            if row + L > len(D):
-                raise ValueError("dirs array is shorter than the prototypes need")
+            return codecs.decode(enc, cfg.key_precision, H), acount[idx]
+
+        first, L = self.dir_rows()
+        out = []
+        for j in range(self.J):
             a, a_n = anchors_of(j)
-            bank.protos.append(Prototype(D[row:row + L].copy(), seqs[j].copy(), a, int(counts[j]), a_n))
-            row += L
-        if row != len(D):
-            raise ValueError("dirs array is longer than the prototypes need")
-        return bank
+            seq = self._seqs[j] if cfg.payload != "mean" else np.zeros(0, np.int32)
+            f = int(first[j])
+            out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n))
+        return out

@@ -43,7 +43,7 @@ import os
 import re
 import shutil
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,8 @@ class Snapshot:
     arrays: dict[str, np.ndarray]
     manifest: dict
     bytes_on_disk: int
+    #: each array's store entry (dtype, shape, bytes, crc32): what derived caches are keyed on
+    entries: dict = field(default_factory=dict)
 
 
 def _compact(value: Any, limit: int = 80) -> str:
@@ -214,7 +216,8 @@ class Store:
         for aname, entry in doc["arrays"].items():
             arrays[aname] = self._load_array(name, aname, entry, verify=verify)
             total += entry["bytes"]
-        return Snapshot(version=int(doc["version"]), arrays=arrays, manifest=doc["meta"], bytes_on_disk=total)
+        return Snapshot(version=int(doc["version"]), arrays=arrays, manifest=doc["meta"], bytes_on_disk=total,
+                        entries=doc["arrays"])
 
     def _parse_manifest(self, name: str, raw: bytes) -> dict:
         """Decode and structurally validate manifest.json, format_version first."""

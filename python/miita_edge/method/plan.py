@@ -14,6 +14,7 @@ import numpy as np
 
 from ..memory.bank import MemoryBank
 from ..runtime.engine import Engine
+from . import ann_index
 from .presets import Preset
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -39,23 +40,24 @@ class RetrievalIndex:
     seqs: list  # each prototype's answer tokens
     packed: np.ndarray | None  # (A, ceil(H/8)) packed sign bits of 1-bit anchors, else None
     scan: ScanIndex | None = None  # the paper preset's recall index, built on first use
+    entries: dict | None = None  # the store entries of this version (the ANN cache key); None: not committed
+    ann: object | None = None  # ann_index.AnnFront over `packed` for large memories, else None (exact scan)
 
     @classmethod
-    def build(cls, bank: MemoryBank) -> "RetrievalIndex":
-        protos = bank.protos
-        owner = (np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(protos)]) if protos
-                 else np.zeros(0, np.int64))
+    def build(cls, bank: MemoryBank, entries: dict | None = None) -> "RetrievalIndex":
+        owner = bank.anchor_owner()  # the bank's views read a just-opened memory's arrays in place
         if bank.config.key_precision == "bit":
-            width = (bank.n_embd + 7) // 8
-            packed = (np.concatenate([np.packbits(p.anchors >= 0, axis=1) for p in protos]) if protos
-                      else np.zeros((0, width), np.uint8))
+            packed = bank.packed_anchors()
             A_unit = None
         else:
             A, owner = bank.anchor_matrix()
             n = np.linalg.norm(A, axis=1, keepdims=True)
             A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
             packed = None
-        return cls(A_unit, owner, bank.directions(0), [p.tokens for p in protos], packed)
+        index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries)
+        if packed is not None:
+            index.ann = ann_index.front(packed, "bits", entries, "anchors")
+        return index
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
@@ -70,7 +72,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                        ).astype(np.float32)
     if pr.aggregation == "paper":
         if index.scan is None:
-            index.scan = ScanIndex.build(A_unit, owner, D)
+            index.scan = ScanIndex.build(A_unit, owner, D).attach_ann(index.entries)
         res = retrieve(k_q, A_unit, owner, D, state.logits, engine.lm_head.rows, pr.retrieval, mode or "sem+unc",
                        oracle_dir=oracle_dir, rng=rng, index=index.scan,
                        restricted_fn=engine.lm_head.restricted_uncertainty)
@@ -81,8 +83,14 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         from .. import _native
 
         q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
-        scores = (_native.bit_scores(index.packed, q) / np.sqrt(bank.n_embd) if len(index.packed)
-                  else np.zeros(0))  # cos: anchors are ±1/√H
+        ann = index.ann.ready() if index.ann is not None else None
+        if ann is not None:  # a large memory: the graph proposes anchors, the same kernel re-scores them
+            cand = ann.candidates(q, ann_index.candidate_count(pr.k_anchors))
+            owner = owner[cand]
+            scores = _native.bit_scores(index.packed[cand], q) / np.sqrt(bank.n_embd)
+        else:
+            scores = (_native.bit_scores(index.packed, q) / np.sqrt(bank.n_embd) if len(index.packed)
+                      else np.zeros(0))  # cos: anchors are ±1/√H
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     cache: dict[tuple[int, int], np.ndarray] = {}
@@ -90,11 +98,10 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     def dir_fn(j: int, s: int) -> np.ndarray:
         key = (j, s)
         if key not in cache:
-            p = bank.protos[j]
             if pr.bank.payload == "sequence":
-                cache[key] = p.dirs[s]
+                cache[key] = bank.protos[j].dirs[s]
             else:  # 'tokens': the target token's own LM-head row
-                r = engine.lm_head.rows([int(p.tokens[s])])[0]
+                r = engine.lm_head.rows([int(index.seqs[j][s])])[0]
                 cache[key] = r / max(float(np.linalg.norm(r)), 1e-12)
         return cache[key]
 

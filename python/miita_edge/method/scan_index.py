@@ -93,6 +93,7 @@ class ScanIndex:
     D_unit: np.ndarray  # (J, H) float32, Norm(d_j)
     seg_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (J,) run of j, -1 if none
     shadow: tuple | None = None  # (A_q, A_s, A_err, D_q, D_s, D_err) int8 copies, or None (small memory)
+    ann: tuple = (None, None)  # ann_index.AnnFront over A_unit and D_unit (large memories), else None each
 
     #: below this many rows a full float32 scan is cheaper than the shadow's bookkeeping
     SHADOW_MIN_ROWS = 2048
@@ -117,6 +118,24 @@ class ScanIndex:
             shadow = max(A_unit.shape[0], J) >= cls.SHADOW_MIN_ROWS
         sh = (*_int8_shadow(A_unit), *_int8_shadow(D_unit)) if shadow else None
         return cls(A_unit, starts.astype(np.int64), own_s[starts].astype(np.int64), D_unit, seg_of, sh)
+
+    def attach_ann(self, entries: dict | None) -> "ScanIndex":
+        """Put a usearch graph in front of both recall scans when the memory is large enough
+        (``ann_index.front``: None below ``MIN_ROWS`` or without usearch, then nothing changes)."""
+        if self.shadow is not None:
+            from . import ann_index
+
+            self.ann = (ann_index.front(self.A_unit, "f16", entries, "paper-anchors"),
+                        ann_index.front(self.D_unit, "f16", entries, "paper-dirs"))
+        return self
+
+    def _ann_ready(self, i: int):
+        return self.ann[i].ready() if self.ann[i] is not None else None
+
+    @cached_property
+    def row_owner(self) -> np.ndarray:
+        """The prototype of each row of A_unit."""
+        return np.repeat(self.seg_owner, self.seg_len)
 
     @property
     def n_protos(self) -> int:
@@ -167,6 +186,10 @@ class ScanIndex:
                 out[has] = np.maximum.reduceat(cos, off)
             return out
 
+        if (ann := self._ann_ready(0)) is not None:
+            from .ann_index import AnnScores
+
+            return AnnScores(ann, u, self.row_owner, self.n_protos, exact)
         return RecallScores(A_q, A_s, A_err, self.seg_start, u, self.seg_owner, self.n_protos, exact)
 
     def dir_scorer(self, v):
@@ -174,8 +197,12 @@ class ScanIndex:
             return FullScores(self.dir_cos(v))
         u = normalize(v).astype(np.float32)
         D_q, D_s, D_err = self.shadow[3:]
-        return RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos,
-                             lambda ids: (self.D_unit[ids] @ u).astype(np.float64))
+        exact = lambda ids: (self.D_unit[ids] @ u).astype(np.float64)  # noqa: E731
+        if (ann := self._ann_ready(1)) is not None:
+            from .ann_index import AnnScores
+
+            return AnnScores(ann, u, None, self.n_protos, exact)
+        return RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos, exact)
 
 
 class RecallScores:

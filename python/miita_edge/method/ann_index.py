@@ -1,0 +1,459 @@
+"""An approximate nearest-neighbour front for the recall scans of large memories (issue 15).
+
+Why: an exact scan reads every stored key per query, so retrieval grows linearly with the memory
+(10.5 ms at 100,000 prototypes with 1-bit keys, 6% of a prompt pass). A usearch HNSW graph over
+the same keys finds a query's neighbourhood in a fraction of a millisecond, but only
+approximately. So the graph never decides anything: it *proposes* a candidate set larger than
+what retrieval needs (``CANDIDATES`` rows, e.g. 64 for the 8 anchors of the default preset's
+vote), and the candidates are re-scored exactly by the existing code. The final selection is
+then the exact scan's whenever the true top set is among the candidates (recall is measured by
+``bench/ann.py``; docs/benchmarks.md).
+
+What the graph indexes (the re-score is always the exact scan's own score):
+
+* ``"bits"``: packed 1-bit keys (the default preset), Hamming distance to the query's signs;
+* ``"f16"``: float rows stored as float16, cosine (the paper preset's unit anchors and
+  directions). Not int8: the paper preset's keys are not centred, and real ones lie in a narrow
+  cone (cosine 0.9997 between keys of one Banking77 label, 0.9996 between any two), so int8
+  rounding hides their differences — recall@64 of the exact top-8 was 0.19 with int8, 1.00 with
+  float16, on 30,000 keys drawn around real ones (docs/benchmarks.md).
+
+Identical rows are indexed once: a candidate row brings every row equal to it, so a tie among
+duplicates (two prototypes stored with the same key) is broken by the exact path's rule (lower
+index), not by which duplicate the graph happened to return.
+
+Where it lives: derived from the stored keys, never stored in the memory (it costs no budget
+bytes), cached in the user cache directory under a key derived from the memory version's content
+(the CRC32 of its arrays in the store manifest), and memory-mapped on the next open. A cache file
+is one container (``_MAGIC`` header with a CRC32 of the rest, then usearch's own serialisation,
+then the duplicate groups); it is written to a temporary file and ``os.replace``-d, so two
+processes building the same cache cannot corrupt it, and it is verified (size, CRC32, row count,
+dimensions, sampled rows) before usearch maps it, so a damaged file is rebuilt, never trusted.
+
+When it is used: from ``MIN_ROWS`` rows on (the measured crossover against the exact scan; below
+it nothing changes, same code path as before) and when usearch is installed (the optional extra
+``pip install ".[index]"``); otherwise retrieval silently uses the exact scan. A graph that is
+not cached is built on a background thread (1 thread) while the exact scan answers, so an open
+stays interactive: at 1,000,000 rows a build takes about a minute (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["AnnFront", "AnnIndex", "AnnScores", "CANDIDATES", "MIN_ROWS", "available", "cache_dir", "candidate_count",
+           "front", "status"]
+
+log = logging.getLogger("miita_edge.ann")
+
+#: rows from which the graph is used (below: the exact scan, unchanged); see docs/benchmarks.md
+MIN_ROWS = 20_000
+#: candidates proposed per query for a top-k of up to CANDIDATES // 8 (more: 8 per wanted row)
+CANDIDATES = 64
+#: the graph's search breadth (usearch ``expansion_search``); at least the candidate count
+EXPANSION_SEARCH = 128
+#: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
+CONNECTIVITY = 16
+EXPANSION_ADD = 64
+#: threads of a build (a background build leaves the other core to the prompt pass)
+BUILD_THREADS = 1
+#: bytes the cache directory may hold; the least recently used files go first
+CACHE_MAX_BYTES = 4 << 30
+
+#: what a graph indexes: kind -> (usearch metric, usearch scalar)
+KINDS = {"bits": ("hamming", "b1"), "f16": ("cos", "f16")}
+
+_MAGIC = b"MIITAANN"
+_FORMAT = 1  # bump when the container or the derivation of the indexed rows changes
+_HEADER = 4096  # fixed header size: magic, JSON, zero padding
+
+
+def candidate_count(k: int) -> int:
+    """Rows the graph proposes when retrieval needs the top ``k``: ``CANDIDATES``, or 8 per row."""
+    return max(CANDIDATES, 8 * int(k))
+
+
+def available() -> bool:
+    """Whether usearch can be imported (the optional ``index`` extra)."""
+    try:
+        import usearch.index  # noqa: F401
+    except Exception:  # ImportError, or a broken binary wheel: either way, the exact scan
+        return False
+    return True
+
+
+def cache_dir() -> Path:
+    """Where graphs are cached: ``<user cache dir>/miita-edge/ann`` (``MIITA_EDGE_ANN_CACHE`` overrides)."""
+    env = os.environ.get("MIITA_EDGE_ANN_CACHE")
+    if env:
+        return Path(env).expanduser()
+    try:
+        from platformdirs import user_cache_dir
+
+        return Path(user_cache_dir("miita-edge", appauthor=False)) / "ann"
+    except ImportError:  # pragma: no cover
+        return Path.home() / ".cache" / "miita-edge" / "ann"
+
+
+def status(n_rows: int) -> str:
+    """One line saying which recall a memory of ``n_rows`` rows uses (``miita-edge info``)."""
+    if n_rows < MIN_ROWS:
+        return f"exact scan ({n_rows} rows < {MIN_ROWS})"
+    if not available():
+        return 'exact scan (usearch not installed: pip install ".[index]")'
+    return f"usearch HNSW front, {CANDIDATES}+ candidates re-scored exactly ({n_rows} rows >= {MIN_ROWS})"
+
+
+# ----------------------------------------------------------------------------- rows
+def _query_vector(q: np.ndarray, kind: str) -> np.ndarray:
+    """A float query as the graph's vectors are stored: signs packed, or float (usearch rounds)."""
+    q = np.asarray(q, np.float32).reshape(-1)
+    return np.packbits(q >= 0) if kind == "bits" else q  # bits: as codecs.encode(..., "bit")
+
+
+def _graph(kind: str, ndim: int, **params):
+    from usearch.index import Index
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown ann kind {kind!r}")
+    metric, dtype = KINDS[kind]
+    return Index(ndim=ndim, metric=metric, dtype=dtype, **params)
+
+
+def _ndim(rows: np.ndarray, kind: str) -> int:
+    return rows.shape[1] * 8 if kind == "bits" else rows.shape[1]
+
+
+def _stored(rows: np.ndarray, kind: str) -> np.ndarray:
+    """Rows as the graph holds them (what a cached graph's vectors are compared with)."""
+    return rows if kind == "bits" else np.asarray(rows, np.float16)
+
+
+def _duplicates(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Groups of byte-identical rows: (representatives (lowest row of each group, all rows),
+    groups with more than one row as (rep, start, members)) — a 64-bit hash of each row, a sort,
+    and an exact comparison of neighbours; a hash collision only leaves two rows ungrouped."""
+    n = rows.shape[0]
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, np.zeros(1, np.int64), z
+    b = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
+    pad = (-b.shape[1]) % 8
+    if pad:
+        b = np.concatenate([b, np.zeros((n, pad), np.uint8)], axis=1)
+    w = b.view(np.uint64)
+    mult = (np.random.default_rng(0x5EED).integers(1, 2**63, w.shape[1], dtype=np.uint64) | np.uint64(1))
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):
+        for s in range(0, n, 65536):
+            blk = w[s:s + 65536] * mult
+            hb = blk.sum(axis=1, dtype=np.uint64)
+            h[s:s + 65536] = hb ^ (hb >> np.uint64(29))
+    order = np.argsort(h, kind="stable")  # equal rows: ascending row id
+    same = np.zeros(n, bool)
+    eq_h = h[order[1:]] == h[order[:-1]]
+    if eq_h.any():
+        i = np.flatnonzero(eq_h)
+        same[i + 1] = (b[order[i + 1]] == b[order[i]]).all(axis=1)
+    first = np.flatnonzero(~same)
+    reps_sorted = order[first]
+    reps = np.sort(reps_sorted)
+    if not same.any():
+        z = np.zeros(0, np.int64)
+        return reps.astype(np.int64), z, np.zeros(1, np.int64), z
+    sizes = np.diff(np.append(first, n))
+    multi = np.flatnonzero(sizes > 1)
+    dup_rep = reps_sorted[multi]
+    by_rep = np.argsort(dup_rep)
+    members, start = [], [0]
+    for g in multi[by_rep]:
+        m = np.sort(order[first[g] + 1:first[g] + sizes[g]])
+        members.append(m)
+        start.append(start[-1] + m.size)
+    return (reps.astype(np.int64), dup_rep[by_rep].astype(np.int64), np.array(start, np.int64),
+            np.concatenate(members).astype(np.int64))
+
+
+# ----------------------------------------------------------------------------- index
+class AnnIndex:
+    """A usearch graph over one matrix's distinct rows; ``candidates`` proposes row ids.
+
+    ``graph`` is a ``usearch.index.Index`` (built, or viewed from a cache file whose buffer
+    ``keep`` holds); ``dups`` = (rep, start, members): rows identical to a representative.
+    """
+
+    def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
+        self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
+        self.dup_rep, self.dup_start, self.dup_members = dups
+        self.ef = EXPANSION_SEARCH  # search breadth; raised to the candidate count when that is larger
+
+    def candidates(self, q: np.ndarray, count: int) -> np.ndarray:
+        """Row ids near ``q`` (float, shape (ndim,)): about ``count`` distinct rows and every row
+        identical to one of them, as sorted int64."""
+        ef = max(self.ef, int(count))
+        if self.graph.expansion_search != ef:
+            self.graph.expansion_search = ef
+        keys = self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
+        if self.dup_rep.size and keys.size:
+            pos = np.searchsorted(self.dup_rep, keys)
+            pos = pos[(pos < self.dup_rep.size) & (self.dup_rep[np.minimum(pos, self.dup_rep.size - 1)] == keys)]
+            if pos.size:
+                keys = np.concatenate([keys] + [self.dup_members[self.dup_start[p]:self.dup_start[p + 1]] for p in pos])
+        return np.unique(keys)
+
+    # ------------------------------------------------------------------ build / file
+    @classmethod
+    def build(cls, rows: np.ndarray, kind: str, threads: int = BUILD_THREADS) -> "AnnIndex":
+        """A graph over ``rows``: (n, ndim/8) uint8 packed bits, or (n, ndim) float."""
+        reps, *dups = _duplicates(rows)
+        graph = _graph(kind, _ndim(rows, kind), connectivity=CONNECTIVITY, expansion_add=EXPANSION_ADD,
+                       expansion_search=EXPANSION_SEARCH)
+        if reps.size:
+            graph.add(reps.astype(np.uint64), np.ascontiguousarray(rows[reps]), threads=threads)
+        return cls(graph, rows.shape[0], kind, tuple(dups))
+
+    def save(self, path: Path, key: str) -> None:
+        """Write the container to ``path`` atomically (temporary file + os.replace)."""
+        payload = bytes(self.graph.save())
+        dups = b"".join(a.astype("<i8").tobytes() for a in (self.dup_rep, self.dup_start, self.dup_members))
+        body = payload + dups
+        head = {"format": _FORMAT, "key": key, "kind": self.kind, "rows": self.n_rows, "nodes": int(self.graph.size),
+                "ndim": int(self.graph.ndim), "payload": len(payload),
+                "dups": [int(self.dup_rep.size), int(self.dup_start.size), int(self.dup_members.size)],
+                "body": len(body), "crc32": zlib.crc32(body)}
+        raw = _MAGIC + json.dumps(head, sort_keys=True).encode()
+        if len(raw) > _HEADER:  # pragma: no cover - the header is ~300 bytes
+            raise ValueError("ann cache header too long")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(raw.ljust(_HEADER, b"\0"))
+                fh.write(body)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: Path, key: str, rows: np.ndarray, kind: str) -> "AnnIndex":
+        """Map a cache file; raises ValueError (or OSError) on anything that does not match
+        ``key`` and ``rows`` exactly — header, size, CRC32, counts, dimensions, sampled rows."""
+        import mmap
+
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < _HEADER:
+                raise ValueError("truncated header")
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        head_raw = bytes(mm[:_HEADER]).rstrip(b"\0")
+        if not head_raw.startswith(_MAGIC):
+            raise ValueError("not an ann cache file")
+        head = json.loads(head_raw[len(_MAGIC):].decode())
+        if head.get("format") != _FORMAT or head.get("key") != key or head.get("kind") != kind:
+            raise ValueError("another format, key or kind")
+        n_rep, n_start, n_mem = head["dups"]
+        if size != _HEADER + head["body"] or head["body"] != head["payload"] + 8 * (n_rep + n_start + n_mem):
+            raise ValueError(f"size {size} does not match its header")
+        body = memoryview(mm)[_HEADER:]
+        if zlib.crc32(body) != head["crc32"]:
+            raise ValueError("CRC32 mismatch")
+        ndim = _ndim(rows, kind)
+        if head["rows"] != rows.shape[0] or head["ndim"] != ndim:
+            raise ValueError(f"index of {head['rows']}x{head['ndim']}, memory has {rows.shape[0]}x{ndim}")
+        graph = _graph(kind, ndim)
+        graph.view(body[:head["payload"]])
+        if graph.size != head["nodes"] or graph.ndim != ndim:
+            raise ValueError("usearch header does not match")
+        off = head["payload"]
+        arrs = []
+        for n in (n_rep, n_start, n_mem):
+            arrs.append(np.frombuffer(body, "<i8", n, off).astype(np.int64))
+            off += 8 * n
+        ann = cls(graph, rows.shape[0], kind, tuple(arrs), keep=(mm, body))
+        ann._check_sample(rows)
+        return ann
+
+    def _check_sample(self, rows: np.ndarray, n: int = 16) -> None:
+        """Compare a few indexed vectors with the memory's rows (a key that lied would show here)."""
+        if self.graph.size == 0:
+            return
+        keys = np.asarray(self.graph.keys)[np.linspace(0, self.graph.size - 1, min(n, self.graph.size)).astype(np.int64)]
+        got = self.graph.get(keys.astype(np.uint64))
+        for k, v in zip(keys.tolist(), got if isinstance(got, tuple) else [got]):
+            want = _stored(rows[int(k):int(k) + 1], self.kind).reshape(-1)
+            if v is None or not np.array_equal(np.asarray(v, want.dtype).reshape(-1), want):
+                raise ValueError(f"row {k} differs from the indexed vector")
+
+
+# ----------------------------------------------------------------------------- front
+class AnnFront:
+    """What retrieval holds for one matrix of a memory version: ``ready()`` is the graph once it
+    is loaded or built, None before (the exact scan answers meanwhile).
+
+    ``key``: the cache key of these rows (None: not cached, e.g. a bank that was not committed).
+    ``background``: build a missing graph on a thread; False builds it in the call (tests,
+    benchmarks).
+    """
+
+    def __init__(self, rows: np.ndarray, kind: str, key: str | None, background: bool = True) -> None:
+        self.rows, self.kind, self.key = rows, kind, key
+        self.path = None if key is None else cache_dir() / f"{key}.usearch"
+        self._ann: AnnIndex | None = None
+        self.state = "new"  # new | cached | building | built | failed: why
+        self.open_s = self.build_s = float("nan")
+        self._thread: threading.Thread | None = None
+        self._load()
+        if self._ann is None:
+            if background:
+                self.state = "building"
+                self._thread = threading.Thread(target=self._build, name="miita-ann-build", daemon=True)
+                self._thread.start()
+            else:
+                self._build()
+
+    def ready(self) -> AnnIndex | None:
+        return self._ann
+
+    def wait(self, timeout: float | None = None) -> AnnIndex | None:
+        """Block until a background build has finished (tests and benchmarks)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._ann
+
+    def _load(self) -> None:
+        if self.path is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self._ann = AnnIndex.load(self.path, self.key, self.rows, self.kind)
+        except FileNotFoundError:
+            return
+        except Exception as exc:  # damaged, foreign or unreadable: rebuild; never trust it
+            log.warning("ann cache %s unusable (%s); rebuilding", self.path.name, str(exc)[:120])
+            return
+        self.open_s = time.perf_counter() - t0
+        self.state = "cached"
+        try:
+            os.utime(self.path)  # least recently used goes first when the cache is pruned
+        except OSError:
+            pass
+        log.debug("ann %s: mapped from cache in %.1f ms", self.path.name, self.open_s * 1e3)
+
+    def _build(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            ann = AnnIndex.build(self.rows, self.kind)
+        except Exception as exc:  # the exact scan stays in charge
+            self.state = f"failed: {str(exc)[:120]}"
+            log.warning("ann build failed (%s); the exact scan answers", str(exc)[:120])
+            return
+        self.build_s = time.perf_counter() - t0
+        if self.path is not None:
+            try:
+                ann.save(self.path, self.key)
+                _prune(self.path.parent, keep=self.path)
+            except OSError as exc:  # a cache that cannot be written is skipped
+                log.debug("ann cache not written (%s)", exc)
+        self._ann = ann
+        self.state = "built"
+        log.debug("ann: built %d rows in %.1f s", self.rows.shape[0], self.build_s)
+
+
+def _prune(folder: Path, keep: Path) -> None:
+    """Delete the least recently used cache files beyond CACHE_MAX_BYTES, and stale temporaries."""
+    now = time.time()
+    files = []
+    for p in folder.iterdir():
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if p.name.endswith(".tmp"):
+            if now - st.st_mtime > 86400:
+                p.unlink(missing_ok=True)
+        elif p.suffix == ".usearch":
+            files.append((st.st_mtime, st.st_size, p))
+    total = sum(s for _, s, _ in files)
+    for _, s, p in sorted(files, key=lambda t: t[0]):
+        if total <= CACHE_MAX_BYTES:
+            break
+        if p != keep:
+            p.unlink(missing_ok=True)
+            total -= s
+
+
+def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim: int) -> str | None:
+    """The cache key of one matrix of a memory version: its store entries (dtype, shape, CRC32 of
+    every array), the channel, and what shapes the graph. None without entries (not cached)."""
+    if not entries:
+        return None
+    import hashlib
+
+    try:
+        import usearch
+
+        uver = usearch.__version__.split(".")[0]
+    except Exception:
+        uver = "?"
+    ident = {"entries": {n: [e.get("dtype"), e.get("shape"), e.get("crc32")] for n, e in sorted(entries.items())},
+             "channel": channel, "kind": kind, "rows": int(n_rows), "ndim": int(ndim), "format": _FORMAT,
+             "usearch": uver, "graph": [CONNECTIVITY, EXPANSION_ADD]}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
+    return f"{channel}-{digest}"
+
+
+def front(rows: np.ndarray, kind: str, entries: dict | None, channel: str, background: bool = True
+          ) -> AnnFront | None:
+    """The graph front for ``rows``, or None when the exact scan should answer alone: fewer than
+    ``MIN_ROWS`` rows (then nothing changes), or usearch not installed."""
+    n = int(rows.shape[0])
+    if n < MIN_ROWS or not available():
+        log.debug("recall: %s", status(n))
+        return None
+    ndim = _ndim(rows, kind)
+    return AnnFront(rows, kind, content_key(entries, channel, kind, n, ndim), background=background)
+
+
+class AnnScores:
+    """One recall channel of eq. 8 through the graph, with ``RecallScores``' interface (``top``,
+    ``at``, ``full``): ``top(R)`` takes the graph's candidate rows, maps them to prototypes
+    (``owners``: the prototype of each row, None: rows are prototypes), re-scores those exactly
+    with ``exact(ids)`` (the scan's own re-score) and keeps the best R (ties -> lower id). Equal
+    to the exact ``Top_R`` whenever the true top R are among the candidates."""
+
+    def __init__(self, ann: AnnIndex, u: np.ndarray, owners: np.ndarray | None, n: int, exact) -> None:
+        self.ann, self.u, self.owners, self.n, self.exact = ann, u, owners, n, exact
+        self._seen: dict[int, float] = {}
+
+    def top(self, R: int) -> np.ndarray:
+        from .vectors import top_indices
+
+        if R <= 0:
+            return np.zeros(0, dtype=np.int64)
+        count = candidate_count(R)
+        while True:
+            rows = self.ann.candidates(self.u, count)
+            cand = rows if self.owners is None else np.unique(self.owners[rows])
+            # several anchors of one prototype may fill the candidates: widen until R prototypes
+            if cand.size >= R or count >= self.ann.n_rows:
+                break
+            count *= 4
+        s = self.exact(cand)
+        self._seen.update(zip(cand.tolist(), s.tolist()))
+        return cand[top_indices(s, R)]
+
+    def at(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if all(i in self._seen for i in ids.tolist()):
+            return np.array([self._seen[i] for i in ids.tolist()], dtype=np.float64)
+        return self.exact(ids)
+
+    def full(self) -> np.ndarray:
+        return self.exact(np.arange(self.n))
