@@ -64,7 +64,7 @@ def ask_split(m, text: str, max_tokens: int, reps: int) -> dict:
         t0 = time.perf_counter()
         st = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         t1 = time.perf_counter()
-        ids, scores, weights, plan = m.plan(st)
+        ids, scores, weights, plan = m.plan(st)[:4]
         t2 = time.perf_counter()
         eta = m.preset.eta * float(np.linalg.norm(st.h_q))
         g = eng.generate(st, max_tokens=max_tokens, stop=(), plan=plan, eta=eta, mode=m.preset.gate)

@@ -170,7 +170,117 @@ def learned_stream_bytes(data: Path, bench: str, n_train: int) -> int:
     return stream_bytes(rows)
 
 
+class PresetSim:
+    """The real thing minus the LM: a preset's bank (key layers, centring, coordinate order, radius,
+    narrowing) written by ``MemoryBank.write`` + ``repair`` and read by ``plan_query`` (anchor vote,
+    centroids, relevance gate), with the answer of the vote in place of generation."""
+
+    def __init__(self, preset, K: np.ndarray, calib: np.ndarray, layers: list[int], framing: int):
+        from miita_edge.memory.bank import MemoryBank
+        from miita_edge.method.calibration import key_order
+
+        self.preset, self.layers, self.framing = preset, layers, framing
+        H = K.shape[2]
+        ck = np.concatenate([calib[:, l] for l in layers], axis=1)
+        mean = ck.mean(0) if preset.center_keys else None
+        order = key_order(ck, len(layers)) if preset.key_order == "calibration" else None
+        self.bank = MemoryBank(preset.bank, H, mean, len(layers), order)
+        self.label_of: dict[tuple, str] = {}
+        self.gate_stats = [0, 0]
+        self.centroids_only = False
+
+    def raw(self, K_rows: np.ndarray) -> np.ndarray:
+        return np.concatenate([K_rows[:, l] for l in self.layers], axis=1)
+
+    def size(self) -> int:  # array payload + the store's framing (headers, names, meta)
+        return sum(a.nbytes for a in self.bank.to_arrays(shapes_only=True).values()) + self.framing
+
+    def learn(self, raw_keys, tokens, labels, limit) -> dict:
+        log = {"pruned": 0, "narrowed": 0, "merged": 0, "evicted": 0}
+        for k, t, lab in zip(raw_keys, tokens, labels):
+            self.label_of[tuple(int(x) for x in t)] = lab
+            self.bank.write(np.zeros((0, self.bank.n_embd), np.float32), t, k)
+            if limit is not None:
+                r = self.bank.repair(limit, lambda b: self.size())
+                for f in log:
+                    log[f] += getattr(r, f)
+        return log
+
+    def vote(self, raw_queries) -> list:
+        from types import SimpleNamespace
+        from miita_edge.method.plan import RetrievalIndex, plan_query
+        from miita_edge.method.steering import vote
+
+        index = RetrievalIndex.build(self.bank, None, centroids=self.preset.centroid_vote)
+        if self.centroids_only and index.voters is not None and len(index.packed):
+            A = len(index.packed)
+            index.voters, index.voter_owner = index.voters[A:], index.voter_owner[A:]
+        labels = [self.label_of[tuple(int(x) for x in t)] for t in self.bank.answer_tokens()]
+        out = []
+        for q in raw_queries:
+            qp = plan_query(self.preset, self.bank, None, index, SimpleNamespace(key=q))
+            self.gate_stats[0] += 1
+            if qp.gate is not None and not qp.gate.adapted:
+                self.gate_stats[1] += 1
+                out.append(None)
+                continue
+            out.append(vote(qp.ids, qp.weights, labels))
+        return out
+
+
+def run_preset(args, bench: str, budget: str) -> dict:
+    from miita_edge.evaluation.metrics import normalize_label
+    from miita_edge.memory.budget import parse_budget
+    from miita_edge.method.presets import default_preset, default_preset_v1, paper_preset
+
+    preset = {"default": default_preset, "default-v1": default_preset_v1, "paper": paper_preset}[args.preset]()
+    for kv in args.set:  # e.g. k_anchors=16 or retrieval.T_agg=0.05
+        k, v = kv.split("=", 1)
+        obj = preset
+        *path, last = k.split(".")
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, last, type(getattr(obj, last))(v))
+    K, meta, split = load(args.cache, bench)
+    stage = np.array(meta["stage"])
+    answers = meta["answers"]
+    cal = split == "calib"
+    n_layer = K.shape[1] + 1
+    layers = preset.key_layers(n_layer)
+    tr = np.flatnonzero(split == "train")
+    toks = answer_tokens([answers[i][0] for i in tr], TEMPLATES[bench])
+    tok_of = dict(zip(tr.tolist(), toks))
+    T = len(meta["stages"])
+    b = parse_budget(budget)
+    limit = None if b.unlimited else b.resolve(learned_stream_bytes(args.data, bench, len(tr)))
+    sim = PresetSim(preset, K, K[cal], layers, args.framing)
+    sim.centroids_only = args.centroids_only
+    A = np.full((T, T), np.nan)
+    t0 = time.perf_counter()
+    logs = []
+    for t in range(T):
+        rows = tr[stage[tr] == t]
+        logs.append(sim.learn(sim.raw(K[rows]), [tok_of[i] for i in rows],
+                              [normalize_label(answers[i][0]) for i in rows], limit))
+        for tau in range(T):
+            if tau != t and tau != t + 1 and t != T - 1:
+                continue
+            te = np.flatnonzero((split == "test") & (stage == tau))
+            pred = sim.vote(sim.raw(K[te]))
+            A[t, tau] = 100.0 * np.mean([p is not None and p in [normalize_label(g) for g in answers[i]]
+                                         for p, i in zip(pred, te)])
+    op = float(np.mean(A[T - 1]))
+    bwt = float(np.mean([A[T - 1, i] - A[i, i] for i in range(T - 1)])) if T > 1 else 0.0
+    return {"bench": bench, "preset": args.preset, "budget": budget, "limit": limit, "op": round(op, 2),
+            "bwt": round(bwt, 2), "final": [round(x, 1) for x in A[T - 1]], "diag": [round(A[i, i], 1) for i in range(T)],
+            "bytes": sim.size(), "gated_off": round(sim.gate_stats[1] / max(sim.gate_stats[0], 1), 3),
+            "protos": sim.bank.n_prototypes, "anchors": sim.bank.n_anchors, "key_dim": sim.bank.key_dim,
+            "seconds": round(time.perf_counter() - t0, 1), "repair": {k: sum(l[k] for l in logs) for k in logs[0]}}
+
+
 def run(args, bench: str, budget: str) -> dict:
+    if args.preset:
+        return run_preset(args, bench, budget)
     from miita_edge.evaluation.metrics import normalize_label
     from miita_edge.memory.bank import BankConfig
     from miita_edge.memory.budget import parse_budget
@@ -265,6 +375,11 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--benchmarks", default="banking77,dsc")
     ap.add_argument("--budgets", default="1%,5%,20%,none")
+    ap.add_argument("--preset", default=None, choices=("default", "default-v1", "paper"),
+                    help="replay with a preset's real bank and retrieval (key layers, order, radius, narrowing, "
+                         "centroids, relevance gate); the other key options are then ignored")
+    ap.add_argument("--set", action="append", default=[], help="preset override, e.g. k_anchors=16")
+    ap.add_argument("--centroids-only", action="store_true", help="with --preset: vote over the centroids alone")
     ap.add_argument("--layer", default="9", help="key layer, or layers joined by + (e.g. 9+12)")
     ap.add_argument("--key-precision", default="bit")
     ap.add_argument("--rotate", type=int, default=0, help="seed of a random rotation applied to the keys (0: none)")

@@ -284,7 +284,7 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
         if n < have:
             t.fail(f"ingest {i}: committed examples lost ({have} -> {n})")
         t.killed_but_committed += (not finished) and n == have + rows_per_file
-        if meta["prototypes"] != len(snap.arrays["counts"]) or meta["anchors"] != len(snap.arrays["anchor_owner"]):
+        if meta["prototypes"] != len(snap.arrays["counts"]) or meta["anchors"] != len(snap.arrays["anchor_count"]):
             t.fail(f"ingest {i}: manifest counts disagree with the arrays")
         have = n
         debris, problems = check_store_dir(mem, {version_name(snap.version)})

@@ -97,7 +97,7 @@ def bit_bank(n: int, seed: int = 5) -> tuple[MemoryBank, np.ndarray]:
 
 
 def plan(index, bank, key):
-    ids, scores, weights, _ = plan_query(default_preset(), bank, None, index, SimpleNamespace(key=key))
+    ids, scores, weights = plan_query(default_preset(), bank, None, index, SimpleNamespace(key=key))[:3]
     return ids, scores, weights
 
 

@@ -56,7 +56,7 @@ def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
         meta = snap.manifest
         assert snap.version >= last_version
         assert meta["examples"] >= last_examples
-        assert meta["prototypes"] == len(snap.arrays["counts"]) and meta["anchors"] == len(snap.arrays["anchor_owner"])
+        assert meta["prototypes"] == len(snap.arrays["counts"]) and meta["anchors"] == len(snap.arrays["anchor_count"])
         assert snap.bytes_on_disk <= 3 * 1024
         # the exact on-disk size equals the files of the current version
         cur = (mem / "CURRENT").read_text().strip()

@@ -159,12 +159,18 @@ class RefBank:
 
     def proto_bytes(self, p: RP) -> int:
         cfg, H = self.cfg, self.H
-        owner = 2 if len(self.protos) < 65536 else 4
-        # each anchor: its key, its uint16/uint32 owner index, its uint16 count
-        b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + owner + 2)
+
+        def usize(m):  # the narrowest unsigned type holding m
+            return 1 if m < 256 else 2 if m < 65536 else 4
+
+        # each anchor: its key and its uint16 count; per prototype: how many anchors it owns, its
+        # count and its answer length (each the narrowest type of the bank's largest value), its
+        # answer as 3-byte token ids, its radius byte (relevance gate)
+        b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + 2)
+        b += usize(max(len(q.anchors) for q in self.protos)) + usize(max(q.n for q in self.protos))
         if cfg.payload != "mean":
-            b += 4 * (len(p.tokens) + 1)  # int32 tokens + the separator
-        return b + 4  # uint32 count
+            b += 3 * len(p.tokens) + usize(max(len(q.tokens) for q in self.protos))
+        return b + (1 if cfg.relevance else 0)
 
     def values(self) -> list[float]:
         out = []
@@ -606,7 +612,7 @@ def test_eq5_single_prototype():
     for _ in range(3):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
     p = bank.protos[0]
-    size = 4 * H + len(p.anchors) * (4 * H + 2 + 2) + 4  # direction, anchors (key, owner, count), n
+    size = 4 * H + len(p.anchors) * (4 * H + 2) + 1 + 1  # direction, anchors (key, count), anchors owned, n
     assert bank.values().tolist() == pytest.approx([math.log(1 + 3) / size])
     assert MemoryBank(BankConfig(), H).values().shape == (0,)
 
@@ -743,7 +749,7 @@ def test_repair_prune_folds_most_redundant_anchor():
     assert np.allclose(bank.protos[j].anchors[s_new], unit_np(pair_sum), atol=1e-6, rtol=0)
     # a budget that needs every redundant anchor gone (and no more): pruning alone, in brute-force order
     J = bank.n_prototypes
-    budget = nbytes_size(bank) - (bank.n_anchors - J) * (4 * H + 2 + 2)  # key, owner, count
+    budget = nbytes_size(bank) - (bank.n_anchors - J) * (4 * H + 2)  # key, count
     ref = ref_from_bank(bank)
     while True:
         ch = ref_prune_choice(ref.protos)
@@ -872,7 +878,7 @@ def test_repair_order_step_by_step(payload, seed):
         return nbytes_size(b)
 
     start = nbytes_size(bank)
-    budget = start // 8
+    budget = start // 16  # past pruning: merges or evictions must follow
     log = None
     try:
         log = bank.repair(budget, size_fn)
@@ -925,7 +931,7 @@ def test_budget_error_when_one_prototype_does_not_fit():
     bank = MemoryBank(BankConfig(payload="mean", tau_d=0.99), H)
     for _ in range(4):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
-    one = 4 * H + (4 * H + 2 + 2) + 4  # the smallest prototype: direction, one anchor + owner + its count, n
+    one = 4 * H + (4 * H + 2) + 1 + 1  # the smallest prototype: direction, one anchor + its count, anchors owned, n
     with pytest.raises(BudgetError):
         bank.repair(one - 1, nbytes_size)
     assert bank.n_prototypes == 1 and bank.n_anchors == 1  # it went as far as it could
@@ -1007,17 +1013,19 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
     again = back.to_arrays()
     assert list(again) == list(arrays)
     assert all(again[k].tobytes() == arrays[k].tobytes() for k in arrays)
-    # the stored layout, re-derived: owners, anchor counts, counts, separators
-    owner = np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(bank.protos)])
-    assert arrays["anchor_owner"].tolist() == owner.tolist()
+    # the stored layout, re-derived: anchors per prototype, anchor counts, counts, 3-byte tokens
+    assert arrays["anchor_per"].tolist() == [len(p.anchors) for p in bank.protos]
     assert arrays["anchor_count"].dtype == np.uint16
     assert arrays["anchor_count"].tolist() == [int(c) for p in bank.protos for c in p.anchor_n]
     assert arrays["counts"].tolist() == [p.n for p in bank.protos]
+    assert arrays["counts"].dtype == (np.uint8 if max(p.n for p in bank.protos) < 256 else np.uint16)
     if payload != "mean":
-        flat = [t for p in bank.protos for t in p.tokens.tolist() + [TOKEN_END]]
-        assert arrays["tokens"].tolist() == flat
+        flat = [t for p in bank.protos for t in p.tokens.tolist()]
+        t3 = arrays["tok3"].astype(np.int64)
+        assert (t3[:, 0] + 256 * t3[:, 1] + 65536 * t3[:, 2]).tolist() == flat
+        assert arrays["tok_len"].tolist() == [len(p.tokens) for p in bank.protos]
     else:
-        assert "tokens" not in arrays
+        assert "tok3" not in arrays and "tokens" not in arrays
     assert ("dirs" in arrays) == (payload != "tokens")
     # a reloaded bank folds with the rebuilt sums, exactly as the reference does with them
     checked = 0
@@ -1058,8 +1066,11 @@ def test_an_opened_bank_answers_its_views_before_making_prototypes(payload, key_
         bank.write(dirs, tokens, key)
     assert bank.n_anchors > bank.n_prototypes >= 2
     arrays = bank.to_arrays()
-    if shuffle:  # a store written in another anchor order
-        perm = rng.permutation(len(arrays["anchor_owner"]))
+    if shuffle:  # a store written in another anchor order (format 1 kept an owner per anchor)
+        owner = np.repeat(np.arange(len(arrays["anchor_per"])), arrays["anchor_per"]).astype(np.uint16)
+        arrays = {k: v for k, v in arrays.items() if k != "anchor_per"}
+        arrays["anchor_owner"] = owner
+        perm = rng.permutation(len(owner))
         arrays = dict(arrays, **{k: arrays[k][perm] for k in ("anchors", "anchor_owner", "anchor_count",
                                                                  "anchor_scale") if k in arrays})
     lazy, eager = MemoryBank.from_arrays(cfg, H, arrays), MemoryBank.from_arrays(cfg, H, arrays)
@@ -1093,13 +1104,28 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bank = _bank_with_protos(payload="sequence", J=3)
     arrays = bank.to_arrays()
     MemoryBank.from_arrays(bank.config, 16, arrays)  # the consistent arrays load
-    bad = dict(arrays, anchor_owner=arrays["anchor_owner"] + 5)
+    bad = dict(arrays, anchor_per=arrays["anchor_per"] + 5)  # more anchors than stored
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
     bad = dict(arrays, dirs=arrays["dirs"][:-1])
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tokens=arrays["tokens"][:-1])
+    bad = dict(arrays, tok3=arrays["tok3"][:-1])  # one token short of the answers' lengths
+    with pytest.raises(ValueError):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(arrays, tok_len=arrays["tok_len"][:-1])  # one length per prototype
+    with pytest.raises(ValueError):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    # format 1's layout (an owner per anchor, int32 tokens with separators) still loads ...
+    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok3", "tok_len")}
+    v1["anchor_owner"] = np.repeat(np.arange(3), arrays["anchor_per"]).astype(np.uint16)
+    v1["tokens"] = np.concatenate([np.append(p.tokens, TOKEN_END) for p in bank.protos]).astype(np.int32)
+    _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, 16, v1))
+    # ... and is checked as before
+    bad = dict(v1, anchor_owner=v1["anchor_owner"] + 5)
+    with pytest.raises(ValueError):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(v1, tokens=v1["tokens"][:-1])
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
     bad = dict(arrays, anchor_count=arrays["anchor_count"][:-1])  # one count per anchor
@@ -1166,9 +1192,10 @@ def test_property_random_writes_with_repair(sc):
                 ram = np.concatenate([p.dirs for p in bank.protos])
                 for D in (stored, ram):
                     assert np.all(np.abs(np.linalg.norm(D, axis=1) - 1) <= NORM_TOL[cfg.dir_precision])
-            owner = arrays["anchor_owner"].astype(np.int64)
-            assert len(owner) == bank.n_anchors and np.all((owner >= 0) & (owner < J))
-            assert np.all(np.bincount(owner, minlength=J) >= 1)  # every prototype keeps an anchor
+            per = arrays["anchor_per"].astype(np.int64)
+            owner = np.repeat(np.arange(J), per)
+            assert len(owner) == bank.n_anchors and len(per) == J
+            assert np.all(per >= 1)  # every prototype keeps an anchor
             counts = arrays["counts"].astype(np.int64)
             assert np.all(counts >= 1)
             assert counts.sum() <= writes

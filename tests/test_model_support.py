@@ -109,7 +109,7 @@ def test_check_model_ingest_and_ask(case, tiny_dir, tmp_path):
             text = ex[1].input
             toks_q = prompt_tokens(eng, m.template, text, None)
             state = eng.query(toks_q, skip_bos_in_key=m.preset.skip_bos)
-            _, _, _, plan = m.plan(state)
+            plan = m.plan(state).plan
             d0 = plan(0, [])
             assert d0 is not None and np.isfinite(d0).all()
             eta_abs = 4.0 * float(np.linalg.norm(state.h_q))
@@ -194,7 +194,7 @@ def test_missing_tensor_names_are_refused(tiny_dir, monkeypatch):
     orig = engine_mod.Engine._probe_graph
 
     def probe(self):
-        self._key_name = "l_out_renamed-1"
+        self._key_names = ["l_out_renamed-1"]
         return orig(self)
 
     monkeypatch.setattr(engine_mod.Engine, "_probe_graph", probe)

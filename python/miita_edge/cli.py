@@ -295,7 +295,7 @@ def cmd_info(args) -> int:
         fp = out["fingerprint"]
         print(f"memory      {out['memory']} (version {out['version']})")
         print(f"preset      {out['preset']}   template {out['template']}")
-        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layer {fp['key_layer']} sha256 {fp['sha256'][:16]}…")
+        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {fp.get('key_layers') or [fp['key_layer']]} sha256 {fp['sha256'][:16]}…")
         print(f"content     {out['examples']} examples ({out['skipped']} skipped) -> {out['prototypes']} prototypes, "
               f"{out['anchors']} anchors")
         lim = "unlimited" if budget_bytes is None else f"{budget_bytes} bytes ({out['budget']})"

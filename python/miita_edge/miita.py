@@ -20,10 +20,10 @@ from .errors import BudgetError, InputError, StoreError
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, parse_budget
-from .method.calibration import CALIBRATION_INPUTS, calibration_mean
+from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order
 from .method.extract import prompt_tokens
 from .method.ingest import IngestReport, StreamCounts, call_stream_bytes, extract_examples, learn, progress_bar
-from .method.plan import RetrievalIndex, plan_query
+from .method.plan import QueryPlan, RetrievalIndex, plan_query
 from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
 from .method.templates import get_template
 from .runtime.engine import Engine, EngineConfig, Generation
@@ -99,6 +99,7 @@ class Answer:
     eta: float  # absolute, as added to the hidden state
     alphas: list[float]
     stop_reason: str
+    reason: str | None = None  # why the memory did not steer (adapted is False), when it had a say
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -115,6 +116,7 @@ class Miita:
         self._owns_engine = engine is None
         self.engine = engine or Engine(model, engine_config)
         self._fingerprint = None
+        self.key_layers: list[int] = []  # the memory's key layers: its manifest's, or the preset's
         snap = self._read_snapshot()
         if snap is not None:
             meta = snap.manifest
@@ -127,8 +129,9 @@ class Miita:
             self.preset = stored
             self.template = get_template(meta["template"])
             try:
-                mean = self.calibration_mean() if stored.center_keys else None
-                self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean)
+                mean, order = self._key_frame()
+                self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
+                                                   len(self.key_layers), order)
             except (KeyError, ValueError, TypeError, IndexError) as exc:
                 why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({why})") from None
@@ -138,9 +141,10 @@ class Miita:
             self._entries = snap.entries  # what the retrieval index's derived caches are keyed on
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
+            self.key_layers = self.preset.key_layers(self.engine.n_layer)
             self.template = get_template(template or "plain")
-            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd,
-                                   self.calibration_mean() if self.preset.center_keys else None)
+            mean, order = self._key_frame()
+            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order)
             self.budget_spec = DEFAULT_BUDGET
             self.counts = StreamCounts()
             self.version = 0
@@ -188,9 +192,35 @@ class Miita:
             from .runtime.fingerprint import model_sha256
 
             info = self.engine.info
-            self._fingerprint = {"sha256": model_sha256(info.path), "arch": info.arch,
-                                 "n_embd": info.n_embd, "key_layer": self.engine.key_layer}
+            fp = {"sha256": model_sha256(info.path), "arch": info.arch, "n_embd": info.n_embd,
+                  "key_layer": self.key_layers[0]}
+            if len(self.key_layers) > 1:  # memories with one key layer keep the fingerprint they had
+                fp["key_layers"] = list(self.key_layers)
+            self._fingerprint = fp
         return self._fingerprint
+
+    @property
+    def key_layer(self) -> int:
+        """The first key layer (a one-layer memory's only one)."""
+        return self.key_layers[0]
+
+    def _use_keys(self) -> Engine:
+        """The engine, pooling keys from this memory's layers: an engine may be shared by memories
+        of different presets (the server, the bench), so each use sets the layers it needs."""
+        if self.engine.key_layers != tuple(self.key_layers):
+            self.engine.set_key_layers(self.key_layers)
+        return self.engine
+
+    def _key_frame(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The centring vector and the coordinate order of this memory's keys (both derived from
+        the model and the template through the calibration inputs, never stored)."""
+        pr = self.preset
+        if not pr.center_keys and pr.key_order == "index":
+            return None, None
+        keys = calibration_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
+        mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
+        order = key_order(keys, len(self.key_layers)) if pr.key_order == "calibration" else None
+        return mean, order
 
     def _read_snapshot(self):
         if not self.store.exists():
@@ -207,6 +237,15 @@ class Miita:
         snap = self.store.read()
         meta = snap.manifest
         check_memory_meta(self.memory_dir, meta)
+        # The layers the stored keys were pooled from, whatever the preset now says: a memory built
+        # before a preset changed its key layers keeps answering from the layers its anchors came from.
+        layers = meta["fingerprint"].get("key_layers") or [meta["fingerprint"]["key_layer"]]
+        if not (isinstance(layers, list) and layers and all(
+                isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= self.engine.n_layer - 2 for k in layers)
+                and len(set(layers)) == len(layers) and layers[0] == meta["fingerprint"]["key_layer"]):
+            raise StoreError(f"memory {self.memory_dir}: its key layers {str(layers)[:40]} do not exist in this "
+                             f"model (0..{self.engine.n_layer - 2})")
+        self.key_layers = list(layers)
         fp = self.fingerprint()
         if meta.get("fingerprint") != fp:
             other = meta.get("fingerprint") or {}
@@ -232,7 +271,8 @@ class Miita:
     # ---------------------------------------------------------------- ingest
     def calibration_mean(self) -> np.ndarray:
         """The centring vector (``method.calibration``): derived, not stored, not budgeted."""
-        return calibration_mean(self.engine, self.template, self.preset.skip_bos, self.fingerprint())
+        return calibration_keys(self._use_keys(), self.template, self.preset.skip_bos,
+                                self.fingerprint()).mean(axis=0).astype(np.float32)
 
     def ingest(self, examples: Iterable[Example], budget: str | None = None, progress: bool | None = None,
                dry_run: bool = False, ray: str | bool | None = None, ray_workers: int = 2) -> IngestReport:
@@ -254,7 +294,7 @@ class Miita:
 
             extractor = RayExtractor(str(self.engine.info.path), self.preset.to_json(), self.template.name,
                                      self.max_prompt_tokens, address=None if ray is True else str(ray),
-                                     workers=ray_workers)
+                                     workers=ray_workers, key_layers=self.key_layers)
         try:
             return self._ingest(examples, budget, progress, dry_run, t0, extractor)
         finally:
@@ -296,7 +336,7 @@ class Miita:
         if extractor is not None:
             extracted = extractor(examples, bar)
         else:
-            extracted = extract_examples(self.engine, self.template, self.preset, examples,
+            extracted = extract_examples(self._use_keys(), self.template, self.preset, examples,
                                          max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache, bar=bar,
                                          batch_keys=self.batch_keys)
         bar.close()
@@ -361,31 +401,38 @@ class Miita:
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (an upper bound)."""
         pr = self.preset
-        eng = self.engine
+        eng = self._use_keys()
         toks = (list(prompt_tokens_override) if prompt_tokens_override is not None
                 else prompt_tokens(eng, self.template, text, self.max_prompt_tokens))
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
         gen_kw = {"top_p": top_p, "on_token": on_token} if (top_p != 1.0 or on_token is not None) else {}
         if not adapt or self.bank.n_prototypes == 0:
             g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **gen_kw)
-            return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason)
+            return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason,
+                          reason="adaptation is off" if not adapt else "the memory is empty")
         eta_abs = (pr.eta if eta is None else eta) * float(np.linalg.norm(state.h_q))
         gate_mode = gate or pr.gate
-        ids, scores, weights, plan = self.plan(state, mode=mode, oracle_dir=oracle_dir)
+        qp = self.plan(state, mode=mode, oracle_dir=oracle_dir)
+        ids, scores, weights, plan = qp.ids, qp.scores, qp.weights, qp.plan
+        if qp.gate is not None and not qp.gate.adapted:
+            # the relevance gate: nothing in memory applies, so the frozen model answers untouched
+            g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **gen_kw)
+            return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason)
         g: Generation = eng.generate(state, max_tokens=max_tokens, stop=stop, plan=plan, eta=eta_abs,
                                      mode=gate_mode, temperature=temperature, seed=seed, **gen_kw)
         return Answer(g.text, True, [int(i) for i in ids], [float(s) for s in scores],
                       [float(w) for w in weights], eta_abs, g.alphas, g.stop_reason)
 
-    def plan(self, state, mode: str | None = None, oracle_dir=None):
-        """Retrieval for one query: (prototype ids, scores, weights, steering plan); see ``method.plan``."""
+    def plan(self, state, mode: str | None = None, oracle_dir=None) -> QueryPlan:
+        """Retrieval for one query (ids, scores, weights, steering plan, relevance decision);
+        see ``method.plan``."""
         return plan_query(self.preset, self.bank, self.engine, self.retrieval_index(), state,
                           mode=mode, oracle_dir=oracle_dir, rng=self._rng)
 
     def retrieval_index(self) -> RetrievalIndex:
         """The matrices retrieval reads, cached per memory version."""
         if self._index is None:
-            self._index = RetrievalIndex.build(self.bank, self._entries)
+            self._index = RetrievalIndex.build(self.bank, self._entries, centroids=self.preset.centroid_vote)
         return self._index
 
     # ---------------------------------------------------------------- info

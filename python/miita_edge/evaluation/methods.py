@@ -248,8 +248,9 @@ class MiitaMethod(Method):
 
 
 class LabelVote(MiitaMethod):
-    """Diagnostic, classification only: the weighted majority label of the top-k anchors of a
-    default-preset memory (``steering.knn_prototypes`` + ``steering.vote``); no generation."""
+    """Diagnostic, classification only: the weighted majority label of what a default-preset
+    memory retrieves for the query (``Miita.plan``: the anchor vote, and since issue 14 the
+    centroids and the relevance gate) — the ceiling of retrieval alone; no generation."""
 
     classification_only = True
 
@@ -258,15 +259,15 @@ class LabelVote(MiitaMethod):
 
     def predict(self, examples):
         from ..method.extract import prompt_tokens
-        from ..method.steering import knn_prototypes, vote
+        from ..method.steering import vote
 
-        eng, bank, pr = self.ctx.engine, self.m.bank, self.m.preset
-        A, owner = bank.anchor_matrix()
-        labels = [eng.detokenize(p.tokens).strip() for p in bank.protos]
+        m = self.m
+        eng = m._use_keys()
+        labels = [eng.detokenize(t).strip() for t in m.bank.answer_tokens()]
         out = []
         for ex in examples:
-            st = eng.query(prompt_tokens(eng, self.m.template, ex.input, self.ctx.max_prompt_tokens),
-                           skip_bos_in_key=pr.skip_bos)
-            ids, w, _ = knn_prototypes(bank.prepare_key(st.key), A, owner, pr.k_anchors, pr.retrieval.T_agg)
-            out.append(vote(ids, w, labels) or "")
+            st = eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
+                           skip_bos_in_key=m.preset.skip_bos)
+            qp = m.plan(st)  # the preset's own retrieval: anchors (and centroids), relevance gate
+            out.append(vote(qp.ids, qp.weights, labels) or "")
         return out

@@ -42,6 +42,13 @@ PAYLOADS = ("mean", "sequence", "tokens")
 TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array
 
 
+#: Narrowest key a repair may shrink 1-bit keys to (bits): below this the vote is noise.
+MIN_KEY_BITS = 32
+#: A prototype's radius as stored: floor(cos · RADIUS_SCALE) in int8, so the stored value never
+#: exceeds the measured one (the gate can only become more permissive, never stricter, by rounding).
+RADIUS_SCALE = 127
+
+
 @dataclass
 class BankConfig:
     payload: str = "mean"
@@ -50,6 +57,10 @@ class BankConfig:
     tau_d: float = 0.85
     tau_k: float = 0.80
     tau_merge: float = 0.5
+    # Keep each prototype's radius (``Prototype.radius``) for the relevance gate: one byte each.
+    relevance: bool = False
+    # Repair may narrow 1-bit keys (drop their last coordinates) before it evicts a prototype.
+    shrink_keys: bool = False
 
     def validate(self) -> None:
         if self.payload not in PAYLOADS:
@@ -81,13 +92,18 @@ class Prototype:
     """
 
     def __init__(self, dirs: np.ndarray, tokens: np.ndarray, anchors: np.ndarray, n: int = 1,
-                 anchor_n: np.ndarray | None = None, anchor_sum: np.ndarray | None = None) -> None:
+                 anchor_n: np.ndarray | None = None, anchor_sum: np.ndarray | None = None,
+                 radius: float = 1.0) -> None:
         self.dirs = dirs
         self.tokens = tokens
         self._anchors = anchors
         self.n = n
         self._anchor_n = np.ones(len(anchors), np.int64) if anchor_n is None else anchor_n
         self._anchor_sum = anchor_sum
+        # The lowest similarity (stored key against stored anchors) with which one of this
+        # answer's examples joined the anchors it already had: how far apart its own examples
+        # are. 1.0 until a second example arrives (then only an exact repeat is "as close").
+        self.radius = radius
 
     def __repr__(self) -> str:
         return (f"Prototype(n={self.n}, tokens={list(self.tokens)}, dirs={self.dirs.shape}, "
@@ -139,12 +155,19 @@ class RepairLog:
     pruned: int = 0
     merged: int = 0
     evicted: int = 0
+    narrowed: int = 0
 
     def __iadd__(self, other: "RepairLog") -> "RepairLog":
         self.pruned += other.pruned
         self.merged += other.merged
         self.evicted += other.evicted
+        self.narrowed += other.narrowed
         return self
+
+
+def quantize_radius(c: float) -> float:
+    """A radius as it is stored (and kept in RAM, so RAM mirrors disk): floor(c·127)/127."""
+    return float(np.clip(np.floor(c * RADIUS_SCALE), -RADIUS_SCALE, RADIUS_SCALE)) / RADIUS_SCALE
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -166,14 +189,30 @@ class MemoryBank:
     Mutating methods say so. Vectors are kept as their stored (decoded) values.
     """
 
-    def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None):
+    def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None,
+                 key_parts: int = 1, key_order: np.ndarray | None = None, key_dim: int | None = None):
         config.validate()
         self.config = config
         self.n_embd = int(n_embd)
         self._protos: list[Prototype] | None = []
         self._stored: _Stored | None = None  # a bank opened from the store, before its Prototypes exist
+        # A key is ``key_parts`` blocks of n_embd values (one per key layer), each centred and
+        # brought to unit norm on its own so no layer dominates the cosine.
+        self.key_parts = int(key_parts)
+        full = self.n_embd * self.key_parts
         # Centring vector for keys (stored as float16); None: keys are not centred.
         self.key_mean = None if key_mean is None else np.asarray(key_mean, np.float16).astype(np.float32)
+        if self.key_mean is not None and self.key_mean.shape != (full,):
+            raise ValueError(f"key_mean has shape {self.key_mean.shape}, expected ({full},)")
+        # The order in which a key's coordinates are kept (derived from the model, not stored):
+        # a narrowed key keeps the first key_dim of them. None: index order.
+        self.key_order = None if key_order is None else np.asarray(key_order, np.int64)
+        if self.key_order is not None and sorted(self.key_order.tolist()) != list(range(full)):
+            raise ValueError(f"key_order is not a permutation of the {full} key coordinates")
+        # Coordinates a stored key keeps now (repair may narrow 1-bit keys, never widen them).
+        self.key_dim = full if key_dim is None else int(key_dim)
+        if not 0 < self.key_dim <= full:
+            raise ValueError(f"key width {self.key_dim} outside 1..{full}")
 
     @property
     def protos(self) -> list[Prototype]:
@@ -203,7 +242,7 @@ class MemoryBank:
         if self._protos is None:
             return self._stored.anchors(), self._stored.owner_sorted()
         if not self.protos:
-            return np.zeros((0, self.n_embd), np.float32), np.zeros(0, np.int64)
+            return np.zeros((0, self.key_dim), np.float32), np.zeros(0, np.int64)
         A = np.concatenate([p.anchors for p in self.protos])
         owner = np.concatenate([np.full(len(p.anchors), j) for j, p in enumerate(self.protos)])
         return A, owner
@@ -224,8 +263,29 @@ class MemoryBank:
                 return self._stored.packed_sorted()
             return np.packbits(self._stored.anchors() >= 0, axis=1)
         if not self.protos:
-            return np.zeros((0, (self.n_embd + 7) // 8), np.uint8)
+            return np.zeros((0, (self.key_dim + 7) // 8), np.uint8)
         return np.concatenate([np.packbits(p.anchors >= 0, axis=1) for p in self.protos])
+
+    def counts(self) -> np.ndarray:
+        """Each prototype's n, the examples written into it (J,) int64."""
+        if self._protos is None:
+            return self._stored.counts.astype(np.int64)
+        return np.array([p.n for p in self._protos], np.int64)
+
+    def radii(self) -> np.ndarray:
+        """Each prototype's radius as a cosine (J,) float64 (1.0: no second example yet)."""
+        if self._protos is None:
+            return self._stored.radii()
+        return np.array([p.radius for p in self._protos], np.float64)
+
+    def anchor_counts(self) -> np.ndarray:
+        """How many keys each row of ``anchor_matrix()`` stands for (A,) int64."""
+        if self._protos is None:
+            a = self._stored.acount
+            return (a if self._stored.sorted else a[self._stored.by_owner]).astype(np.int64)
+        if not self._protos:
+            return np.zeros(0, np.int64)
+        return np.concatenate([p.anchor_n for p in self._protos]).astype(np.int64)
 
     def answer_tokens(self):
         """Each prototype's answer tokens (a sequence of int32 arrays, indexable by prototype)."""
@@ -244,10 +304,19 @@ class MemoryBank:
         return D
 
     def prepare_key(self, key: np.ndarray) -> np.ndarray:
-        """Raw mean-pooled key -> the vector that is compared and stored (centred, unit)."""
+        """Raw mean-pooled key -> the vector that is compared and stored: centred, each layer's
+        block at unit norm, its coordinates in ``key_order``, the first ``key_dim`` kept, unit."""
         k = np.asarray(key, np.float32)
+        if k.shape != (self.n_embd * self.key_parts,):
+            raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
         if self.key_mean is not None:
             k = k - self.key_mean
+        if self.key_parts > 1:
+            blocks = k.reshape(self.key_parts, self.n_embd)
+            k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
+        if self.key_order is not None:
+            k = k[self.key_order]
+        k = k[:self.key_dim]
         n = np.linalg.norm(k)
         return k / n if n > 0 else k
 
@@ -302,6 +371,8 @@ class MemoryBank:
                 p.n += 1
                 # stored anchors are unit-norm except 'bit' (±1): normalise both sides
                 novel = self._max_anchor_cos(p.anchors, k[0])
+                if self.config.relevance:
+                    p.radius = min(p.radius, quantize_radius(novel))
                 added = novel < self.config.tau_k
                 if added:
                     p.anchors = np.concatenate([p.anchors, k])
@@ -321,16 +392,24 @@ class MemoryBank:
 
     # ------------------------------------------------------------ sizes and value (eq. 5)
     def proto_bytes(self, p: Prototype) -> int:
-        """Bytes this prototype adds to the stored arrays (its share of Size(B))."""
-        H = self.n_embd
-        b = len(p.dirs) * codecs.bytes_per_vector(self.config.dir_precision, H)
-        b += len(p.anchors) * (codecs.bytes_per_vector(self.config.key_precision, H) + self._owner_itemsize() + 2)
-        if self.config.payload != "mean":
-            b += 4 * (len(p.tokens) + 1)
-        return b + 4  # count
+        """Bytes this prototype adds to the stored arrays (its share of Size(B)), as ``to_arrays``
+        lays them out now: payload, anchors with their uint16 counts, and one entry in each
+        per-prototype array (anchors owned, count, answer length: the narrowest unsigned type of
+        the bank's current largest value), answer tokens at 3 bytes, the radius byte."""
+        cfg, H = self.config, self.n_embd
+        isz = self._per_proto_itemsizes()
+        b = len(p.dirs) * codecs.bytes_per_vector(cfg.dir_precision, H)
+        b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + 2)
+        b += isz["per"] + isz["cnt"]
+        if cfg.payload != "mean":
+            b += 3 * len(p.tokens) + isz["len"]
+        return b + (1 if cfg.relevance else 0)
 
-    def _owner_itemsize(self) -> int:
-        return 2 if len(self.protos) < 65536 else 4
+    def _per_proto_itemsizes(self) -> dict[str, int]:
+        protos = self.protos
+        return {"per": np.dtype(_uint_for(max((len(q.anchors) for q in protos), default=0))).itemsize,
+                "cnt": np.dtype(_uint_for(max((q.n for q in protos), default=0))).itemsize,
+                "len": np.dtype(_uint_for(max((len(q.tokens) for q in protos), default=0))).itemsize}
 
     def values(self) -> np.ndarray:
         """value(u_j) = log(1+n_j)·(1 − max_{r≠j} sim(d_j, d_r)) / Size(u_j)   (eq. 5)."""
@@ -402,6 +481,26 @@ class MemoryBank:
         p.anchors, p.anchor_n, p.anchor_sum = p.anchors[keep], p.anchor_n[keep], p.anchor_sum[keep]
         return True
 
+    def narrow_keys(self) -> bool:
+        """Mutates: drop the last 8 coordinates of every stored key (1-bit keys only, with
+        ``shrink_keys``); False at MIN_KEY_BITS or when not allowed.
+
+        Why before merging and evicting: at a tight budget a narrower key keeps every answer
+        retrievable, where an eviction loses one for good. The coordinates are in ``key_order``
+        (the calibration keys' spread, highest first), so what goes is what varies least; with
+        one centroid per label on Banking77, 640 -> 160 -> 80 bits of layer 12 kept 66 / 61 / 52%
+        of the vote where index order kept 66 / 51 / 27% (docs/method.md). Sign bits need no
+        original to narrow from, so this is exact: a narrowed key is the stored key's prefix."""
+        cfg = self.config
+        m = (self.key_dim - 1) // 8 * 8  # the next narrower multiple of 8 bits (whole stored bytes)
+        if not cfg.shrink_keys or cfg.key_precision != "bit" or m < MIN_KEY_BITS:
+            return False
+        for p in self.protos:
+            p.anchor_sum = p.anchor_sum[:, :m]
+            p._anchors = p.anchors[:, :m]
+        self.key_dim = m
+        return True
+
     def merge_one_pair(self) -> bool:
         """Mutates: merge the pair of least Ward distortion if allowed; False if none."""
         best = (np.inf, -1, -1)
@@ -426,6 +525,7 @@ class MemoryBank:
         if self.config.payload != "tokens":
             pa.dirs = codecs.roundtrip(_unit_rows(pa.n * pa.dirs + pb.n * pb.dirs), self.config.dir_precision)
         pa.n += pb.n
+        pa.radius = min(pa.radius, pb.radius)
         pa.anchors = np.concatenate([pa.anchors, pb.anchors])
         pa.anchor_n = np.concatenate([pa.anchor_n, pb.anchor_n])
         pa.anchor_sum = np.concatenate([pa.anchor_sum, pb.anchor_sum])
@@ -448,6 +548,8 @@ class MemoryBank:
         while size_fn(self) > budget:
             if self.prune_one_anchor():
                 log.pruned += 1
+            elif self.narrow_keys():
+                log.narrowed += 1
             elif self.merge_one_pair():
                 log.merged += 1
             elif len(self.protos) > 1:
@@ -461,17 +563,27 @@ class MemoryBank:
     # ------------------------------------------------------------ persistence
     def to_arrays(self, shapes_only: bool = False) -> dict[str, np.ndarray]:
         """The arrays that persist this bank. With ``shapes_only`` they are
-        zero-cost broadcast views of the right shape/dtype (for exact sizing)."""
+        zero-cost broadcast views of the right shape/dtype (for exact sizing).
+
+        Layout (every byte counts against the budget, so integers take the narrowest unsigned
+        type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
+        each prototype owns, ``anchor_count`` how many keys each anchor stands for, ``counts``
+        each prototype's n, ``tok3`` the answer tokens as 3-byte little-endian ids (vocabularies
+        up to 2^24) with ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Format 1
+        memories (``anchor_owner``, int32 ``tokens`` with separators) are still read."""
         cfg, H, J = self.config, self.n_embd, len(self.protos)
-        key_bytes_cols = (H + 7) // 8 if cfg.key_precision == "bit" else H
-        owner_dtype = np.uint16 if J < 65536 else np.uint32
+        key_bytes_cols = codecs.bytes_per_vector("bit", self.key_dim) if cfg.key_precision == "bit" else self.key_dim
         A = self.n_anchors
+        per = [len(p.anchors) for p in self.protos]
+        lens = [len(p.tokens) for p in self.protos]
         out: dict[str, np.ndarray] = {}
 
         def fake(shape, dtype):
             return np.broadcast_to(np.zeros((), dtype), shape)
 
         kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
+        per_dt, cnt_dt = _uint_for(max(per, default=0)), _uint_for(max((p.n for p in self.protos), default=0))
+        len_dt = _uint_for(max(lens, default=0))
         if shapes_only:
             n_dirs = sum(len(p.dirs) for p in self.protos)
             if cfg.payload != "tokens":
@@ -481,11 +593,14 @@ class MemoryBank:
             out["anchors"] = fake((A, key_bytes_cols), kdt[cfg.key_precision])
             if cfg.key_precision == "int8":
                 out["anchor_scale"] = fake((A,), np.float32)
-            out["anchor_owner"] = fake((A,), owner_dtype)
+            out["anchor_per"] = fake((J,), per_dt)
             out["anchor_count"] = fake((A,), np.uint16)
-            out["counts"] = fake((J,), np.uint32)
+            out["counts"] = fake((J,), cnt_dt)
             if cfg.payload != "mean":
-                out["tokens"] = fake((sum(len(p.tokens) + 1 for p in self.protos),), np.int32)
+                out["tok3"] = fake((sum(lens), 3), np.uint8)
+                out["tok_len"] = fake((J,), len_dt)
+            if cfg.relevance:
+                out["radius"] = fake((J,), np.int8)
             return out
 
         if cfg.payload != "tokens":
@@ -494,41 +609,54 @@ class MemoryBank:
             out["dirs"] = enc["data"]
             if "scale" in enc:
                 out["dir_scale"] = enc["scale"]
-        Amat, owner = self.anchor_matrix()
+        Amat, _ = self.anchor_matrix()
         enc = codecs.encode(Amat, cfg.key_precision)
         out["anchors"] = enc["data"].reshape(A, key_bytes_cols)
         if "scale" in enc:
             out["anchor_scale"] = enc["scale"]
-        out["anchor_owner"] = owner.astype(owner_dtype)
+        out["anchor_per"] = np.array(per, per_dt)
         an = np.concatenate([p.anchor_n for p in self.protos]) if J else np.zeros(0, np.int64)
         out["anchor_count"] = np.minimum(an, 65535).astype(np.uint16)
-        out["counts"] = np.array([p.n for p in self.protos], np.uint32)
+        out["counts"] = np.array([p.n for p in self.protos], cnt_dt)
         if cfg.payload != "mean":
-            parts = [np.append(p.tokens, TOKEN_END).astype(np.int32) for p in self.protos]
-            out["tokens"] = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+            flat = np.concatenate([p.tokens for p in self.protos]).astype(np.int64) if J else np.zeros(0, np.int64)
+            if len(flat) and (flat.min() < 0 or flat.max() >= 1 << 24):
+                raise ValueError("answer token ids must lie in 0..2^24-1 to be stored in 3 bytes")
+            out["tok3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8) \
+                if len(flat) else np.zeros((0, 3), np.uint8)
+            out["tok_len"] = np.array(lens, len_dt)
+        if cfg.relevance:
+            out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in self.protos],
+                                     np.float64).clip(-RADIUS_SCALE, RADIUS_SCALE).astype(np.int8)
         return out
 
     @classmethod
     def from_arrays(cls, config: BankConfig, n_embd: int, arrays: dict[str, np.ndarray],
-                    key_mean: np.ndarray | None = None) -> "MemoryBank":
+                    key_mean: np.ndarray | None = None, key_parts: int = 1,
+                    key_order: np.ndarray | None = None) -> "MemoryBank":
         """Rebuild from stored arrays; raises ValueError on inconsistent arrays.
 
-        ``key_mean`` is not stored: it derives from the model and template
-        (see ``Miita``), so the caller passes it in again. Every array is checked here; the
-        Prototype objects are made on first use of ``protos`` (see there).
+        ``key_mean`` and ``key_order`` are not stored: they derive from the model and template
+        (see ``Miita``), so the caller passes them in again; the key width is the stored one.
+        Every array is checked here; the Prototype objects are made on first use of ``protos``.
         """
-        bank = cls(config, n_embd, key_mean)
-        bank._stored = _Stored(config, int(n_embd), arrays)
+        stored = _Stored(config, int(n_embd), int(key_parts), arrays)
+        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim)
+        bank._stored = stored
         bank._protos = None
         return bank
 
 
-class _Seqs:
-    """Each prototype's answer tokens as slices of the stored flat array (indexable, sized)."""
+def _uint_for(maxval: int):
+    """The narrowest unsigned dtype that holds ``maxval``."""
+    return np.uint8 if maxval < 1 << 8 else np.uint16 if maxval < 1 << 16 else np.uint32
 
-    def __init__(self, flat: np.ndarray, ends: np.ndarray) -> None:
-        self.flat, self.ends = flat, ends
-        self.starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64) if len(ends) else np.zeros(0, np.int64)
+
+class _Seqs:
+    """Each prototype's answer tokens as slices of a flat int32 array (indexable, sized)."""
+
+    def __init__(self, flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.flat, self.starts, self.ends = flat, starts.astype(np.int64), ends.astype(np.int64)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -543,9 +671,11 @@ class _Stored:
     The checks (and their messages) are the ones ``from_arrays`` always made; the views read the
     arrays with numpy (one pass each) instead of walking Prototype objects."""
 
-    def __init__(self, config: BankConfig, H: int, arrays: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: BankConfig, H: int, key_parts: int, arrays: dict[str, np.ndarray]) -> None:
         self.config, self.H = config, H
         counts = np.asarray(arrays["counts"])
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            raise ValueError("counts is not a vector of integers")
         J = len(counts)
         if config.payload == "tokens":
             D = np.zeros((0, H), np.float32)
@@ -556,35 +686,75 @@ class _Stored:
             D = codecs.decode(enc, config.dir_precision, H)
         raw = np.asarray(arrays["anchors"])
         scale = np.asarray(arrays["anchor_scale"]) if "anchor_scale" in arrays else None
-        width = codecs.bytes_per_vector(config.key_precision, H) if config.key_precision == "bit" else H
-        if raw.ndim != 2 or raw.shape[1] != width:
-            raise ValueError(f"anchors array has shape {raw.shape}, expected (n, {width})")
+        full = H * key_parts
+        if raw.ndim != 2:
+            raise ValueError(f"anchors array has shape {raw.shape}, expected (n, width)")
+        if config.key_precision == "bit":  # full width, or narrowed by repair to a multiple of 8 bits
+            cols = raw.shape[1]
+            key_dim = full if cols == codecs.bytes_per_vector("bit", full) else 8 * cols
+            if key_dim > full or key_dim < 8:
+                raise ValueError(f"anchors array has shape {raw.shape}, expected (n, <= "
+                                 f"{codecs.bytes_per_vector('bit', full)})")
+        else:
+            key_dim = raw.shape[1]
+            if key_dim != full:
+                raise ValueError(f"anchors array has shape {raw.shape}, expected (n, {full})")
         if scale is not None and scale.shape != (len(raw),):
             raise ValueError("anchor_scale does not match the anchors")
-        owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
+        if "anchor_per" in arrays:  # format 2: anchors grouped by prototype, counted per prototype
+            per = np.asarray(arrays["anchor_per"]).astype(np.int64)
+            if per.shape != (J,) or (J and per.min() < 0) or int(per.sum()) != len(raw):
+                raise ValueError("anchor_per does not match the anchors and prototypes")
+            owner = np.repeat(np.arange(J, dtype=np.int64), per)
+        else:
+            owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
         acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
         if len(acount) != len(owner) or (len(acount) and acount.min() < 1):
             raise ValueError("anchor_count does not match the anchors")
         if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
             raise ValueError("anchor_owner does not index the prototypes")
         if config.payload != "mean":
-            flat = np.asarray(arrays["tokens"], np.int32)
-            ends = np.flatnonzero(flat == TOKEN_END)
-            if len(ends) != J:
-                raise ValueError("tokens array does not hold one sequence per prototype")
+            if "tok3" in arrays:
+                t3 = np.asarray(arrays["tok3"])
+                lens = np.asarray(arrays["tok_len"]).astype(np.int64)
+                if t3.ndim != 2 or t3.shape[1] != 3 or lens.shape != (J,) or (J and lens.min() < 0) \
+                        or int(lens.sum()) != len(t3):
+                    raise ValueError("tok3/tok_len do not hold one answer per prototype")
+                t = t3.astype(np.int32)
+                flat = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
+                ends = np.cumsum(lens)
+                starts = ends - lens
+            else:  # format 1: int32 with a separator after each answer
+                flat = np.asarray(arrays["tokens"], np.int32)
+                ends = np.flatnonzero(flat == TOKEN_END)
+                if len(ends) != J:
+                    raise ValueError("tokens array does not hold one sequence per prototype")
+                starts = np.concatenate([[0], ends[:-1] + 1]) if J else np.zeros(0, np.int64)
         else:
-            flat, ends = np.zeros(J, np.int32), np.arange(J)  # J empty sequences
-        n_dirs = {"mean": J, "sequence": int(ends[-1]) + 1 - J if J else 0, "tokens": 0}[config.payload]
+            flat, starts, ends = np.zeros(0, np.int32), np.zeros(J, np.int64), np.zeros(J, np.int64)
+        n_dirs = {"mean": J, "sequence": int((ends - starts).sum()), "tokens": 0}[config.payload]
         if n_dirs > len(D):
             raise ValueError("dirs array is shorter than the prototypes need")
         if n_dirs != len(D):
             raise ValueError("dirs array is longer than the prototypes need")
+        radius = None
+        if config.relevance:
+            if "radius" not in arrays:
+                raise ValueError("radius array is missing (the relevance gate needs it)")
+            radius = np.asarray(arrays["radius"])
+            if radius.shape != (J,) or radius.dtype != np.int8 or (J and radius.min() < -RADIUS_SCALE):
+                raise ValueError("radius does not hold one int8 radius per prototype")
         self.J, self.counts, self.D, self.raw, self.scale = J, counts, D, raw, scale
-        self.owner, self.acount, self._seqs = owner, acount, _Seqs(flat, ends)
+        self.key_dim, self.radius = key_dim, radius
+        self.owner, self.acount, self._seqs = owner, acount, _Seqs(flat, starts, ends)
         # Each prototype's anchors in stored order: a sort by owner instead of one mask per
         # prototype (O(A log A), not O(J·A)); none when the owners are sorted (as written).
         self.sorted = bool(len(owner) < 2 or (owner[1:] >= owner[:-1]).all())
         self.by_owner = None if self.sorted else np.argsort(owner, kind="stable")
+
+    def radii(self) -> np.ndarray:
+        """Each prototype's radius as a cosine (J,); 1.0 everywhere without the relevance gate."""
+        return np.ones(self.J) if self.radius is None else self.radius.astype(np.float64) / RADIUS_SCALE
 
     def owner_sorted(self) -> np.ndarray:
         return self.owner if self.sorted else self.owner[self.by_owner]
@@ -596,7 +766,7 @@ class _Stored:
         enc = {"data": self.packed_sorted()}
         if self.scale is not None:
             enc["scale"] = self.scale if self.sorted else self.scale[self.by_owner]
-        return codecs.decode(enc, self.config.key_precision, self.H)
+        return codecs.decode(enc, self.config.key_precision, self.key_dim)
 
     def seqs(self) -> _Seqs:
         return self._seqs
@@ -625,13 +795,15 @@ class _Stored:
             enc = {"data": raw[idx]}
             if scale is not None:
                 enc["scale"] = scale[idx]
-            return codecs.decode(enc, cfg.key_precision, H), acount[idx]
+            return codecs.decode(enc, cfg.key_precision, self.key_dim), acount[idx]
 
         first, L = self.dir_rows()
+        radii = self.radii()
         out = []
         for j in range(self.J):
             a, a_n = anchors_of(j)
             seq = self._seqs[j] if cfg.payload != "mean" else np.zeros(0, np.int32)
             f = int(first[j])
-            out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n))
+            out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n,
+                                 radius=float(radii[j])))
         return out

@@ -160,7 +160,7 @@ def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extract
     stays within ``limit`` after every example. ``size_fn()`` is the exact committed size of the
     memory as it stands, which reads ``counts`` too (the manifest holds them), so ``counts`` is
     updated before each repair. Returns (the lines of skipped examples, the repair counts)."""
-    total_log = {"pruned": 0, "merged": 0, "evicted": 0}
+    total_log = {"pruned": 0, "narrowed": 0, "merged": 0, "evicted": 0}
     skipped_lines: list[int] = []
     stream = counts.stream_bytes
     for ex, e in zip(examples, extracted):

@@ -8,7 +8,7 @@ query would cost more than the prompt pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -16,12 +16,37 @@ from ..memory.bank import MemoryBank
 from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
+from .relevance import GateDecision, gate
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
 
-__all__ = ["RetrievalIndex", "plan_query"]
+__all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
 PlanFn = Callable[[int, list], "np.ndarray | None"]
+
+
+class QueryPlan(NamedTuple):
+    """One query's retrieval: the prototypes that steer, their scores and weights, the direction to
+    add before each generated token, and the relevance gate's decision (None: no gate)."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    weights: np.ndarray
+    plan: PlanFn
+    gate: GateDecision | None = None
+
+
+def centroid_bits(packed: np.ndarray, owner: np.ndarray, counts: np.ndarray, J: int, width: int,
+                  chunk: int = 65536) -> np.ndarray:
+    """Each prototype's centroid as packed sign bits (J, cols): the sign of the count-weighted sum of
+    its stored anchors (ties to +1, as ``codecs`` stores 0). Derived from what is stored, so the
+    centroid vote costs no budget bytes; computed in chunks of anchors (a 1M-anchor memory would
+    otherwise unpack to 1.3 GB)."""
+    acc = np.zeros((J, width), np.int64)
+    for i in range(0, len(packed), chunk):
+        bits = np.unpackbits(packed[i:i + chunk], axis=1, count=width).astype(np.int64) * 2 - 1
+        np.add.at(acc, owner[i:i + chunk], bits * counts[i:i + chunk, None])
+    return np.packbits(acc >= 0, axis=1)
 
 
 @dataclass
@@ -41,10 +66,16 @@ class RetrievalIndex:
     packed: np.ndarray | None  # (A, ceil(H/8)) packed sign bits of 1-bit anchors, else None
     scan: ScanIndex | None = None  # the paper preset's recall index, built on first use
     entries: dict | None = None  # the store entries of this version (the ANN cache key); None: not committed
-    ann: object | None = None  # ann_index.AnnFront over `packed` for large memories, else None (exact scan)
+    ann: object | None = None  # ann_index.AnnFront over `voters` for large memories, else None (exact scan)
+    # the relevance gate's statistics and the centroid vote (1-bit keys, default preset)
+    counts: np.ndarray | None = None  # (J,) each prototype's n
+    radius: np.ndarray | None = None  # (J,) each prototype's radius
+    voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
+    voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
+    key_dim: int = 0  # coordinates of a stored key (bits)
 
     @classmethod
-    def build(cls, bank: MemoryBank, entries: dict | None = None) -> "RetrievalIndex":
+    def build(cls, bank: MemoryBank, entries: dict | None = None, centroids: bool = False) -> "RetrievalIndex":
         owner = bank.anchor_owner()  # the bank's views read a just-opened memory's arrays in place
         if bank.config.key_precision == "bit":
             packed = bank.packed_anchors()
@@ -54,15 +85,29 @@ class RetrievalIndex:
             n = np.linalg.norm(A, axis=1, keepdims=True)
             A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
             packed = None
-        index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries)
+        index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries,
+                    counts=bank.counts(), radius=bank.radii(), key_dim=bank.key_dim)
         if packed is not None:
-            index.ann = ann_index.front(packed, "bits", entries, "anchors")
+            index.voters, index.voter_owner = packed, owner
+            if centroids and len(packed):
+                J = bank.n_prototypes
+                cent = centroid_bits(packed, owner, bank.anchor_counts(), J, bank.key_dim)
+                index.voters = np.concatenate([packed, cent])
+                index.voter_owner = np.concatenate([owner, np.arange(J, dtype=owner.dtype)])
+            index.ann = ann_index.front(index.voters, "bits", entries,
+                                        "anchors+centroids" if centroids else "anchors")
         return index
+
+    def anchor_rows(self, j: int) -> slice:
+        """The rows of prototype ``j``'s anchors in ``packed`` (the anchors are grouped by owner)."""
+        lo = int(np.searchsorted(self.owner, j, "left"))
+        return slice(lo, int(np.searchsorted(self.owner, j, "right")))
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
-               mode: str | None = None, oracle_dir=None, rng=None):
-    """Retrieval for one query: (prototype ids, scores, weights, steering plan ``plan(step, generated)``)."""
+               mode: str | None = None, oracle_dir=None, rng=None) -> QueryPlan:
+    """Retrieval for one query: the prototypes, their scores and weights, the steering plan
+    ``plan(step, generated)`` and, for a preset with the relevance gate, its decision."""
     pr = preset
     k_q = bank.prepare_key(state.key)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
@@ -77,22 +122,29 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                        oracle_dir=oracle_dir, rng=rng, index=index.scan,
                        restricted_fn=engine.lm_head.restricted_uncertainty)
         d_bar = res.d_bar.astype(np.float32) if np.any(res.d_bar) else None
-        return res.ids, res.scores, res.weights, (lambda step, gen: d_bar)
+        return QueryPlan(res.ids, res.scores, res.weights, (lambda step, gen: d_bar))
     scores = None
     if index.packed is not None:
         from .. import _native
 
         q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
+        scale = 1.0 / np.sqrt(index.key_dim)  # cos: stored keys are ±1/√K
+        rows, owner = index.voters, index.voter_owner
         ann = index.ann.ready() if index.ann is not None else None
-        if ann is not None:  # a large memory: the graph proposes anchors, the same kernel re-scores them
+        if ann is not None:  # a large memory: the graph proposes rows, the same kernel re-scores them
             cand = ann.candidates(q, ann_index.candidate_count(pr.k_anchors))
             owner = owner[cand]
-            scores = _native.bit_scores(index.packed[cand], q) / np.sqrt(bank.n_embd)
+            scores = _native.bit_scores(rows[cand], q) * scale
         else:
-            scores = (_native.bit_scores(index.packed, q) / np.sqrt(bank.n_embd) if len(index.packed)
-                      else np.zeros(0))  # cos: anchors are ±1/√H
+            scores = _native.bit_scores(rows, q) * scale if len(rows) else np.zeros(0)
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
+    decision = None
+    if pr.relevance_gate and index.packed is not None:
+        decision = _relevance(index, k_q, ids)
+        ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
+        if len(ids):
+            weights = weights / weights.sum()
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -108,4 +160,18 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     def plan(step: int, generated) -> np.ndarray | None:
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn)
 
-    return ids, best, weights, plan
+    return QueryPlan(ids, best, weights, plan, decision)
+
+
+def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateDecision:
+    """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
+    form (its sign bits) against each one's anchors, as the radius was measured."""
+    from .. import _native
+
+    q_sign = np.where(k_q >= 0, 1.0, -1.0).astype(np.float32) / np.float32(index.key_dim)
+    best = np.full(len(ids), -np.inf)
+    for i, j in enumerate(ids):
+        rows = index.anchor_rows(int(j))
+        if rows.stop > rows.start:
+            best[i] = float(_native.bit_scores(index.packed[rows], q_sign).max())
+    return gate(ids, best, index.counts, index.radius)

@@ -11,7 +11,7 @@ from ..errors import InputError, StoreError
 from ..memory.bank import BankConfig
 from .retrieval import RetrievalConfig
 
-__all__ = ["PRESETS", "Preset", "default_preset", "get_preset", "paper_preset"]
+__all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset"]
 
 
 @dataclass
@@ -32,28 +32,63 @@ class Preset:
     eta: float = 0.05
     gate: str = "gated"
     correction_top_k: int = 0  # 0: exact R over all V rows
+    # Which layers' outputs are pooled into the key (eq. 1), as shares of the model's depth, so a
+    # preset means the same places in a deeper or shallower model: layer = round(depth·n_layer), at
+    # most n_layer - 2 (the last layer keeps only output rows). (0.5,) is the paper's middle layer.
+    # Several layers: the key is their concatenation, each block centred and at unit norm.
+    key_depths: tuple = (0.5,)
+    # Order of a key's coordinates, whose first ones a narrowed key keeps: "index", or
+    # "calibration" (each layer's block by the spread of the calibration keys, highest first).
+    key_order: str = "index"
+    # The relevance gate (method/relevance.py): memory steers only where it has something to say.
+    relevance_gate: bool = False
+    # Vote over each answer's centroid too (derived from its stored anchors and their counts).
+    centroid_vote: bool = False
+    # Version of the named preset this memory was built with (default: 1 before issue 14).
+    version: int = 1
+
+    def key_layers(self, n_layer: int) -> list[int]:
+        """The key layers this preset uses on a model of ``n_layer`` layers, in key order (a layer
+        that two depths round to on a shallow model counts once)."""
+        out: list[int] = []
+        for d in self.key_depths:
+            k = int(min(max(round(d * n_layer), 0), n_layer - 2))
+            if k not in out:
+                out.append(k)
+        return out
 
     def to_json(self) -> dict:
         """Only what differs from the named preset (the manifest is counted in the budget)."""
-        full, base = asdict(self), asdict(PRESETS[self.name]()) if self.name in PRESETS else {}
+        make = _VERSIONS.get((self.name, self.version))
+        full, base = asdict(self), asdict(make()) if make else {}
         out = {"name": self.name}
+        if self.version != 1:
+            out["version"] = self.version
         for k, v in full.items():
             if isinstance(v, dict):
                 diff = {kk: vv for kk, vv in v.items() if base.get(k, {}).get(kk) != vv}
                 if diff:
                     out[k] = diff
-            elif k != "name" and base.get(k) != v:
-                out[k] = v
+            elif k not in ("name", "version") and base.get(k) != v:
+                out[k] = list(v) if isinstance(v, tuple) else v
         return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Preset":
         if d.get("name") not in PRESETS:
             raise StoreError(f"unknown preset {d.get('name')!r} in memory manifest")
-        p = PRESETS[d["name"]]()
+        # A memory stores only what differs from its named preset *as it was then*: start from
+        # that version, so a memory built before the preset changed keeps its settings.
+        version = d.get("version", 1)
+        make = _VERSIONS.get((d["name"], version))
+        if make is None:
+            raise StoreError(f"preset {d['name']!r} version {version!r} is newer than this miita-edge knows; upgrade")
+        p = make()
         for k, v in d.items():
-            if k == "name":
+            if k in ("name", "version"):
                 continue
+            if k == "key_depths":
+                v = tuple(v)
             if isinstance(v, dict):
                 sub = getattr(p, k)
                 for kk, vv in v.items():
@@ -62,7 +97,15 @@ class Preset:
                 setattr(p, k, v)
         p.bank.validate()
         p.retrieval.validate()
+        p.validate_keys()
         return p
+
+    def validate_keys(self) -> None:
+        if not (isinstance(self.key_depths, tuple) and self.key_depths and all(
+                isinstance(d, (int, float)) and not isinstance(d, bool) and 0.0 <= d <= 1.0 for d in self.key_depths)):
+            raise StoreError(f"preset key_depths {self.key_depths!r} are not shares of the model's depth in [0, 1]")
+        if self.key_order not in ("index", "calibration"):
+            raise StoreError(f"preset key_order {self.key_order!r} is not 'index' or 'calibration'")
 
     def describe(self) -> dict:
         return asdict(self)
@@ -77,14 +120,28 @@ def paper_preset() -> Preset:
                   skip_bos=False, center_keys=False, aggregation="paper", eta=0.2)
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md."""
+def default_preset_v1() -> Preset:
+    """The default before issue 14 (middle-layer keys, no relevance gate): kept so that memories
+    built with it open with the settings they were built with."""
     return Preset("default", BankConfig(payload="tokens", key_precision="bit"),
                   skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
                   retrieval=RetrievalConfig(T_agg=0.02), eta=0.3)
 
 
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Since issue 14: keys from two
+    layers (2/3 and 1/2 of the depth: 12 and 9 on Gemma-3-270M), coordinates ordered by the
+    calibration keys' spread so a tight budget narrows keys instead of evicting answers, the
+    relevance gate, and each answer's centroid in the vote."""
+    return Preset("default", BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True),
+                  skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
+                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3, key_depths=(2 / 3, 1 / 2),
+                  key_order="calibration", relevance_gate=True, centroid_vote=True, version=2)
+
+
 PRESETS = {"paper": paper_preset, "default": default_preset}
+#: Every (name, version) a memory may have been built with.
+_VERSIONS = {("paper", 1): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset}
 
 
 def get_preset(name: str) -> Preset:

@@ -1,0 +1,209 @@
+"""The relevance gate, key narrowing, the centroid vote and key order (issue 14), each against a
+brute-force recomputation in plain numpy."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from miita_edge.memory.bank import MIN_KEY_BITS, RADIUS_SCALE, BankConfig, MemoryBank
+from miita_edge.method.calibration import key_order
+from miita_edge.method.plan import RetrievalIndex, centroid_bits, plan_query
+from miita_edge.method.presets import default_preset
+from miita_edge.method.relevance import EXACT_REPEAT, gate
+
+H = 64
+
+
+def _clustered_writes(rng, n_answers=6, per=8, spread=0.6, singletons=3, pairs=0):
+    """Keys around one centre per answer (answers as token tuples), plus answers taught once; the
+    first ``pairs`` answers are taught exactly twice (the smallest count the gate lets through)."""
+    centres = rng.standard_normal((n_answers + singletons, H))
+    rows = []
+    for a in range(n_answers):
+        for _ in range(2 if a < pairs else per):
+            rows.append((centres[a] + spread * rng.standard_normal(H), [100 + a, 7]))
+    for s in range(singletons):
+        rows.append((centres[n_answers + s] + spread * rng.standard_normal(H), [200 + s, 7]))
+    order = rng.permutation(len(rows))
+    return [rows[i] for i in order], centres
+
+
+def _bank(relevance=True, shrink=False, H=H, parts=1, order=None):
+    cfg = BankConfig(payload="tokens", key_precision="bit", relevance=relevance, shrink_keys=shrink)
+    return MemoryBank(cfg, H, None, key_parts=parts, key_order=order)
+
+
+def _sign_unit(x):
+    s = np.where(np.asarray(x, np.float64) >= 0, 1.0, -1.0)
+    return s / np.sqrt(len(s))
+
+
+def test_radius_is_the_loneliest_examples_similarity_brute_force():
+    rng = np.random.default_rng(0)
+    rows, _ = _clustered_writes(rng)
+    bank = _bank()
+    seen: dict[tuple, list[np.ndarray]] = {}  # the reference: stored sign keys per answer, in order
+    radius: dict[tuple, float] = {}
+    for key, toks in rows:
+        bank.write(np.zeros((0, H), np.float32), toks, key)
+        t = tuple(toks)
+        stored = _sign_unit(bank.prepare_key(key))
+        if t in seen:
+            anchors = seen[t]
+            c = max(float(a @ stored) for a in anchors)
+            radius[t] = min(radius.get(t, 1.0), np.floor(c * RADIUS_SCALE + 1e-9) / RADIUS_SCALE)
+            if c < bank.config.tau_k:  # a novel key becomes an anchor (eq. 4)
+                anchors.append(stored)
+        else:
+            seen[t] = [stored]
+    for p in bank.protos:
+        t = tuple(int(x) for x in p.tokens)
+        assert p.radius == pytest.approx(radius.get(t, 1.0), abs=1e-12)
+        assert (p.radius == 1.0) == (p.n == 1)
+    # stored as int8 and read back exactly (RAM mirrors disk)
+    back = MemoryBank.from_arrays(bank.config, H, bank.to_arrays())
+    assert np.array_equal(back.radii(), bank.radii())
+    assert back.to_arrays()["radius"].dtype == np.int8
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gate_decision_equals_a_brute_force_recomputation(seed):
+    rng = np.random.default_rng(seed)
+    rows, centres = _clustered_writes(rng, pairs=3)
+    bank = _bank()
+    for key, toks in rows:
+        bank.write(np.zeros((0, H), np.float32), toks, key)
+    assert sorted(set(bank.counts().tolist()))[:2] == [1, 2]
+    pr = default_preset()
+    index = RetrievalIndex.build(bank, None, centroids=False)
+    A, owner = bank.anchor_matrix()
+    counts, radii = bank.counts(), bank.radii()
+    decided = {True: 0, False: 0}
+    queries = [centres[i % len(centres)] + s * rng.standard_normal(H)
+               for i in range(40) for s in (0.3, 3.0)] + [rows[0][0]]  # near, far, and an exact repeat
+    for q in queries:
+        qp = plan_query(pr, bank, None, index, SimpleNamespace(key=q))
+        # brute force: what retrieval found before the gate, and every rule of the gate in float64
+        full = plan_query(_no_gate(pr), bank, None, index, SimpleNamespace(key=q))
+        qs = _sign_unit(bank.prepare_key(q))
+        keep = []
+        for j in full.ids:
+            best = max(float(a @ qs) for a in A[owner == j] / np.sqrt(bank.key_dim))
+            keep.append(best >= EXACT_REPEAT or (counts[j] >= 2 and best >= radii[j] - 1e-6))
+        keep = np.array(keep, bool)
+        assert np.array_equal(qp.gate.keep, keep)
+        assert qp.gate.adapted == bool(keep.any())
+        assert np.array_equal(qp.ids, full.ids[keep])
+        if keep.any():
+            assert np.isclose(qp.weights.sum(), 1.0) and qp.gate.reason is None
+        else:
+            assert len(qp.ids) == 0 and qp.gate.reason
+        decided[qp.gate.adapted] += 1
+    assert decided[True] and decided[False]  # both outcomes occur: the test can fail either way
+    # an exact repeat of a stored input is always let through, even when taught once
+    single = next(k for k, t in rows if t[0] >= 200)
+    qp = plan_query(pr, bank, None, index, SimpleNamespace(key=single))
+    assert qp.gate.adapted
+
+
+def _no_gate(pr):
+    import dataclasses
+
+    return dataclasses.replace(pr, relevance_gate=False)
+
+
+def test_gate_reasons():
+    d = gate(np.array([0, 1]), np.array([0.5, 0.9]), counts=np.array([1, 1]), radius=np.array([1.0, 1.0]))
+    assert not d.adapted and "taught by one example" in d.reason
+    d = gate(np.array([0]), np.array([0.2]), counts=np.array([5]), radius=np.array([0.4]))
+    assert not d.adapted and "not relevant" in d.reason and "0.200" in d.reason and "0.400" in d.reason
+    d = gate(np.array([0, 1]), np.array([0.5, 1.0]), counts=np.array([5, 1]), radius=np.array([0.6, 1.0]))
+    assert d.keep.tolist() == [False, True]  # the exact repeat passes, the far recurring answer does not
+    assert not gate(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)).adapted
+
+
+def test_centroid_bits_is_the_sign_of_the_count_weighted_anchor_sum():
+    rng = np.random.default_rng(4)
+    A, width, J = 300, 77, 9
+    bits = rng.random((A, width)) < 0.5
+    owner = np.sort(rng.integers(0, J, A))
+    counts = rng.integers(1, 5, A)
+    got = centroid_bits(np.packbits(bits, axis=1), owner, counts, J, width, chunk=64)
+    signs = np.where(bits, 1, -1)
+    for j in range(J):
+        s = (signs[owner == j] * counts[owner == j, None]).sum(0)
+        assert np.array_equal(np.unpackbits(got[j], count=width), (s >= 0).astype(np.uint8))
+
+
+def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer():
+    """A budget too small for every answer at full width: repair folds anchors, then narrows the
+    keys a byte at a time instead of evicting; the stored keys are the old keys' first coordinates
+    (in key order), and queries are prepared at the same width."""
+    rng = np.random.default_rng(5)
+    rows, centres = _clustered_writes(rng, n_answers=10, per=5, singletons=0)
+    order = rng.permutation(H)
+    wide = _bank(shrink=True, order=order)
+    for key, toks in rows:
+        wide.write(np.zeros((0, H), np.float32), toks, key)
+    full_arrays = wide.to_arrays()
+
+    def size(b):
+        return sum(a.nbytes for a in b.to_arrays(shapes_only=True).values())
+
+    import copy
+
+    bank = copy.deepcopy(wide)
+    one_anchor_each = size(bank) - (bank.n_anchors - bank.n_prototypes) * (8 + 2)
+    budget = one_anchor_each - 10 * 3  # three bytes of key per answer too many
+    log = bank.repair(budget, size)
+    assert log.evicted == 0 and bank.n_prototypes == 10 and log.narrowed == 3
+    assert bank.key_dim == H - 24 and size(bank) <= budget
+    # the survivors' stored bits are prefixes of what they would have been at full width
+    ref = copy.deepcopy(wide)
+    ref.config = BankConfig(**{**ref.config.__dict__, "shrink_keys": False})
+    ref.repair(one_anchor_each, size)
+    for p, q in zip(bank.protos, ref.protos):
+        assert np.array_equal(p.anchors, q.anchors[:, :H - 24])
+    raw = rng.standard_normal(H)
+    full_q = ref.prepare_key(raw)
+    assert np.allclose(bank.prepare_key(raw), full_q[:H - 24] / np.linalg.norm(full_q[:H - 24]), atol=1e-6)
+    # the width survives the store (read from the anchors' shape)
+    back = MemoryBank.from_arrays(bank.config, H, bank.to_arrays(), key_order=order)
+    assert back.key_dim == H - 24 and np.array_equal(back.anchor_matrix()[0], bank.anchor_matrix()[0])
+    assert full_arrays["anchors"].shape[1] == H // 8
+    # at MIN_KEY_BITS it stops narrowing and evicts as before
+    tiny = copy.deepcopy(bank)
+    log = tiny.repair(size(tiny) - 10 * (tiny.key_dim - MIN_KEY_BITS) // 8 - 1, size)
+    assert tiny.key_dim == MIN_KEY_BITS and log.evicted >= 1
+    # a float-keyed bank never narrows
+    fl = MemoryBank(BankConfig(payload="tokens", key_precision="float32", shrink_keys=True), H)
+    assert not fl.narrow_keys()
+
+
+def test_multi_part_keys_are_normalised_per_layer_block():
+    rng = np.random.default_rng(6)
+    mean = rng.standard_normal(2 * H).astype(np.float32)
+    bank = MemoryBank(BankConfig(payload="tokens", key_precision="bit"), H, mean, key_parts=2)
+    raw = rng.standard_normal(2 * H) * np.r_[np.full(H, 100.0), np.ones(H)]  # one layer 100x larger
+    x = raw - np.float16(mean).astype(np.float64)
+    blocks = [x[:H] / np.linalg.norm(x[:H]), x[H:] / np.linalg.norm(x[H:])]
+    ref = np.concatenate(blocks) / np.sqrt(2)
+    assert np.allclose(bank.prepare_key(raw), ref, atol=1e-5)
+    with pytest.raises(ValueError):
+        bank.prepare_key(raw[:H])
+
+
+def test_key_order_sorts_each_block_by_calibration_spread():
+    rng = np.random.default_rng(7)
+    keys = rng.standard_normal((16, 2 * H)) * rng.uniform(0.1, 5, 2 * H)
+    order = key_order(keys, 2)
+    assert sorted(order.tolist()) == list(range(2 * H))
+    x = keys - keys.mean(0)
+    for b in range(2):
+        blk = x[:, b * H:(b + 1) * H]
+        blk = blk / np.linalg.norm(blk, axis=1, keepdims=True)
+        std = blk.std(0)
+        got = order[b * H:(b + 1) * H] - b * H
+        assert np.all(np.diff(std[got]) <= 0)  # highest spread first, within the block
