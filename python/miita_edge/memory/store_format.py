@@ -199,6 +199,8 @@ def layout(specs: list[tuple[str, np.dtype, tuple[int, ...]]], meta: bytes
 def ordered_specs(arrays: dict[str, np.ndarray]) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
     """The arrays as (name, dtype, shape), checked, in the order they are written: decreasing
     alignment (stable), so padding is only needed before the first payload."""
+    if len(arrays) > MAX_ARRAYS:
+        raise ValueError(f"{len(arrays)} arrays: a version holds at most {MAX_ARRAYS}")
     specs = [(name, check_array(name, arr).dtype, tuple(int(d) for d in arr.shape)) for name, arr in arrays.items()]
     return sorted(specs, key=lambda s: -s[1].alignment)
 
