@@ -91,7 +91,7 @@ path, n = sys.argv[1], int(sys.argv[2])
 _commit = store.Writer.commit
 def commit(self, *a, **k):  # record what each commit put on disk
     snap = _commit(self, *a, **k)
-    print("committed", snap.version, snap.manifest["examples"], digest(snap), flush=True)
+    print("committed", snap.version, snap.manifest["e"], digest(snap), flush=True)  # "e": examples (memory/meta.py)
     return snap
 store.Writer.commit = commit
 topics = [("my card was declined", "card declined"), ("where is my transfer", "transfer pending"),
@@ -106,6 +106,7 @@ ASK_READER = DIGEST + r"""
 import json, sys, os
 from miita_edge.miita import Miita
 from miita_edge.memory import store
+from miita_edge.memory.meta import expand
 from miita_edge.runtime.engine import Engine, EngineConfig
 path, stop = sys.argv[1], sys.argv[2]
 opened = []
@@ -127,7 +128,7 @@ while not os.path.exists(stop):
         opened.clear()
         m = Miita(memory=path, engine=eng)
         snap = opened[-1]
-        man = snap.manifest
+        man = expand(snap.manifest, snap.arrays)  # the long form: the counts it stored and derives
         ok = (len(opened) == 1 and snap.version == m.version and man["examples"] == m.examples
               and man["prototypes"] == m.bank.n_prototypes and man["anchors"] == m.bank.n_anchors
               and len(snap.arrays["counts"]) == m.bank.n_prototypes and m.examples >= last_examples)

@@ -485,10 +485,12 @@ def digest_dir(path: Path, lock_content: bool = True) -> dict[str, str]:
 
 def memory_counts(mem: Path) -> tuple[int, int]:
     """(version, examples + skipped) of the committed memory, verifying every CRC."""
+    from miita_edge.memory.meta import expand
     from miita_edge.memory.store import Store
 
     snap = Store(mem).read()
-    return snap.version, int(snap.manifest["examples"]) + int(snap.manifest["skipped"])
+    meta = expand(snap.manifest, snap.arrays)  # the memory's fields in the long form (format 1 or 2)
+    return snap.version, int(meta["examples"]) + int(meta["skipped"])
 
 
 @dataclass

@@ -113,17 +113,21 @@ def digest(path: Path) -> dict[str, str]:
 
 
 def committed(mem: Path) -> dict[str, str]:
-    """Digest of CURRENT and the version directory it names: the committed state."""
+    """Digest of CURRENT and the version it names (a file; a directory in format 1): the committed state."""
     cur = (mem / "CURRENT").read_text().strip()
+    if (mem / cur).is_file():
+        return {"CURRENT": (mem / "CURRENT").read_text(), cur: hashlib.sha256((mem / cur).read_bytes()).hexdigest()}
     d = {k: v for k, v in digest(mem / cur).items()}
     return {"CURRENT": (mem / "CURRENT").read_text(), **{f"{cur}/{k}": v for k, v in d.items()}}
 
 
 def counts(mem: Path) -> tuple[int, int]:
+    from miita_edge.memory.meta import expand
     from miita_edge.memory.store import Store
 
     snap = Store(mem).read()  # verifies sizes and CRCs
-    return snap.version, int(snap.manifest["examples"]) + int(snap.manifest["skipped"])
+    meta = expand(snap.manifest, snap.arrays)  # the memory's fields in the long form (format 1 or 2)
+    return snap.version, int(meta["examples"]) + int(meta["skipped"])
 
 
 def listing(mem: Path) -> list[str]:
@@ -206,9 +210,11 @@ def make_seed(work: Path) -> Path:
 
 
 def plant_debris(mem: Path) -> None:
-    """What a writer killed mid-commit leaves: an unpublished version directory and CURRENT.tmp."""
+    """What a writer killed mid-commit leaves: an unpublished version file and CURRENT.tmp (and a
+    format-1 version directory, as an older miita-edge killed mid-commit left it)."""
     v, _ = counts(mem)
-    d = mem / ("v%08d" % (v + 1))
+    (mem / ("v%08d" % (v + 1))).write_bytes(b"\x93MIM\x02half-written")
+    d = mem / ("v%08d" % (v + 2))
     d.mkdir()
     (d / "counts.npy").write_bytes(b"\x93NUMPY half-written")
     (mem / "CURRENT.tmp").write_text("v%08d\n" % (v + 1))

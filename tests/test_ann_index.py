@@ -4,6 +4,8 @@ References are brute-force numpy scans written here. Timing is not tested (bench
 """
 from __future__ import annotations
 
+import dataclasses
+
 import builtins
 import os
 import threading
@@ -89,7 +91,10 @@ def test_duplicate_rows_come_as_a_group():
 def bit_bank(n: int, seed: int = 5) -> tuple[MemoryBank, np.ndarray]:
     X, C = clustered(n, 40, 0.6, seed)
     rng = np.random.default_rng(seed)
-    bank = MemoryBank(default_preset().bank, H, np.zeros(H, np.float32))
+    # synthetic prototypes taught once each: without radii (the relevance gate has nothing to read;
+    # what is tested here is which anchors retrieval finds)
+    cfg = dataclasses.replace(default_preset().bank, relevance=False)
+    bank = MemoryBank(cfg, H, np.zeros(H, np.float32))
     for j in range(n):
         a = np.where(X[j] >= 0, 1.0, -1.0).astype(np.float32)[None]
         bank.protos.append(Prototype(np.zeros((0, H), np.float32), rng.integers(1000, 2000, 3).astype(np.int32), a))

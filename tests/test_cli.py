@@ -302,15 +302,16 @@ def test_ask_without_memory_as_a_process(tmp_path):
 
 @pytest.mark.model
 def test_memory_of_another_model_is_refused_and_left_unchanged(memory, tmp_path, capsys):
+    from miita_edge.memory.meta import compact, expand
     from miita_edge.memory.store import Store
 
     st = Store(memory)
     with st.writer() as w:
         snap = st.read()
         arrays = {k: np.array(v) for k, v in snap.arrays.items()}
-        meta = json.loads(json.dumps(snap.manifest))
-        meta["fingerprint"]["sha256"] = "0" * 64
-        w.commit(arrays, meta)
+        fields = expand(snap.manifest, snap.arrays)  # the long form; the store keeps the compact one
+        fields["fingerprint"] = {**fields["fingerprint"], "sha256": "0" * 64}
+        w.commit(arrays, compact(fields))
     data = write_jsonl(tmp_path / "more.jsonl", MORE_ROWS)
     before = snapshot(memory)
     rc, out, err = cli(capsys, "ingest", data, "--memory", memory, *THREADS)

@@ -36,6 +36,7 @@ with Miita(memory=mem, template="plain", engine_config=EngineConfig(n_threads=1)
 
 def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
     from miita_edge.memory import store as store_mod
+    from miita_edge.memory.meta import expand
     mem = tmp_path / "mem"
     rng = random.Random(7)
     last_version, last_examples = 0, 0
@@ -53,14 +54,15 @@ def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
         if not st.exists():
             continue
         snap = st.read()  # validates sizes and CRCs of every file
-        meta = snap.manifest
+        meta = expand(snap.manifest, snap.arrays)  # the memory's fields in the long form
         assert snap.version >= last_version
         assert meta["examples"] >= last_examples
         assert meta["prototypes"] == len(snap.arrays["counts"]) and meta["anchors"] == len(snap.arrays["anchor_count"])
         assert snap.bytes_on_disk <= 3 * 1024
-        # the exact on-disk size equals the files of the current version
+        # the exact on-disk size equals the current version's file
         cur = (mem / "CURRENT").read_text().strip()
-        assert snap.bytes_on_disk == sum(os.path.getsize(mem / cur / f) for f in os.listdir(mem / cur))
+        assert snap.bytes_on_disk == os.path.getsize(mem / cur)
+        assert meta["stream_bytes"] > 0 and snap.format_version == 2
         last_version, last_examples = snap.version, meta["examples"]
     assert kills == 8 and last_version > 0
     # and the memory still opens and answers through the facade

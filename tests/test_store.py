@@ -1,13 +1,15 @@
 """Tests for miita_edge.memory.store: round trips, exact sizes, corruption, locking, crash safety.
 
-Every size assertion is checked against the file system (os.walk + getsize), never against
-the store's own arithmetic alone, and content is checked with plain ``np.load`` as well as
-through ``Store.read``.
+Every size assertion is checked against the file system (getsize), never against the store's
+own arithmetic alone, and content is checked with an independent reader of the format
+(tests/_store_ref.py) as well as through ``Store.read``. The compact format's own properties
+(every dtype, every byte flipped, framing) are in tests/test_store_format.py; format 1 in
+tests/test_store_v1.py.
 """
 from __future__ import annotations
 
 import importlib.util
-import json
+import mmap
 import os
 import random
 import signal
@@ -26,6 +28,8 @@ import miita_edge
 from miita_edge.errors import MiitaError, StoreError
 from miita_edge.memory.store import FORMAT_VERSION, Snapshot, Store, encoded_size
 
+import _store_ref as ref  # tests/_store_ref.py
+
 WORKER = Path(__file__).with_name("_store_crash_worker.py")
 _spec = importlib.util.spec_from_file_location("_store_crash_worker", WORKER)
 worker = importlib.util.module_from_spec(_spec)
@@ -43,19 +47,23 @@ def _worker_env() -> dict[str, str]:
 
 
 def version_dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("v"))
+    """The versions present (format-2 files and format-1 directories)."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("v"))
 
 
-def measured_bytes(vdir: Path) -> int:
-    """Independent size: every file under the version directory, as the OS reports it."""
+def measured_bytes(vpath: Path) -> int:
+    """Independent size: the version file (or every file under a format-1 directory), as the OS reports it."""
+    if vpath.is_file():
+        return os.path.getsize(vpath)
     total = 0
-    for dirpath, _, files in os.walk(vdir):
+    for dirpath, _, files in os.walk(vpath):
         for f in files:
             total += os.path.getsize(os.path.join(dirpath, f))
     return total
 
 
 def current_dir(root: Path) -> Path:
+    """The committed version's path (a file since format 2)."""
     return root / (root / "CURRENT").read_text().strip()
 
 
@@ -99,15 +107,25 @@ def test_round_trip(tmp_path, dtype, shape):
         for name, arr in arrays.items():
             assert same_array(got.arrays[name], arr), name
             assert not got.arrays[name].flags.writeable
-    # The files are plain .npy: numpy alone reads them back.
+    # An independent reader of the documented layout gets the same arrays from the file.
+    got = ref.arrays_of(vdir.read_bytes())
+    assert set(got) == set(arrays)
     for name, arr in arrays.items():
-        assert same_array(np.load(vdir / f"{name}.npy"), arr)
+        assert same_array(got[name], arr)
+
+
+def _base_of(arr: np.ndarray):
+    """What an array's memory finally belongs to (through views and memoryviews)."""
+    while isinstance(arr, np.ndarray) and arr.base is not None:
+        arr = arr.base
+    return arr.obj if isinstance(arr, memoryview) else arr
 
 
 def test_nonempty_arrays_are_memory_mapped(tmp_path):
     commit(tmp_path, {"keys": np.ones((4, 8), np.float32), "empty": np.zeros((0, 8), np.float32)}, {})
     snap = Store(tmp_path).read()
-    assert isinstance(snap.arrays["keys"], np.memmap)
+    assert isinstance(_base_of(snap.arrays["keys"]), mmap.mmap)  # a view of the map, not a copy
+    assert snap.arrays["keys"].flags.aligned and not snap.arrays["keys"].flags.writeable
     assert snap.arrays["empty"].shape == (0, 8)
 
 
@@ -215,8 +233,10 @@ def test_open_snapshot_survives_deletion_of_its_version(tmp_path):
 def test_stale_debris_is_left_by_readers_and_removed_by_next_writer(tmp_path):
     commit(tmp_path, {"x": np.arange(3, dtype=np.int8)}, {"v": 1})
     stale = tmp_path / "v00000002"
-    stale.mkdir()
-    (stale / "x.npy").write_bytes(b"\x93NUMPY half")
+    stale.write_bytes(b"\x93MIM\x02 half")
+    stale_v1 = tmp_path / "v00000003"  # a format-1 directory left by an older writer
+    stale_v1.mkdir()
+    (stale_v1 / "x.npy").write_bytes(b"\x93NUMPY half")
     (tmp_path / "CURRENT.tmp").write_text("v00000002\n")
     (tmp_path / "user_notes.txt").write_text("not ours")
 
@@ -225,7 +245,7 @@ def test_stale_debris_is_left_by_readers_and_removed_by_next_writer(tmp_path):
 
     with Store(tmp_path).writer():
         pass
-    assert not stale.exists() and not (tmp_path / "CURRENT.tmp").exists()
+    assert not stale.exists() and not stale_v1.exists() and not (tmp_path / "CURRENT.tmp").exists()
     assert (tmp_path / "user_notes.txt").exists()  # only store-shaped names are touched
     assert Store(tmp_path).read().version == 1
     with Store(tmp_path).writer() as w:
@@ -241,80 +261,131 @@ def _make(tmp_path: Path) -> Path:
     return root
 
 
+def _rewrite(root: Path, fn) -> None:
+    """Apply ``fn`` to the version file's bytes (a bytearray) and write them back."""
+    f = current_dir(root)
+    data = bytearray(f.read_bytes())
+    out = fn(data)
+    f.write_bytes(bytes(data if out is None else out))
+
+
+def _forge(fn):
+    """Edit header fields through the reference codec; the CRC is recomputed, so only the field
+    check can catch it."""
+    def forge(root):
+        def edit(raw):
+            doc = ref.parse(bytes(raw))
+            fn(doc)
+            return ref.build(doc)
+        _rewrite(root, edit)
+    forge.__name__ = fn.__name__
+    return forge
+
+
 def _truncate(root):
-    f = current_dir(root) / "keys.npy"
+    f = current_dir(root)
     os.truncate(f, os.path.getsize(f) - 7)
 
 
 def _flip_data_byte(root):
-    f = current_dir(root) / "keys.npy"
-    data = bytearray(f.read_bytes())
-    data[-3] ^= 0x40  # inside the data section: the header is far longer than 3 bytes
-    f.write_bytes(bytes(data))
+    def flip(data):
+        data[-3] ^= 0x40  # inside the last payload (ids)
+    _rewrite(root, flip)
 
 
-def _flip_header_byte(root):
-    f = current_dir(root) / "keys.npy"
-    data = bytearray(f.read_bytes())
-    data[20] ^= 0x01
-    f.write_bytes(bytes(data))
+def _flip_crc_byte(root):
+    def flip(data):
+        data[6] ^= 0x01
+    _rewrite(root, flip)
+
+
+def _flip_meta_byte(root):
+    def flip(data):
+        at = bytes(data).index(b'{"n":5}')
+        data[at + 5] ^= 0x02  # 5 -> 7: still valid JSON, only the CRC can tell
+    _rewrite(root, flip)
 
 
 def _append(root):
-    with open(current_dir(root) / "ids.npy", "ab") as fh:
+    with open(current_dir(root), "ab") as fh:
         fh.write(b"\0" * 16)
 
 
-def _delete_npy(root):
-    os.unlink(current_dir(root) / "ids.npy")
+def _delete_file(root):
+    os.unlink(current_dir(root))
 
 
-def _delete_manifest(root):
-    os.unlink(current_dir(root) / "manifest.json")
+def _garbage_file(root):
+    current_dir(root).write_bytes(b"{\"format_version\":1,\xff garbage")
 
 
-def _garbage_manifest(root):
-    (current_dir(root) / "manifest.json").write_bytes(b"{\"format_version\":1,\xff garbage")
+def _empty_file(root):
+    current_dir(root).write_bytes(b"")
 
 
-def _manifest_not_object(root):
-    (current_dir(root) / "manifest.json").write_text("[1, 2, 3]")
-
-
-def _edit_manifest(fn):
-    def edit(root):
-        path = current_dir(root) / "manifest.json"
-        doc = json.loads(path.read_text())
-        fn(doc)
-        path.write_text(json.dumps(doc))
-    return edit
-
-
-def _future_format(doc):
-    doc["format_version"] = 999
+def _future_format(root):
+    def edit(data):
+        data[4] = 3
+    _rewrite(root, edit)
 
 
 def _forged_shape(doc):
-    """A self-consistent manifest claiming more rows than the file holds: must not be mapped."""
-    e = doc["arrays"]["keys"]
-    e["shape"] = [500, 8]
-    e["bytes"] = 128 + 500 * 8 * 4
+    """A self-consistent header claiming more rows than the file holds: must not be mapped."""
+    doc["arrays"][0]["shape"] = [500, 8]
 
 
-def _bad_dtype(doc):
-    doc["arrays"]["keys"]["dtype"] = "|O"
+def _forged_fewer_rows(doc):
+    doc["arrays"][0]["shape"] = [4, 8]
 
 
-def _dtype_not_a_string(doc):
-    doc["arrays"]["keys"]["dtype"] = [["a", "<f4"]]
+def _bad_dtype_code(doc):
+    doc["arrays"][0]["code"] = 0x7F
 
 
-def _shape_absurd(doc):
-    doc["arrays"]["keys"]["shape"] = [1] * 40000  # header would exceed the .npy 1.0 limit
+def _big_endian_byte(doc):
+    doc["arrays"][0]["code"] = 0x82  # big-endian uint8 does not exist: one code per dtype
 
 
-def _path_escape(doc):
-    doc["arrays"]["../evil"] = doc["arrays"].pop("keys")
+def _bad_name(doc):
+    doc["arrays"][0]["name"] = "../evil"
+
+
+def _duplicate_name(doc):
+    doc["arrays"][1]["name"] = doc["arrays"][0]["name"]
+
+
+def _version_mismatch(doc):
+    doc["version"] = 9
+
+
+def _meta_garbage(doc):
+    doc["meta"] = b"\xff" * len(doc["meta"])
+
+
+def _meta_not_object(doc):
+    doc["meta"] = b"[1,2,3]"
+
+
+def _meta_nan(doc):
+    doc["meta"] = b"[NaN,1]"  # same length as {"n":5}: the payload offsets stay
+
+
+def _too_many_arrays(root):
+    def edit(raw):
+        return ref.fix_crc(bytes(raw[:13]) + ref.enc_varint(10**6) + bytes(raw[14:]))
+    _rewrite(root, edit)
+
+
+def _overlong_number(root):
+    def edit(raw):
+        return ref.fix_crc(bytes(raw[:14]) + b"\xff" * 12 + bytes(raw[14:]))
+    _rewrite(root, edit)
+
+
+def _version_is_a_fifo(root):
+    f = current_dir(root)
+    f.unlink()
+    os.mkfifo(f)
 
 
 def _current_missing_dir(root):
@@ -330,27 +401,35 @@ def _no_current(root):
 
 
 CORRUPTIONS = [
-    (_truncate, ["keys.npy", "truncated"]),
-    (_flip_data_byte, ["keys.npy", "CRC32"]),
-    (_flip_header_byte, ["keys.npy", "CRC32"]),
-    (_append, ["ids.npy", "oversized"]),
-    (_delete_npy, ["ids.npy", "missing"]),
-    (_delete_manifest, ["manifest.json", "missing"]),
-    (_garbage_manifest, ["manifest.json", "not valid JSON"]),
-    (_manifest_not_object, ["manifest.json", "malformed"]),
-    (_edit_manifest(_future_format), ["format_version 999"]),
-    (_edit_manifest(_forged_shape), ["keys.npy", "truncated"]),
-    (_edit_manifest(_bad_dtype), ["keys", "non-numeric dtype"]),
-    (_edit_manifest(_dtype_not_a_string), ["keys", "lacks a valid"]),
-    (_edit_manifest(_shape_absurd), ["keys", "lacks a valid"]),
-    (_edit_manifest(_path_escape), ["bad array name"]),
+    (_truncate, ["v00000001", "truncated"]),
+    (_flip_data_byte, ["v00000001", "CRC32"]),
+    (_flip_crc_byte, ["v00000001", "CRC32"]),
+    (_flip_meta_byte, ["v00000001", "CRC32"]),
+    (_append, ["v00000001", "oversized"]),
+    (_delete_file, ["v00000001", "missing"]),
+    (_garbage_file, ["v00000001", "bad magic"]),
+    (_empty_file, ["v00000001", "truncated"]),
+    (_future_format, ["v00000001", "format_version 3", "newer"]),
+    (_forge(_forged_shape), ["v00000001", "truncated"]),
+    (_forge(_forged_fewer_rows), ["v00000001", "oversized"]),
+    (_forge(_bad_dtype_code), ["v00000001", "unknown dtype code"]),
+    (_forge(_big_endian_byte), ["v00000001", "unknown dtype code"]),
+    (_forge(_bad_name), ["v00000001", "bad array name"]),
+    (_forge(_duplicate_name), ["v00000001", "appears twice"]),
+    (_forge(_version_mismatch), ["v00000001", "records version 9"]),
+    (_forge(_meta_garbage), ["v00000001", "not valid JSON"]),
+    (_forge(_meta_not_object), ["v00000001", "not a JSON object"]),
+    (_forge(_meta_nan), ["v00000001", "not valid JSON"]),
+    (_too_many_arrays, ["v00000001", "1000000 arrays"]),
+    (_overlong_number, ["v00000001", "overlong"]),
+    (_version_is_a_fifo, ["v00000001", "neither a version file nor"]),
     (_current_missing_dir, ["v00000042", "missing"]),
     (_current_garbage, ["CURRENT", "corrupt"]),
     (_no_current, ["not a memory store"]),
 ]
 
 
-@pytest.mark.parametrize("damage,needles", CORRUPTIONS, ids=[c[0].__name__.strip("_") if c[0].__name__ != "edit" else c[1][-1] for c in CORRUPTIONS])
+@pytest.mark.parametrize("damage,needles", CORRUPTIONS, ids=[c[0].__name__.strip("_") for c in CORRUPTIONS])
 def test_corruption_is_a_one_line_store_error(tmp_path, damage, needles):
     root = _make(tmp_path)
     Store(root).read()  # sanity: valid before the damage
@@ -390,11 +469,13 @@ def test_writer_refuses_a_file_path(tmp_path):
 
 def test_writer_refuses_to_overwrite_newer_format(tmp_path):
     root = _make(tmp_path)
-    _edit_manifest(_future_format)(root)
-    with pytest.raises(StoreError, match="format_version 999"):
+    _future_format(root)
+    before = current_dir(root).read_bytes()
+    with pytest.raises(StoreError, match="format_version 3, this miita-edge writes 2; refusing to overwrite") as info:
         with Store(root).writer():
             pass
-    assert (current_dir(root) / "keys.npy").exists()
+    assert "\n" not in str(info.value)
+    assert current_dir(root).read_bytes() == before
 
 
 def test_writer_repairs_a_damaged_current_version(tmp_path):
@@ -402,7 +483,7 @@ def test_writer_repairs_a_damaged_current_version(tmp_path):
     _truncate(root)
     snap = commit(root, {"keys": np.ones((2, 2), np.float32)}, {"n": 2})
     assert snap.version == 2 and Store(root).read().manifest == {"n": 2}
-    assert FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 2 and snap.format_version == 2
 
 
 # ----------------------------------------------------------------------------- expect=
@@ -437,6 +518,8 @@ def test_expect(tmp_path):
         ({"": np.zeros(1)}, {}, "name"),
         ({"obj": np.array([object()], dtype=object)}, {}, "dtype"),
         ({"s": np.array(["a"])}, {}, "dtype"),
+        ({"g": np.zeros(2, np.longdouble)}, {}, "cannot hold"),
+        ({"deep": np.zeros((1,) * 33, np.int8)}, {}, "dimensions"),
         ({"lst": [1, 2]}, {}, "ndarray"),
         ({}, [1], "dict"),
         ({}, {"x": object()}, "JSON"),

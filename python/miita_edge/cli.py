@@ -272,15 +272,14 @@ def cmd_info(args) -> int:
     from .memory import store as store_mod
     from .memory.budget import parse_budget
     from .method import ann_index
-    from .miita import check_memory_meta, default_memory_dir
+    from .miita import default_memory_dir, memory_fields
 
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
     st = store_mod.Store(path)
     if not st.exists():
         raise InputError(f"no memory at {path}")
     snap = st.read()
-    meta = snap.manifest
-    preset = check_memory_meta(path, meta)
+    meta, preset = memory_fields(path, snap)
     b = parse_budget(meta["budget"])
     budget_bytes = None if b.unlimited else b.resolve(int(meta["stream_bytes"]))
     out = {"memory": str(path), "version": snap.version, "bytes": snap.bytes_on_disk, "budget": meta["budget"],
@@ -288,7 +287,7 @@ def cmd_info(args) -> int:
                                                                   "stream_bytes", "template", "fingerprint")},
            "preset": preset.name, "hyperparameters": preset.describe(),
            "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()},
-           "recall": ann_index.status(int(meta["anchors"]))}
+           "recall": ann_index.status(int(meta["anchors"])), "store_format": snap.format_version}
     if args.json:
         print(json.dumps(out))
     else:
@@ -300,6 +299,9 @@ def cmd_info(args) -> int:
               f"{out['anchors']} anchors")
         lim = "unlimited" if budget_bytes is None else f"{budget_bytes} bytes ({out['budget']})"
         print(f"bytes       {out['bytes']} of {lim}")
+        if snap.format_version != store_mod.FORMAT_VERSION:
+            print(f"format      {snap.format_version} (the next ingest or forget rewrites it as format "
+                  f"{store_mod.FORMAT_VERSION})")
         hp = out["hyperparameters"]
         print(f"payload     {hp['bank']['payload']}, directions {hp['bank']['dir_precision']}, keys "
               f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}")

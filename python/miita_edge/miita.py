@@ -17,6 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import BudgetError, InputError, StoreError
+from .memory import meta as meta_mod
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, parse_budget
@@ -35,21 +36,23 @@ __all__ = ["Answer", "CALIBRATION_INPUTS", "IngestReport", "Miita", "PRESETS", "
 
 MEMORY_ENV = "MIITA_EDGE_MEMORY"
 DEFAULT_BUDGET = "64KiB"
-FORMAT = "miita-edge-memory/1"
+FORMAT = meta_mod.FORMAT_V2  # the long form's "format"; memory/meta.py has the stored form
 
 
 _META_INTS = ("stream_bytes", "examples", "skipped", "prototypes", "anchors")
 
 
 def check_memory_meta(path, meta) -> Preset:
-    """Validate a memory's manifest (the store's user part) before anything reads it; returns its
-    preset. A damaged or foreign manifest is one StoreError naming the field, never a KeyError
-    from deep inside (the corruption campaign, docs/reliability.md)."""
+    """Validate a memory's fields in their long form (``memory.meta.expand``) before anything reads
+    them; returns its preset. A damaged or foreign manifest is one StoreError naming the field, never
+    a KeyError from deep inside (the corruption campaign, docs/reliability.md)."""
     def bad(why: str) -> StoreError:
         return StoreError(f"memory {path}: manifest {why}; not a memory this miita-edge can open")
 
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") not in meta_mod.FORMATS:
         got = meta.get("format") if isinstance(meta, dict) else None
+        if isinstance(got, int) and not isinstance(got, bool) and got > meta_mod.MEMORY_FORMAT:
+            raise StoreError(f"memory {path}: unknown memory format {got} (written by a newer miita-edge; upgrade)")
         raise StoreError(f"memory {path}: unknown memory format {str(got)[:40]!r}")
     for k in _META_INTS:
         v = meta.get(k)
@@ -75,6 +78,12 @@ def check_memory_meta(path, meta) -> Preset:
         raise StoreError(f"memory {path}: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise bad(f"preset is invalid ({str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__})") from None
+
+
+def memory_fields(path, snap: store_mod.Snapshot) -> tuple[dict, Preset]:
+    """A committed memory's fields in the long form, validated, and its preset (format 1 or 2)."""
+    fields = meta_mod.expand(snap.manifest, snap.arrays)
+    return fields, check_memory_meta(path, fields)
 
 
 def default_memory_dir() -> Path:
@@ -117,9 +126,9 @@ class Miita:
         self.engine = engine or Engine(model, engine_config)
         self._fingerprint = None
         self.key_layers: list[int] = []  # the memory's key layers: its manifest's, or the preset's
-        snap = self._read_snapshot()
-        if snap is not None:
-            meta = snap.manifest
+        opened = self._read_snapshot()
+        if opened is not None:
+            snap, meta = opened
             stored = Preset.from_json(meta["preset"])
             if preset is not None and (preset if isinstance(preset, str) else preset.name) != stored.name:
                 raise InputError(f"memory {self.memory_dir} was built with preset {stored.name!r}; "
@@ -222,7 +231,8 @@ class Miita:
         order = key_order(keys, len(self.key_layers)) if pr.key_order == "calibration" else None
         return mean, order
 
-    def _read_snapshot(self):
+    def _read_snapshot(self) -> tuple[store_mod.Snapshot, dict] | None:
+        """(the committed snapshot, its fields in the long form), None when there is no memory yet."""
         if not self.store.exists():
             if self.memory_dir.exists() and not self.memory_dir.is_dir():
                 raise StoreError(f"memory {self.memory_dir}: is not a directory")
@@ -235,8 +245,7 @@ class Miita:
                 raise StoreError(f"memory {self.memory_dir}: directory exists but is not a miita-edge memory")
             return None
         snap = self.store.read()
-        meta = snap.manifest
-        check_memory_meta(self.memory_dir, meta)
+        meta, _ = memory_fields(self.memory_dir, snap)
         # The layers the stored keys were pooled from, whatever the preset now says: a memory built
         # before a preset changed its key layers keeps answering from the layers its anchors came from.
         layers = meta["fingerprint"].get("key_layers") or [meta["fingerprint"]["key_layer"]]
@@ -252,9 +261,14 @@ class Miita:
             raise StoreError(f"memory {self.memory_dir} was built with another model "
                              f"(arch={other.get('arch')}, sha256={str(other.get('sha256'))[:12]}…); "
                              f"this model is arch={fp['arch']}, sha256={fp['sha256'][:12]}…")
-        return snap
+        return snap, meta
 
     def manifest(self) -> dict:
+        """The memory's fields as the store keeps them: the compact form (``memory.meta``)."""
+        return meta_mod.compact(self.fields())
+
+    def fields(self) -> dict:
+        """The memory's fields in the long form (what ``memory.meta.expand`` gives back)."""
         return {"format": FORMAT, "preset": self.preset.to_json(), "template": self.template.name,
                 "fingerprint": self.fingerprint(), "budget": self.budget_spec,
                 "stream_bytes": self.stream_bytes, "examples": self.examples, "skipped": self.skipped,

@@ -3,5 +3,6 @@ that shrink keys and directions, and the atomic, memory-mapped store that persis
 
 Layer: above the base only; it knows nothing of llama.cpp. ``bank`` holds eqs. 3-5 (write,
 merge, prune, evict); ``budget`` parses and resolves budgets; ``codecs`` packs arrays;
-``store`` and ``store_format`` are the versioned directory and its file format.
+``store`` is the versioned directory, ``store_format`` its file format (2; ``store_format_v1``
+reads the older one) and ``meta`` a memory's own fields in their compact stored form.
 """

@@ -1,23 +1,26 @@
-"""A versioned, atomic, memory-mapped directory of numpy arrays plus a JSON manifest.
+"""A versioned, atomic, memory-mapped store: each version is one file of numpy arrays plus a manifest.
 
 Why this exists: the memory bank must survive being killed at any instant (a phone app
 swiped away, an OOM kill, a power cut) without ever leaving a half-written memory that
 loads as garbage, and it must open in O(1) without copying the arrays into RAM. So every
-commit writes a complete, immutable version directory and then flips a one-line pointer.
+commit writes a complete, immutable version file and then flips a one-line pointer.
 
 Layout of a store ``DIR``::
 
-    DIR/CURRENT          "v00000007\\n": the name of the committed version directory
-    DIR/v00000007/       one immutable version
-        <name>.npy       one standard .npy file per array (C order, header format 1.0)
-        manifest.json    compact JSON: store metadata + the user's manifest under "meta"
+    DIR/CURRENT          "v00000007\\n": the name of the committed version
+    DIR/v00000007        one immutable version: one file, every array and the manifest
+                         (format 2, ``store_format`` documents its bytes)
     DIR/.lock            flock target for the single writer; holds the writer's pid
+
+A memory written before format 2 has a version *directory* instead (``v00000007/`` with one
+``.npy`` per array and ``manifest.json``, ``store_format_v1``): it is still read, and the next
+commit writes a format-2 file and removes the directory like any older version.
 
 Atomicity argument (why a crash at any point leaves the last committed version readable):
 
-1. Readers only ever open the directory named by ``CURRENT``.
-2. A writer never modifies a directory that ``CURRENT`` names, or has ever named: it writes
-   a *fresh* directory, fsyncs every file in it and then the directory itself.
+1. Readers only ever open the version named by ``CURRENT``.
+2. A writer never modifies a version that ``CURRENT`` names, or has ever named: it writes
+   a *fresh* version file, fsyncs it, and then the directory (so the new name is durable).
 3. Only then does it publish, by writing ``CURRENT.tmp``, fsyncing it, and ``os.replace``-ing
    it onto ``CURRENT`` (an atomic rename on POSIX: any observer, and the disk after a crash,
    sees either the old or the new name, never a mix), then fsyncing ``DIR`` so the rename
@@ -26,35 +29,33 @@ Atomicity argument (why a crash at any point leaves the last committed version r
    names always exists in full.
 
 A SIGKILL before the ``os.replace`` leaves ``CURRENT`` naming the previous, untouched
-version (plus a stale half-written directory, which the next writer removes under the
+version (plus a stale half-written file, which the next writer removes under the
 lock; readers never delete anything). A SIGKILL after it leaves the new, complete version.
-Because every file of a version is fsynced before the pointer moves, the same holds for a
-power cut, not just a process kill. On top of that, the manifest records each file's size
-and CRC32, so corruption from outside (a truncated copy, bit rot, a hand edit) is reported
-as a :class:`StoreError` instead of being mapped and read as garbage -- sizes are checked
-*before* mapping, because mapping a file shorter than its header claims would be a SIGBUS.
+Because the version file is fsynced before the pointer moves, the same holds for a
+power cut, not just a process kill. On top of that, each version file carries a CRC32 of all
+its other bytes (header, manifest, payloads), so corruption from outside (a truncated copy,
+bit rot, a hand edit) is reported as a :class:`StoreError` instead of being mapped and read as
+garbage -- the size the header implies is checked against the file *before* mapping, because
+an array mapped past the end of its file would be a SIGBUS.
 """
 from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
-import re
 import shutil
-import zlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from ..errors import StoreError
-from .store_format import (CRC_CHUNK, CURRENT, CURRENT_TMP, FORMAT_VERSION, LOCK, MANIFEST, MAX_NAME, MAX_VERSION,
-                           NAME_RE, NUMERIC_KINDS, READ_RETRIES, VERSION_RE, check_array, check_meta,
-                           encode_manifest, encoded_size, fsync_dir, map_open, npy_header, version_name, write_file,
-                           write_npy)
+from .store_format import (CURRENT, CURRENT_TMP, FORMAT_VERSION, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
+                           encode_meta, encoded_size, file_crc32, fsync_dir, ordered_specs, read_format, read_version_file,
+                           version_name, write_file, write_version_file)
+from .store_format_v1 import Vanished, read_manifest_format, read_version_dir
 
 __all__ = ["FORMAT_VERSION", "Snapshot", "Store", "Writer", "encoded_size"]
 
@@ -70,7 +71,10 @@ class Snapshot:
     arrays: dict[str, np.ndarray]
     manifest: dict
     bytes_on_disk: int
-    #: each array's store entry (dtype, shape, bytes, crc32): what derived caches are keyed on
+    format_version: int = FORMAT_VERSION  # 1: a legacy version directory, rewritten as 2 by the next commit
+    #: each array's identity in this version ({name: {dtype, shape, crc32}}, the CRC32 of the whole
+    #: version file, which covers every array): what derived caches (the ANN index) are keyed on.
+    #: Empty for format 1, whose versions are then not cached.
     entries: dict = field(default_factory=dict)
 
 
@@ -188,131 +192,37 @@ class Store:
         return self._fail(f"{what} is missing")
 
     def _load_version(self, name: str, *, verify: bool) -> Snapshot:
-        vdir = self.path / name
-        if not vdir.is_dir():
-            raise self._vanished(name, f"{CURRENT} points at {name}, which")
+        """Open version ``name``: a format-2 file, or a format-1 directory (legacy reader)."""
+        vpath = self.path / name
         try:
-            raw = (vdir / MANIFEST).read_bytes()
+            mode = os.stat(vpath).st_mode
         except FileNotFoundError:
-            raise self._vanished(name, f"{name}/{MANIFEST}") from None
-        except OSError as exc:
-            raise self._fail(f"cannot read {name}/{MANIFEST} ({exc.strerror})") from None
-        doc = self._parse_manifest(name, raw)
-        # Every file of a version is listed in its manifest: an array file the manifest does not
-        # list means the manifest lost an entry (an edit, a bad copy), and reading the rest would
-        # silently drop that array (found by the corruption campaign).
+            raise self._vanished(name, f"{CURRENT} points at {name}, which") from None
+        except OSError as exc:  # e.g. a symlink loop
+            raise self._fail(f"cannot open {name} ({exc.strerror})") from None
         try:
-            present = set(os.listdir(vdir))
+            if stat.S_ISDIR(mode):
+                arrays, meta, size = read_version_dir(vpath, name, verify=verify)
+                fmt = 1
+            elif stat.S_ISREG(mode):
+                arrays, meta, size = read_version_file(vpath, name, verify=verify)
+                fmt = FORMAT_VERSION
+                crc = "%08x" % file_crc32(vpath)
+            else:
+                raise Damaged(f"{name} is neither a version file nor a version directory")
+        except Damaged as exc:  # Newer too: "... has format_version 3, this miita-edge reads 1/2 ..."
+            raise self._fail(str(exc)) from None
+        except Vanished as exc:
+            raise self._vanished(name, str(exc)) from None
         except FileNotFoundError:
-            raise self._vanished(name, f"{name}") from None
-        except OSError as exc:
-            raise self._fail(f"cannot list {name} ({exc.strerror})") from None
-        extra = present - {MANIFEST} - {f"{a}.npy" for a in doc["arrays"]}
-        if extra:
-            shown = ", ".join(sorted(extra))
-            raise self._fail(f"{name} holds files its manifest does not list ({shown[:80]})")
-        arrays: dict[str, np.ndarray] = {}
-        total = len(raw)
-        for aname, entry in doc["arrays"].items():
-            arrays[aname] = self._load_array(name, aname, entry, verify=verify)
-            total += entry["bytes"]
-        return Snapshot(version=int(doc["version"]), arrays=arrays, manifest=doc["meta"], bytes_on_disk=total,
-                        entries=doc["arrays"])
-
-    def _parse_manifest(self, name: str, raw: bytes) -> dict:
-        """Decode and structurally validate manifest.json, format_version first."""
-        where = f"{name}/{MANIFEST}"
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-            raise self._fail(f"{where} is corrupt (not valid JSON)") from None
-        if not isinstance(doc, dict):
-            raise self._fail(f"{where} is malformed (not a JSON object)")
-        fv = doc.get("format_version")
-        if not isinstance(fv, int) or isinstance(fv, bool):
-            raise self._fail(f"{where} is malformed (no integer format_version)")
-        if fv != FORMAT_VERSION:
-            newer = " (written by a newer miita-edge; upgrade)" if fv > FORMAT_VERSION else ""
-            raise self._fail(f"unknown format_version {fv}, this miita-edge reads {FORMAT_VERSION}{newer}")
-
-        def bad(why: str) -> StoreError:
-            return self._fail(f"{where} is malformed ({why})")
-
-        version = doc.get("version")
-        if not isinstance(version, str) or "v" + version != name:
-            raise bad(f"version {_compact(version, 20)} does not match directory {name}")
-        if not isinstance(doc.get("meta"), dict):
-            raise bad("meta is not an object")
-        entries = doc.get("arrays")
-        if not isinstance(entries, dict):
-            raise bad("arrays is not an object")
-        for aname, e in entries.items():
-            if not NAME_RE.fullmatch(aname) or len(aname) > MAX_NAME:
-                raise bad(f"bad array name {_compact(aname, 40)}")
-            if not isinstance(e, dict):
-                raise bad(f"entry for {aname} is not an object")
-            invalid = bad(f"entry for {aname} lacks a valid dtype/shape/bytes/crc32")
-            try:
-                descr, shape, crc, nbytes = e["dtype"], e["shape"], e["crc32"], e["bytes"]
-                if not (isinstance(descr, str) and isinstance(shape, list) and isinstance(crc, str)):
-                    raise invalid
-                dtype = npy_format.descr_to_dtype(descr)
-            except (KeyError, TypeError, ValueError):
-                raise invalid from None
-            if dtype.kind not in NUMERIC_KINDS or dtype.fields is not None:
-                raise bad(f"{aname} has non-numeric dtype {_compact(descr, 20)}")
-            if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-                raise invalid
-            if not re.fullmatch(r"[0-9a-f]{8}", crc):
-                raise invalid
-            try:
-                header_len = len(npy_header(descr, tuple(shape)))
-            except ValueError:  # e.g. a header beyond the .npy 1.0 limit
-                raise invalid from None
-            expected = header_len + math.prod(shape) * dtype.itemsize
-            if nbytes != expected:
-                raise bad(f"{aname} records {nbytes!r} bytes but dtype/shape imply {expected}")
-        return doc
-
-    def _load_array(self, name: str, aname: str, entry: dict, *, verify: bool) -> np.ndarray:
-        """Size-check, CRC-check, then map one array read-only.
-
-        The size check comes first and is what makes mapping safe: a file shorter than its
-        header claims would map fine and then SIGBUS on access.
-        """
-        rel = f"{name}/{aname}.npy"
-        fpath = self.path / name / f"{aname}.npy"
-        want = entry["bytes"]
-        try:
-            with open(fpath, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size != want:
-                    kind = "truncated" if size < want else "oversized"
-                    raise self._fail(f"{rel} is {kind} ({size} bytes, manifest says {want})")
-                if verify:
-                    crc = 0
-                    while chunk := fh.read(CRC_CHUNK):
-                        crc = zlib.crc32(chunk, crc)
-                    if "%08x" % crc != entry["crc32"]:
-                        raise self._fail(f"{rel} is corrupt (CRC32 mismatch)")
-                fh.seek(0)
-                if math.prod(entry["shape"]) == 0:
-                    # Nothing to map; mapping an empty data section is refused by some numpy versions.
-                    arr = np.load(fh, allow_pickle=False)
-                    arr.flags.writeable = False
-                else:
-                    # Same open file description as the CRC pass: a concurrent unlink cannot
-                    # swap the inode between verification and mapping.
-                    arr = map_open(fh)
-        except FileNotFoundError:
-            raise self._vanished(name, rel) from None
-        except StoreError:
-            raise
-        except (OSError, ValueError) as exc:
-            raise self._fail(f"{rel} is corrupt ({_compact(str(exc), 60)})") from None
-        if arr.dtype != npy_format.descr_to_dtype(entry["dtype"]) or list(arr.shape) != entry["shape"]:
-            raise self._fail(f"{rel} does not match its manifest entry (dtype/shape)")
-        return arr
+            raise self._vanished(name, name) from None
+        except (OSError, ValueError) as exc:  # unreadable, unmappable
+            raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or exc})") from None
+        entries = {}
+        if fmt == FORMAT_VERSION:
+            entries = {k: {"dtype": v.dtype.str, "shape": list(v.shape), "crc32": crc} for k, v in arrays.items()}
+        return Snapshot(version=int(name[1:]), arrays=arrays, manifest=meta, bytes_on_disk=size, format_version=fmt,
+                        entries=entries)
 
     def _check_expect(self, manifest: dict, expect: dict) -> None:
         for key, want in expect.items():
@@ -397,13 +307,14 @@ class Writer:
 
     def _refuse_newer_format(self, name: str) -> None:
         """Never overwrite (and so delete) a memory written by a newer miita-edge."""
+        vpath = self.store.path / name
         try:
-            doc = json.loads((self.store.path / name / MANIFEST).read_bytes())
-        except (OSError, ValueError):
+            fv = read_manifest_format(vpath) if vpath.is_dir() else read_format(vpath)
+        except OSError:
             return  # damaged or missing: overwriting is the repair
-        fv = doc.get("format_version") if isinstance(doc, dict) else None
-        if isinstance(fv, int) and fv > FORMAT_VERSION:
-            raise self.store._fail(f"unknown format_version {fv}, this miita-edge writes {FORMAT_VERSION}; refusing to overwrite")
+        if fv is not None and fv > FORMAT_VERSION:
+            raise self.store._fail(f"unknown format_version {fv}, this miita-edge writes {FORMAT_VERSION}; "
+                                   f"refusing to overwrite")
 
     def _remove_unpublished(self, keep: str | None) -> None:
         path = self.store.path
@@ -424,45 +335,35 @@ class Writer:
     def commit(self, arrays: dict[str, np.ndarray], manifest: dict) -> Snapshot:
         """Atomically publish a new version; see the module docstring for the argument.
 
-        Order: write + fsync each .npy, write + fsync manifest.json, fsync the version dir,
-        write + fsync CURRENT.tmp, rename onto CURRENT, fsync DIR, and only then delete
-        older versions. Bad arguments raise ValueError before anything touches the disk.
+        Order: write + fsync the version file, fsync DIR, write + fsync CURRENT.tmp, rename onto
+        CURRENT, fsync DIR, and only then delete older versions. Bad arguments raise ValueError
+        before anything touches the disk.
         """
         if self._fd is None:
             raise RuntimeError("Writer.commit() outside its `with` block")
-        check_meta(manifest)
-        checked = {name: check_array(name, arr) for name, arr in arrays.items()}
-        try:
-            json_meta = json.dumps(manifest, ensure_ascii=True, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"manifest is not JSON-serializable: {exc}") from None
-        if json.loads(json_meta) != manifest:
-            raise ValueError("manifest does not round-trip through JSON (tuples, non-str keys?)")
+        ordered_specs(arrays)  # validates names and dtypes
+        encode_meta(manifest)  # validates the manifest
         version = self._current + 1
         if version > MAX_VERSION:
             raise self.store._fail("version counter exhausted; copy the memory to a new directory")
         path = self.store.path
         vname = version_name(version)
-        vdir = path / vname
+        vpath = path / vname
         try:
-            if vdir.exists():  # left by an earlier failed commit of this same writer
-                shutil.rmtree(vdir)
-            vdir.mkdir()
-            crcs = {name: write_npy(vdir / f"{name}.npy", arr) for name, arr in checked.items()}
-            raw = encode_manifest(checked, crcs, manifest, version)
-            write_file(vdir / MANIFEST, [raw])
-            fsync_dir(vdir)
+            _remove_path(vpath)  # left by an earlier failed commit of this same writer
+            write_version_file(vpath, arrays, manifest, version)
+            fsync_dir(path)
             write_file(path / CURRENT_TMP, [f"{vname}\n".encode("ascii")])
         except OSError as exc:
-            _best_effort_rmtree(vdir)  # unpublished, so nobody can be reading it
-            _best_effort_unlink(path / CURRENT_TMP)  # e.g. created, then the disk was full
+            _best_effort_remove(vpath)  # unpublished, so nobody can be reading it
+            _best_effort_remove(path / CURRENT_TMP)  # e.g. created, then the disk was full
             raise self.store._fail(f"cannot write {vname} ({exc.strerror or exc})") from None
         try:
             os.replace(path / CURRENT_TMP, path / CURRENT)  # the commit point
         except OSError as exc:
-            _best_effort_rmtree(vdir)  # rename failed: CURRENT still names the old version
+            _best_effort_remove(vpath)  # rename failed: CURRENT still names the old version
             raise self.store._fail(f"cannot publish {vname} ({exc.strerror or exc})") from None
-        self._current = version  # visible to readers from here on: never delete vdir now
+        self._current = version  # visible to readers from here on: never delete vpath now
         try:
             fsync_dir(path)
         except OSError as exc:
@@ -474,16 +375,17 @@ class Writer:
         return self.store._load_version(vname, verify=False)
 
 
-def _best_effort_rmtree(path: Path) -> None:
-    try:
+def _remove_path(path: Path) -> None:
+    """Remove a file, link or directory tree at ``path``, if anything is there."""
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    except OSError:
-        pass
-
-
-def _best_effort_unlink(path: Path) -> None:
-    try:
+    elif path.exists() or path.is_symlink():
         os.unlink(path)
+
+
+def _best_effort_remove(path: Path) -> None:
+    try:
+        _remove_path(path)
     except OSError:
         pass
 

@@ -128,19 +128,19 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         from .. import _native
 
         q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
-        scale = 1.0 / np.sqrt(index.key_dim)  # cos: stored keys are ±1/√K
+        root = np.sqrt(index.key_dim)  # cos: stored keys are ±1/√K
         rows, owner = index.voters, index.voter_owner
         ann = index.ann.ready() if index.ann is not None else None
         if ann is not None:  # a large memory: the graph proposes rows, the same kernel re-scores them
             cand = ann.candidates(q, ann_index.candidate_count(pr.k_anchors))
             owner = owner[cand]
-            scores = _native.bit_scores(rows[cand], q) * scale
+            scores = _native.bit_scores(rows[cand], q) / root
         else:
-            scores = _native.bit_scores(rows, q) * scale if len(rows) else np.zeros(0)
+            scores = _native.bit_scores(rows, q) / root if len(rows) else np.zeros(0)
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     decision = None
-    if pr.relevance_gate and index.packed is not None:
+    if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
         decision = _relevance(index, k_q, ids)
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):

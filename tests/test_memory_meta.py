@@ -1,0 +1,86 @@
+"""A memory's fields in the store manifest (memory/meta.py): the compact stored form round-trips to
+the long form, format 1's long form reads as itself, and whatever cannot be decoded is refused by
+the facade's check with one line naming the field."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from miita_edge.errors import StoreError
+from miita_edge.memory import meta
+from miita_edge.method.presets import default_preset, paper_preset
+from miita_edge.miita import check_memory_meta
+
+SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+ARRAYS = {"counts": np.zeros(3, np.uint32), "anchor_count": np.zeros(4, np.uint16)}
+
+
+def fields(**over) -> dict:
+    out = {"format": meta.FORMAT_V2, "preset": default_preset().to_json(), "template": "banking77",
+           "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 12, "key_layers": [12, 9]},
+           "budget": "1%",
+           "stream_bytes": 239055, "examples": 3075, "skipped": 2, "prototypes": 3, "anchors": 4}
+    out.update(over)
+    return out
+
+
+@pytest.mark.parametrize("over", [{}, {"template": "plain", "budget": "64KiB", "skipped": 0},
+                                  {"preset": {"name": "default"},  # version 1 (before issue 14), one key layer
+                                   "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 9}},
+                                  {"preset": {**paper_preset().to_json(), "eta": 0.25, "bank": {"tau_d": 0.9}}}],
+                         ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides"])
+def test_compact_round_trips(over):
+    f = fields(**over)
+    stored = meta.compact(f)
+    assert json.loads(json.dumps(stored)) == stored
+    assert meta.expand(stored, ARRAYS) == f
+    check_memory_meta("m", meta.expand(stored, ARRAYS))
+
+
+def test_the_stored_form_is_short():
+    text = json.dumps(meta.compact(fields()), separators=(",", ":"))
+    assert text.startswith('{"m":2,"p":"default/2","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
+                           '"gemma3",640,[12,9]]')
+    assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
+    assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored
+
+
+def test_format_1_long_form_reads_as_itself():
+    v1 = fields(format=meta.FORMAT_V1)
+    assert meta.expand(v1, {}) == v1
+    check_memory_meta("m", v1)
+
+
+def test_a_sha256_that_is_not_hex_is_a_programming_error():
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        meta.compact(fields(fingerprint={"sha256": "abc", "arch": "x", "n_embd": 1, "key_layer": 0}))
+
+
+@pytest.mark.parametrize("stored,needle", [
+    ({"m": 3}, "unknown memory format 3 (written by a newer miita-edge; upgrade)"),
+    ({"m": "2"}, "unknown memory format"),
+    ({"kind": "plain store"}, "unknown memory format"),
+    ([1, 2], "unknown memory format"),
+    ({"m": 2, "p": "default", "f": ["short", "gemma3", 640, 9], "s": 1, "e": 1}, "fingerprint"),
+    ({"m": 2, "p": "default", "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640], "s": 1, "e": 1},
+     "fingerprint"),
+    ({"m": 2, "p": 7, "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640, 9], "s": 1, "e": 1}, "preset"),
+    ({"m": 2, "p": "default", "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640, 9], "e": 1},
+     "stream_bytes"),
+    ({"m": 2, "p": "nope", "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640, 9], "s": 1, "e": 1},
+     "unknown preset"),
+], ids=["newer", "m-string", "not-a-memory", "not-a-dict", "short-sha", "short-fingerprint", "preset-type",
+        "no-stream", "unknown-preset"])
+def test_undecodable_fields_are_one_line_errors(stored, needle):
+    with pytest.raises(StoreError) as info:
+        check_memory_meta("MEM", meta.expand(stored, ARRAYS))
+    assert needle in str(info.value) and "MEM" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_counts_come_from_the_arrays():
+    f = meta.expand(meta.compact(fields()), {"counts": np.zeros(7), "anchor_count": np.zeros(11)})
+    assert (f["prototypes"], f["anchors"]) == (7, 11)
+    with pytest.raises(StoreError, match="prototypes"):
+        check_memory_meta("m", meta.expand(meta.compact(fields()), {}))
