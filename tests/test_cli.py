@@ -74,9 +74,11 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def current_version_bytes(mem: Path) -> int:
-    """Sum of the file sizes of the version directory that CURRENT names."""
+    """Bytes of the version CURRENT names: its file (format 2), or every file of its directory."""
     name = (mem / "CURRENT").read_text("ascii").strip()
     vdir = mem / name
+    if vdir.is_file():
+        return os.path.getsize(vdir)
     assert vdir.is_dir()
     total = 0
     for dirpath, _, filenames in os.walk(vdir):

@@ -102,14 +102,14 @@ def test_two_processes_one_memory(pair):
     r = b.client().chat.completions.create(model="mem", max_tokens=6, messages=[{"role": "user", "content": q}])
     x = r.model_extra["miita"]
     assert x["version"] == rep["version"]  # b sees a's commit on its next request
-    assert "lost parcel desk" in [s["answer"].strip() for s in x["steered_by"]]
+    assert "lost parcel desk" in [s["answer"].strip() for s in x.get("steered_by", [])], x
     # now b writes (a's open copy is stale): b's forget commits, a's next request uses it
     st, rep2 = b.request("DELETE", "/v1/memories/mem/examples", {"output": "lost parcel desk"})
     assert st == 200 and rep2["version"] == rep["version"] + 1 and rep2["removed_prototypes"] == 1
     r = a.client().chat.completions.create(model="mem", max_tokens=6, messages=[{"role": "user", "content": q}])
     x = r.model_extra["miita"]
     assert x["version"] == rep2["version"]
-    assert "lost parcel desk" not in [s["answer"].strip() for s in x["steered_by"]]
+    assert "lost parcel desk" not in [s["answer"].strip() for s in x.get("steered_by", [])]  # or not steered
     # and a teaches again on top of b's version: nothing of b's commit is lost
     st, rep3 = a.request("POST", "/v1/memories/mem/examples", [{"input": "the box came crushed", "output": "claims"}])
     assert st == 200 and rep3["version"] == rep2["version"] + 1

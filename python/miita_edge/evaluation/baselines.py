@@ -364,8 +364,12 @@ class ExampleMem(Method):
 
         # Only for its key preparation (calibration mean, centring); never ingested into, so its
         # directory is never created.
-        self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset="default", template=ctx.spec.template,
-                            engine=ctx.engine)
+        # The default preset as it was when this baseline was defined (middle-layer keys): a baseline
+        # does not change when our preset does (issue 14 kept its numbers from the earlier sweep).
+        from ..method.presets import default_preset_v1
+
+        self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset=default_preset_v1(),
+                            template=ctx.spec.template, engine=ctx.engine)
         self.n_key_bytes = (ctx.engine.n_embd + 7) // 8
         self.reset()
 
@@ -376,7 +380,7 @@ class ExampleMem(Method):
     def _key(self, x: str) -> np.ndarray:
         from ..method.extract import prompt_tokens
 
-        eng, c = self.ctx.engine, self.ctx
+        eng, c = self._keyer._use_keys(), self.ctx  # the keyer's layer, whoever used the engine last
 
         def compute():
             st = eng.query(prompt_tokens(eng, c.template, x, c.max_prompt_tokens), skip_bos_in_key=True)

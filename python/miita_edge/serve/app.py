@@ -137,11 +137,14 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
         ext = {"memory": name, "version": m.version if name else None, "adapted": ans.adapted}
         if ans.adapted:
             steer = []
+            seqs, counts = m.bank.answer_tokens(), m.bank.counts()  # views: no Prototype objects made
             for pid, s, w in zip(ans.prototypes, ans.scores, ans.weights):
-                p = m.bank.protos[pid]
-                answer = eng.detokenize([int(t) for t in p.tokens]).rstrip("\n") if len(p.tokens) else None
-                steer.append({"prototype": pid, "answer": answer, "weight": w, "score": s, "count": int(p.n)})
+                toks_j = seqs[pid]
+                answer = eng.detokenize([int(t) for t in toks_j]).rstrip("\n") if len(toks_j) else None
+                steer.append({"prototype": pid, "answer": answer, "weight": w, "score": s, "count": int(counts[pid])})
             ext.update(steered_by=steer, alphas=ans.alphas, eta=ans.eta)
+        elif ans.reason:
+            ext["reason"] = ans.reason  # why the memory did not steer (the relevance gate, adapt off, empty)
         finish = "length" if ans.stop_reason == "length" else "stop"
         usage = {"prompt_tokens": len(toks), "completion_tokens": n_gen[0], "total_tokens": len(toks) + n_gen[0]}
         return ans.text, finish, usage, ext

@@ -40,7 +40,7 @@ async function ask(){
     const why=document.createElement("div"); why.className="why";
     why.textContent = x.adapted ? ("memory "+x.memory+" v"+x.version+" steered by: "+
       (x.steered_by||[]).map(s=>JSON.stringify(s.answer)+" ×"+s.weight.toFixed(2)).join(", "))
-      : "not adapted (frozen model)";
+      : "not adapted (frozen model)"+(x.reason ? ": "+x.reason : "");
     turn.append(qa,a,why);
     if(memoryName()){
       const fix=document.createElement("div");

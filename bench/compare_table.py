@@ -1,0 +1,94 @@
+"""Tables that put sweeps side by side (issue 14: the default preset before and after), each OP with
+its bootstrap 95% interval.
+
+    python bench/compare_table.py --sweep before=bench-results/before --sweep after=bench-results/after \
+        --archive docs/results/issue14 > /tmp/tables.md
+
+Each ``--sweep LABEL=DIR`` is a ``bench/sweep.py`` output folder. A method that several sweeps ran is
+shown once per sweep (``miita-default (before)``, ``miita-default (after)``); one that only the
+first ran (the frozen model, the outside baselines) once, unlabelled. Cells: OP [95% interval] / BWT
+/ FWT, with the interval from the result's per-query final-row scores (``op_ci95``, a percentile
+bootstrap over the queries of each stage; ``evaluation.cl_matrix.op_bootstrap_ci``). ``--archive
+DIR`` copies every finished job's result.json (with those per-query scores) to DIR/LABEL/, so the
+numbers and their intervals survive the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+BENCHES = ["banking77", "dsc", "xquad", "superni"]
+METHODS = ["frozen", "miita-default", "label-vote", "example-mem", "knn-lm"]
+BUDGETS = ["1%", "5%", "20%"]
+
+
+def load(sweep: Path) -> dict[tuple[str, str, str], dict]:
+    out = {}
+    for f in sorted((sweep / "done").glob("*.json")):
+        r = json.loads(f.read_text())
+        if r.get("rc") == 0 and r.get("result") and Path(r["result"]).exists():
+            res = json.loads(Path(r["result"]).read_text())
+            r["op_ci95"] = res.get("op_ci95")
+            r["n_test"] = sum(p["n_test"] for p in res["per_stage"])
+            r["n_train"] = sum(p["n_train"] for p in res["per_stage"])
+        out[(r["benchmark"], r["method"], r["budget"])] = r
+    return out
+
+
+def cell(r: dict | None) -> str:
+    if r is None:
+        return "not run"
+    if r.get("rc") != 0:
+        err = r.get("error", "")
+        return "does not fit" if "cannot hold" in err else "failed"
+    ci = r.get("op_ci95")
+    ci_s = f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""
+    f = lambda v: "—" if v is None else f"{v:.1f}"  # noqa: E731
+    return f"{f(r['op'])}{ci_s} / {f(r['bwt'])} / {f(r['fwt'])}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="append", required=True, metavar="LABEL=DIR")
+    ap.add_argument("--archive", type=Path)
+    args = ap.parse_args()
+    sweeps = []
+    for spec in args.sweep:
+        label, _, d = spec.partition("=")
+        sweeps.append((label, Path(d), load(Path(d))))
+    lines: list[str] = []
+    for b in BENCHES:
+        first = sweeps[0][2]
+        fr = first.get((b, "frozen", "none"))
+        if fr is None:
+            continue
+        lines += [f"### {b}", "", f"{fr.get('n_train', '?')} training rows learned, {fr.get('n_test', '?')} test rows "
+                  f"in the final row. Cells: OP [bootstrap 95% interval] / BWT / FWT (FWT against the frozen model).", "",
+                  "| method | " + " | ".join(BUDGETS) + " | bytes stored at 1% / 5% / 20% |",
+                  "|---|" + "---|" * (len(BUDGETS) + 1),
+                  f"| frozen | {cell(fr)} (no memory) | | | 0 |"]
+        for m in METHODS[1:]:
+            ran = [(label, R) for label, _, R in sweeps if any((b, m, bud) in R for bud in BUDGETS)]
+            for label, R in ran:
+                rows = [R.get((b, m, bud)) for bud in BUDGETS]
+                mem = " / ".join("—" if (r is None or r.get("rc") != 0) else f"{r['memory_bytes']:,}" for r in rows)
+                name = f"{m} ({label})" if len(ran) > 1 else m
+                lines.append(f"| {name} | " + " | ".join(cell(r) for r in rows) + f" | {mem} |")
+        lines.append("")
+    if args.archive:
+        for label, d, R in sweeps:
+            dst = args.archive / label
+            dst.mkdir(parents=True, exist_ok=True)
+            for (bb, m, bud), r in R.items():
+                name = f"{bb}__{m}__{bud.replace('%', 'pct')}"
+                (dst / f"{name}.job.json").write_text(json.dumps(r, indent=1))
+                if r.get("rc") == 0:
+                    shutil.copy(r["result"], dst / f"{name}.result.json")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
