@@ -474,6 +474,12 @@ class MemoryBank:
         """
         H = n_embd
         bank = cls(config, H, key_mean)
+        # A store accepts any valid arrays (a forged file with a recomputed checksum is valid), so the
+        # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
+        # (the corruption campaign, docs/reliability.md).
+        for name in ("counts", "anchor_owner", "anchor_count", "anchor_scale", "dir_scale", "tokens"):
+            if name in arrays and np.ndim(arrays[name]) != 1:
+                raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
         J = len(counts)
         if config.payload == "tokens":
@@ -510,6 +516,8 @@ class MemoryBank:
             return codecs.decode(enc, config.key_precision, H), acount[idx]
         if config.payload != "mean":
             flat = np.asarray(arrays["tokens"], np.int32)
+            if len(flat) and flat.min() < TOKEN_END:
+                raise ValueError(f"tokens array holds a negative token id ({int(flat.min())})")
             ends = np.flatnonzero(flat == TOKEN_END)
             if len(ends) != J:
                 raise ValueError("tokens array does not hold one sequence per prototype")

@@ -148,7 +148,8 @@ class Store:
         return text
 
     def read(self, *, expect: dict | None = None) -> Snapshot:
-        """Open the committed version, verifying every file against the manifest.
+        """Open the committed version: its size checked against its header before it is mapped, its
+        CRC32 before anything is returned (a format-1 version: every file against its manifest).
 
         ``expect``: manifest keys whose values must match (e.g. the model fingerprint), so a
         memory built for another model is refused with a message naming the key.
