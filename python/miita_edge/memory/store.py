@@ -213,7 +213,7 @@ class Store:
         except FileNotFoundError:
             raise self._vanished(name, name) from None
         except (OSError, ValueError) as exc:  # unreadable, unmappable
-            raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or exc})") from None
+            raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or _compact(str(exc), 60)})") from None
         return Snapshot(version=int(name[1:]), arrays=arrays, manifest=meta, bytes_on_disk=size, format_version=fmt)
 
     def _check_expect(self, manifest: dict, expect: dict) -> None:
