@@ -13,10 +13,11 @@ Two campaigns (docs/reliability.md records their figures):
   file) lies beside it, and that the next writer leaves nothing but the committed version.
 * ``ingest``: a real ``miita-edge ingest`` of a small JSONL file (the model, the CLI, the whole
   path), killed at a random moment; the memory must open (store and ``miita-edge info``), hold
-  either the examples it had or those plus the whole file, and keep no debris. Every tenth run
-  (runs 1, 11, 21, ...) starts from a copy of a format-1 memory (tests/data/store_v1/memory), so
-  its commit is the one that rewrites an old memory in format 2: killed before the commit point
-  the memory must still be the format-1 one, after it a format-2 one with every example.
+  either the examples it had or those plus the whole file, and keep no debris. Every fifth run
+  (runs 2, 7, 12, ...) starts from a copy of a format-1 memory (tests/data/store_v1/memory), so
+  the commit that meets it is the one that rewrites an old memory in format 2: killed before the
+  commit point the memory must still be the format-1 one, after it a format-2 one with every
+  example.
 
     python bench/reliability_kills.py [--store-kills 1000] [--ingest-kills 50] [--seed 0]
 """
@@ -128,8 +129,10 @@ class Tally:
     inside_commit: int = 0  # kills that landed between "begin v" and "done v"
     debris_seen: int = 0  # kills after which an unfinished version or pointer file lay beside it
     killed_but_committed: int = 0  # ingest: killed runs whose commit had reached CURRENT
-    from_v1: int = 0  # ingest: runs that started from a format-1 memory
-    v1_left: int = 0  # of those, killed before the commit point: still the format-1 memory
+    from_v1: int = 0  # ingest: runs that started from a fresh copy of a format-1 memory
+    v1_left: int = 0  # runs that met a format-1 memory and left it so (killed before the commit point)
+    v1_rewritten: int = 0  # runs that met a format-1 memory and left a format-2 one
+    v1_rewritten_killed: int = 0  # of those, runs killed after the commit point
     seconds: float = 0.0
 
     def fail(self, msg: str) -> None:
@@ -238,7 +241,7 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
     durations: list[float] = []
     commit_s: list[float] = []  # how long the real commits took (from the markers of finished runs)
     for i in range(kills):
-        start_v1 = i % 10 == 1 and V1_MEMORY.is_dir()
+        start_v1 = i % 5 == 2 and V1_MEMORY.is_dir()
         if start_v1:  # this run's commit rewrites a format-1 memory in format 2
             shutil.rmtree(mem, ignore_errors=True)
             shutil.copytree(V1_MEMORY, mem)
@@ -258,6 +261,10 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
         # milliseconds of a seconds-long run: timed kills alone almost never land in it)
         mode = i % 3
         delay = rng.uniform(0.2, horizon) if mode == 0 else rng.uniform(0.8 * horizon, 1.02 * horizon)
+        if not durations and mode != 2:
+            # no run has finished yet: let this one finish, so the horizon is this machine's run time
+            # (with the fixed 4 s guess, a loaded machine killed every run before its commit)
+            delay = None
         start = time.perf_counter()
         p = subprocess.Popen([sys.executable, "-c", INGEST_HOOK, "ingest", str(data), "--memory", str(mem),
                               "--budget", "3KiB", "--threads", str(threads), "--json"],
@@ -305,7 +312,9 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
         n = int(meta["examples"])
         if snap.format_version != 2 and (finished or not was_v1 or n != have):
             t.fail(f"ingest {i}: format {snap.format_version} after a run that {'finished' if finished else 'committed'}")
-        t.v1_left += start_v1 and snap.format_version == 1
+        t.v1_left += was_v1 and snap.format_version == 1
+        t.v1_rewritten += was_v1 and snap.format_version == 2
+        t.v1_rewritten_killed += was_v1 and snap.format_version == 2 and not finished
         was_v1 = snap.format_version == 1
         if finished and n != have + rows_per_file:
             t.fail(f"ingest {i}: finished, but {n} examples (expected {have + rows_per_file})")
@@ -354,8 +363,10 @@ def main(argv=None) -> int:
         t = ingest_campaign(args.ingest_kills, args.seed, work, threads=args.threads)
         print(f"ingest: {args.ingest_kills} runs of miita-edge ingest, {t.kills} SIGKILLed ({t.inside_commit} inside "
               f"the commit, {t.killed_but_committed} after the commit point), debris beside the version after "
-              f"{t.debris_seen}; {t.from_v1} started from a format-1 memory ({t.v1_left} left in format 1 by "
-              f"their kill, the others rewritten in format 2), failures {len(t.failures)}, {t.seconds:.0f} s")
+              f"{t.debris_seen}; format-1 memory copied in {t.from_v1} times: runs that met it left it in format 1 "
+              f"{t.v1_left} times (killed before the commit point), rewrote it in format 2 {t.v1_rewritten} times "
+              f"({t.v1_rewritten_killed} of them killed after the commit point), failures {len(t.failures)}, "
+              f"{t.seconds:.0f} s")
         rc |= bool(t.failures)
         for f in t.failures[:20]:
             print("   ", f)

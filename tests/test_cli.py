@@ -74,16 +74,11 @@ def snapshot(root: Path) -> dict[str, bytes | None]:
 
 
 def current_version_bytes(mem: Path) -> int:
-    """Bytes of the version CURRENT names: its file (format 2), or every file of its directory."""
+    """Size of the version file that CURRENT names (store format 2: one file per version)."""
     name = (mem / "CURRENT").read_text("ascii").strip()
-    vdir = mem / name
-    if vdir.is_file():
-        return os.path.getsize(vdir)
-    assert vdir.is_dir()
-    total = 0
-    for dirpath, _, filenames in os.walk(vdir):
-        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in filenames)
-    return total
+    vfile = mem / name
+    assert vfile.is_file()
+    return os.path.getsize(vfile)
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

@@ -114,10 +114,10 @@ def norm(text: str) -> str:
 
 
 def version_bytes(mem) -> int:
-    vpath = os.path.join(mem, open(os.path.join(mem, "CURRENT")).read().strip())
-    if os.path.isfile(vpath):  # store format 2: one file per version
-        return os.path.getsize(vpath)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(vpath) for f in fs)
+    """Size of the version file that CURRENT names (store format 2: one file per version)."""
+    vfile = os.path.join(mem, open(os.path.join(mem, "CURRENT")).read().strip())
+    assert os.path.isfile(vfile)
+    return os.path.getsize(vfile)
 
 
 def test_data_is_what_the_test_claims():

@@ -102,3 +102,46 @@ def test_a_header_that_lost_an_array_entry_is_refused(tmp_path, edit):
     vfile.write_bytes(bench.fix_crc(body + bytes(len(raw) - len(body))))
     with pytest.raises(StoreError, match="oversized"):
         Store(d).read()
+
+
+@pytest.mark.parametrize("tokens,needle", [(np.arange(12, dtype=np.int32).reshape(6, 2), "one dimension"),
+                                           (np.array([5, -1, -17772, 7, -1, 9, -1], np.int32), "negative token id")],
+                         ids=["2-d", "negative"])
+def test_a_forged_tokens_array_is_refused_by_the_bank(tokens, needle):
+    """Found by the format-2 campaign: stores forged with a recomputed CRC are valid stores, and a
+    tokens array of rank 2 (TypeError) or with a negative id (RuntimeError from the LM-head kernel)
+    crashed ``ask``. The bank now refuses them, which ``Miita`` reports as inconsistent arrays."""
+    from miita_edge.memory.bank import BankConfig, MemoryBank
+
+    arrays = {"anchors": np.zeros((3, 80), np.uint8), "anchor_owner": np.arange(3, dtype=np.uint16),
+              "anchor_count": np.ones(3, np.uint16), "counts": np.ones(3, np.uint32), "tokens": tokens}
+    with pytest.raises(ValueError, match=needle):
+        MemoryBank.from_arrays(BankConfig(payload="tokens", key_precision="bit"), 640, arrays)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("edit,needle", [("huge", "outside the model's vocabulary"), ("2-d", "one dimension")])
+def test_a_memory_with_a_forged_tokens_array_is_a_one_line_error(tmp_path, edit, needle):
+    import shutil
+    from pathlib import Path
+
+    from miita_edge.errors import StoreError
+    from miita_edge.memory.store import Store
+    from miita_edge.miita import Miita
+    from miita_edge.runtime.engine import EngineConfig
+
+    d = tmp_path / "m"
+    shutil.copytree(Path(__file__).with_name("data") / "store_v1" / "memory", d)
+    snap = Store(d).read()
+    arrays = {k: np.array(v) for k, v in snap.arrays.items()}
+    tokens = arrays["tokens"].copy()
+    if edit == "huge":
+        tokens[0] = 10**9
+    else:
+        tokens = tokens.reshape(-1, 1)
+    arrays["tokens"] = tokens
+    with Store(d).writer() as w:
+        w.commit(arrays, snap.manifest)  # a valid store: checksum and all
+    with pytest.raises(StoreError, match=needle) as info:
+        Miita(memory=d, engine_config=EngineConfig(n_threads=1))
+    assert "\n" not in str(info.value) and "inconsistent arrays" in str(info.value)

@@ -103,9 +103,9 @@ def test_miita_forget_matches_serial_ingest_without_rows(tmp_path):
         np.testing.assert_array_equal(a.arrays[k], b.arrays[k], err_msg=k)
     from miita_edge.memory.meta import expand
 
-    fa, fb = expand(a.manifest, a.arrays), expand(b.manifest, b.arrays)
+    a_f, b_f = expand(a.manifest, a.arrays), expand(b.manifest, b.arrays)  # the long form of the fields
     for k in ("examples", "prototypes", "anchors"):
-        assert fa[k] == fb[k], k
+        assert a_f[k] == b_f[k], k
     # the CLI: one line, exit 0; a memory that does not exist is a one-line error
     import miita_edge
     from pathlib import Path

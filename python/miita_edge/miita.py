@@ -141,6 +141,9 @@ class Miita:
                 mean, order = self._key_frame()
                 self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
                                                    len(self.key_layers), order)
+                top = self.bank.max_token()
+                if top >= self.engine.n_vocab:  # a consistent but foreign tokens array (corruption campaign)
+                    raise ValueError(f"token id {top} is outside the model's vocabulary of {self.engine.n_vocab}")
             except (KeyError, ValueError, TypeError, IndexError) as exc:
                 why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 raise StoreError(f"memory {self.memory_dir}: inconsistent arrays ({why})") from None

@@ -287,6 +287,13 @@ class MemoryBank:
             return np.zeros(0, np.int64)
         return np.concatenate([p.anchor_n for p in self._protos]).astype(np.int64)
 
+    def max_token(self) -> int:
+        """The largest stored answer token id (-1 without any): checked against the model's vocabulary."""
+        if self._protos is None:
+            flat = self._stored.seqs().flat
+            return int(flat.max()) if len(flat) else -1
+        return max((int(p.tokens.max()) for p in self._protos if len(p.tokens)), default=-1)
+
     def answer_tokens(self):
         """Each prototype's answer tokens (a sequence of int32 arrays, indexable by prototype)."""
         if self._protos is None:
@@ -673,6 +680,13 @@ class _Stored:
 
     def __init__(self, config: BankConfig, H: int, key_parts: int, arrays: dict[str, np.ndarray]) -> None:
         self.config, self.H = config, H
+        # A store accepts any valid arrays (a forged file with a recomputed checksum is valid), so the
+        # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
+        # (the corruption campaign, docs/reliability.md).
+        for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
+                     "tok_len", "radius"):
+            if name in arrays and np.ndim(arrays[name]) != 1:
+                raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
         if counts.ndim != 1 or counts.dtype.kind not in "iu":
             raise ValueError("counts is not a vector of integers")
@@ -726,6 +740,8 @@ class _Stored:
                 starts = ends - lens
             else:  # format 1: int32 with a separator after each answer
                 flat = np.asarray(arrays["tokens"], np.int32)
+                if len(flat) and flat.min() < TOKEN_END:
+                    raise ValueError(f"tokens array holds a negative token id ({int(flat.min())})")
                 ends = np.flatnonzero(flat == TOKEN_END)
                 if len(ends) != J:
                     raise ValueError("tokens array does not hold one sequence per prototype")

@@ -152,7 +152,8 @@ class Store:
         return text
 
     def read(self, *, expect: dict | None = None) -> Snapshot:
-        """Open the committed version, verifying every file against the manifest.
+        """Open the committed version: its size checked against its header before it is mapped, its
+        CRC32 before anything is returned (a format-1 version: every file against its manifest).
 
         ``expect``: manifest keys whose values must match (e.g. the model fingerprint), so a
         memory built for another model is refused with a message naming the key.
@@ -217,7 +218,7 @@ class Store:
         except FileNotFoundError:
             raise self._vanished(name, name) from None
         except (OSError, ValueError) as exc:  # unreadable, unmappable
-            raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or exc})") from None
+            raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or _compact(str(exc), 60)})") from None
         entries = {}
         if fmt == FORMAT_VERSION:
             entries = {k: {"dtype": v.dtype.str, "shape": list(v.shape), "crc32": crc} for k, v in arrays.items()}
