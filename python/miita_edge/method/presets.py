@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import InputError, StoreError
 from ..memory.bank import BankConfig
+from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from .retrieval import RetrievalConfig
 
 __all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset"]
@@ -50,12 +51,7 @@ class Preset:
     def key_layers(self, n_layer: int) -> list[int]:
         """The key layers this preset uses on a model of ``n_layer`` layers, in key order (a layer
         that two depths round to on a shallow model counts once)."""
-        out: list[int] = []
-        for d in self.key_depths:
-            k = int(min(max(round(d * n_layer), 0), n_layer - 2))
-            if k not in out:
-                out.append(k)
-        return out
+        return layers_at_depths(self.key_depths, n_layer)
 
     def to_json(self) -> dict:
         """Only what differs from the named preset (the manifest is counted in the budget)."""
@@ -135,7 +131,7 @@ def default_preset() -> Preset:
     relevance gate, and each answer's centroid in the vote."""
     return Preset("default", BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True),
                   skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
-                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3, key_depths=(2 / 3, 1 / 2),
+                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3, key_depths=DEFAULT_KEY_DEPTHS,
                   key_order="calibration", relevance_gate=True, centroid_vote=True, version=2)
 
 

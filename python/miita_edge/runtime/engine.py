@@ -66,6 +66,22 @@ def cpu_has_amx() -> bool:
         return False
 
 
+#: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
+#: 12 and 9 on Gemma-3-270M's 18 layers. Here so that check-model can check them on any model.
+DEFAULT_KEY_DEPTHS = (2 / 3, 1 / 2)
+
+
+def layers_at_depths(depths, n_layer: int) -> list[int]:
+    """Key layers at shares of a model's depth: round(depth·n_layer), at most n_layer - 2 (the last
+    layer keeps only output rows), in the order given, a layer that two depths round to once."""
+    out: list[int] = []
+    for d in depths:
+        k = int(min(max(round(d * n_layer), 0), n_layer - 2))
+        if k not in out:
+            out.append(k)
+    return out
+
+
 @dataclass
 class EngineConfig:
     n_ctx: int = 4096
@@ -225,6 +241,24 @@ class Engine:
         self.native.set_key_tensors(self._key_names)
         self.native.set_key_tensors([])  # sized for the new list; collected only while decoding a key
         self.native.key_reset()
+
+    def missing_key_tensors(self, layers: Sequence[int]) -> list[str]:
+        """The ``l_out-<k>`` of ``layers`` that this model's graph never computes (one short decode
+        per layer): a key layer whose tensor is missing would leave its block of the key zero."""
+        missing = []
+        saved = self.key_layers
+        try:
+            for k in layers:
+                self.set_key_layers([k])
+                before = self.native.hits(0)
+                self.reset()
+                self.decode([self.bos if self.bos >= 0 else 0, 0], "last", key_mask=[True, True], read_logits=False)
+                if self.native.hits(0) == before:
+                    missing.append(f"l_out-{k}")
+        finally:
+            self.reset()
+            self.set_key_layers(saved)
+        return missing
 
     def _probe_graph(self) -> tuple[bool, bool]:
         """Decode two tokens once with the key and result_norm watched: an architecture whose graph

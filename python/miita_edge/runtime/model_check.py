@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from ..errors import MiitaError
+from .engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from .support import (CheckItem, CheckReport, dequantize_rows, missing_tensor_reason, refusal_after_load,
                       refusal_reason, round_activations, self_test, type_name)
 
@@ -42,6 +43,12 @@ def check_model(path=None, threads: int = 0, key_layer: int | None = None, run_s
         try:
             rep.key_layer = eng.key_layer
             rep.has_key_tensor, rep.has_result_norm = eng.graph_tensors[0], eng.graph_tensors[1]
+            rep.key_layers = layers_at_depths(DEFAULT_KEY_DEPTHS, info.n_layer)
+            missing = eng.missing_key_tensors(rep.key_layers)
+            if missing:
+                rep.has_key_tensor = False
+                rep.reason = missing_tensor_reason(missing[0])
+                return rep
             if run_self_test:
                 rep.items = self_test(eng, seed=seed)
                 bad = [i for i in rep.items if not i.ok]
@@ -71,7 +78,7 @@ def format_report(rep: CheckReport) -> str:
 
 def _report_from_json(js: dict) -> CheckReport:
     rep = CheckReport(path=js["path"])
-    for k in ("arch", "n_embd", "n_layer", "n_vocab", "key_layer", "head_tensor", "head_type", "logit_mult",
+    for k in ("arch", "n_embd", "n_layer", "n_vocab", "key_layer", "key_layers", "head_tensor", "head_type", "logit_mult",
               "has_key_tensor", "has_result_norm", "reason", "seconds"):
         setattr(rep, k, js.get(k, getattr(rep, k)))
     rep.items = [CheckItem(i["name"], bool(i["ok"]), i["detail"]) for i in js.get("self_test", [])]

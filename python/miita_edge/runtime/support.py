@@ -244,6 +244,7 @@ class CheckReport:
     n_layer: int | None = None
     n_vocab: int | None = None
     key_layer: int | None = None
+    key_layers: list[int] = field(default_factory=list)  # the default preset's key layers on this model
     head_tensor: str | None = None
     head_type: str | None = None
     logit_mult: float = 1.0
@@ -273,8 +274,10 @@ class CheckReport:
                     f"key layer    {self.key_layer}" + ("" if self.key_layer is None else f" (l_out-{self.key_layer})"),
                     f"LM head      {self.head_tensor} ({self.head_type})",
                     f"logit scale  logits = {self.logit_mult:g} · W h",
-                    f"graph        l_out-{self.key_layer}: {yn(self.has_key_tensor)}, "
-                    f"result_norm: {yn(self.has_result_norm)}"]
+                    f"graph        {', '.join(f'l_out-{k}' for k in (self.key_layers or [self.key_layer]))}: "
+                    f"{yn(self.has_key_tensor)}, result_norm: {yn(self.has_result_norm)}"]
+            if self.key_layers:
+                out.insert(6, f"key layers   {self.key_layers} (the default preset's: 2/3 and 1/2 of the depth)")
         for it in self.items:
             out.append(f"self-test    {'ok  ' if it.ok else 'FAIL'} {it.name}: {it.detail}")
         out.append(self.verdict())
@@ -282,7 +285,8 @@ class CheckReport:
 
     def to_json(self) -> dict:
         return {"path": self.path, "arch": self.arch, "n_embd": self.n_embd, "n_layer": self.n_layer,
-                "n_vocab": self.n_vocab, "key_layer": self.key_layer, "head_tensor": self.head_tensor,
+                "n_vocab": self.n_vocab, "key_layer": self.key_layer, "key_layers": self.key_layers,
+                "head_tensor": self.head_tensor,
                 "head_type": self.head_type, "logit_mult": self.logit_mult, "has_key_tensor": self.has_key_tensor,
                 "has_result_norm": self.has_result_norm, "supported": self.supported, "reason": self.reason,
                 "self_test": [{"name": i.name, "ok": i.ok, "detail": i.detail} for i in self.items],
