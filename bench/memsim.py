@@ -333,16 +333,7 @@ def run(args, bench: str, budget: str) -> dict:
                     best = (a, float(G[r, c]), j, int(victim))
             if best[2] < 0:
                 return False
-            p = bank.protos[best[2]]
-            victim = best[3]
-            G = _unit_rows(p.anchors) @ _unit_rows(p.anchors[victim:victim + 1])[0]
-            G[victim] = -np.inf
-            survivor = int(np.argmax(G))
-            p.anchor_sum[survivor] = p.anchor_sum[survivor] + p.anchor_sum[victim]
-            p.anchor_n[survivor] += p.anchor_n[victim]
-            p.anchors[survivor] = bank.store_key(_unit_rows(p.anchor_sum[survivor]))[0]
-            keep = np.arange(len(p.anchors)) != victim
-            p.anchors, p.anchor_n, p.anchor_sum = p.anchors[keep], p.anchor_n[keep], p.anchor_sum[keep]
+            bank.fold_anchor(bank.protos[best[2]], best[3])
             return True
         sim.bank.prune_one_anchor = types.MethodType(prune_balanced, sim.bank)
     sim.gate = args.gate

@@ -476,8 +476,12 @@ class MemoryBank:
                 best = (float(G[r, c]), j, int(victim))
         if best[1] < 0:
             return False
-        p = self.protos[best[1]]
-        victim = best[2]
+        self.fold_anchor(self.protos[best[1]], best[2])
+        return True
+
+    def fold_anchor(self, p: Prototype, victim: int) -> None:
+        """Mutates ``p``: fold anchor ``victim`` into its nearest sibling, which then stands for the
+        keys of both (the stored form of their summed keys, their counts added)."""
         G = _unit_rows(p.anchors) @ _unit_rows(p.anchors[victim:victim + 1])[0]
         G[victim] = -np.inf
         survivor = int(np.argmax(G))
@@ -486,7 +490,6 @@ class MemoryBank:
         p.anchors[survivor] = self.store_key(_unit_rows(p.anchor_sum[survivor]))[0]
         keep = np.arange(len(p.anchors)) != victim
         p.anchors, p.anchor_n, p.anchor_sum = p.anchors[keep], p.anchor_n[keep], p.anchor_sum[keep]
-        return True
 
     def narrow_keys(self) -> bool:
         """Mutates: drop the last 8 coordinates of every stored key (1-bit keys only, with

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
-from .store_format import (CURRENT, CURRENT_TMP, FORMAT_VERSION, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
+from .store_format import (CURRENT, CURRENT_TMP, _compact, FORMAT_VERSION, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
                            encode_meta, encoded_size, file_crc32, fsync_dir, ordered_specs, read_format, read_version_file,
                            version_name, write_file, write_version_file)
 from .store_format_v1 import Vanished, read_manifest_format, read_version_dir
@@ -76,16 +76,6 @@ class Snapshot:
     #: version file, which covers every array): what derived caches (the ANN index) are keyed on.
     #: Empty for format 1, whose versions are then not cached.
     entries: dict = field(default_factory=dict)
-
-
-def _compact(value: Any, limit: int = 80) -> str:
-    """One-line rendering of a JSON value for error messages, shortened if long."""
-    try:
-        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=True, default=repr)
-    except (TypeError, ValueError):
-        text = repr(value)
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _first_difference(key: str, actual: Any, expected: Any) -> tuple[str, Any, Any]:

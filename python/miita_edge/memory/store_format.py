@@ -440,3 +440,13 @@ def file_crc32(fpath: Path) -> int:
     if len(head) < CRC_AT + 4:
         raise Damaged(f"{fpath.name} is truncated")
     return struct.unpack_from("<I", head, CRC_AT)[0]
+
+
+def _compact(value: Any, limit: int = 80) -> str:
+    """One-line rendering of a JSON value for error messages, shortened if long."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=True, default=repr)
+    except (TypeError, ValueError):
+        text = repr(value)
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

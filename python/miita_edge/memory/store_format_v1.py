@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .store_format import (CRC_CHUNK, FORMAT_VERSION, MAX_NAME, NAME_RE, NUMERIC_KINDS, READABLE_FORMATS, VERSION_DIGITS,
+from .store_format import (CRC_CHUNK, _compact, FORMAT_VERSION, MAX_NAME, NAME_RE, NUMERIC_KINDS, READABLE_FORMATS, VERSION_DIGITS,
                            Damaged, Newer)
 
 MANIFEST = "manifest.json"
@@ -57,15 +57,6 @@ def encoded_size_v1(arrays: dict[str, np.ndarray], manifest: dict) -> int:
         total += nbytes
     doc = {"format_version": FORMAT_V1, "version": "%0*d" % (VERSION_DIGITS, 0), "arrays": entries, "meta": manifest}
     return total + len(json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False))
-
-
-def _compact(value, limit: int) -> str:
-    try:
-        text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=True, default=repr)
-    except (TypeError, ValueError):
-        text = repr(value)
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_manifest_format(vdir: Path) -> int | None:
