@@ -85,7 +85,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
         ann = index.ann.ready() if index.ann is not None else None
         if ann is not None:  # a large memory: the graph proposes anchors, the same kernel re-scores them
-            cand = ann.candidates(q, ann_index.candidate_count(pr.k_anchors))
+            cand = ann.propose(q, pr.k_anchors)
             owner = owner[cand]
             scores = _native.bit_scores(index.packed[cand], q) / np.sqrt(bank.n_embd)
         else:
