@@ -4,8 +4,8 @@ Why: an exact scan reads every stored key per query, so retrieval grows linearly
 (10.5 ms at 100,000 prototypes with 1-bit keys, 6% of a prompt pass). A usearch HNSW graph over
 the same keys finds a query's neighbourhood in a fraction of a millisecond, but only
 approximately. So the graph never decides anything: it *proposes* a candidate set larger than
-what retrieval needs (``CANDIDATES`` rows, e.g. 512 for the 8 anchors of the default preset's
-vote), and the candidates are re-scored exactly by the existing code. The final selection is
+what retrieval needs (``SEARCH``: e.g. 256 rows for the 8 anchors of the default preset's
+vote at 100,000 keys, 512 at 1,000,000), and the candidates are re-scored exactly by the existing code. The final selection is
 then the exact scan's whenever the true top set is among the candidates (recall is measured by
 ``bench/ann.py``; docs/benchmarks.md).
 
@@ -55,18 +55,19 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AnnFront", "AnnIndex", "AnnScores", "CANDIDATES", "MIN_ROWS", "available", "cache_dir", "candidate_count",
-           "front", "status"]
+__all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "SEARCH", "available", "cache_dir", "front",
+           "search_params", "status"]
 
 log = logging.getLogger("miita_edge.ann")
 
 #: rows from which the graph is used (below: the exact scan, unchanged); see docs/benchmarks.md
 MIN_ROWS = 20_000
-#: rows the graph proposes per query, by kind (and at least 16 per wanted row); the graph's
-#: search breadth (usearch ``expansion_search``) is the same number
-CANDIDATES = {"bits": 512, "f16": 128}
+#: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
+#: the last row whose size is reached applies; at least 16 candidates per wanted row. Measured on
+#: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 rows
+SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 1024)), "f16": ((0, 128, 128),)}
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
-CONNECTIVITY = 16
+CONNECTIVITY = 32
 EXPANSION_ADD = 64
 #: threads of a build (a background build leaves the other core to the prompt pass)
 BUILD_THREADS = 1
@@ -81,9 +82,11 @@ _FORMAT = 1  # bump when the container or the derivation of the indexed rows cha
 _HEADER = 4096  # fixed header size: magic, JSON, zero padding
 
 
-def candidate_count(k: int, kind: str) -> int:
-    """Rows the graph proposes when retrieval needs the top ``k``."""
-    return max(CANDIDATES[kind], 16 * int(k))
+def search_params(kind: str, n_rows: int, k: int) -> tuple[int, int]:
+    """(candidates, search breadth) of a graph over ``n_rows`` rows when retrieval needs the top ``k``."""
+    count, ef = next((c, e) for start, c, e in reversed(SEARCH[kind]) if n_rows >= start)
+    count = max(count, 16 * int(k))
+    return count, max(ef, count)
 
 
 def available() -> bool:
@@ -114,8 +117,7 @@ def status(n_rows: int) -> str:
         return f"exact scan ({n_rows} rows < {MIN_ROWS})"
     if not available():
         return 'exact scan (usearch not installed: pip install ".[index]")'
-    return (f"usearch HNSW front, {CANDIDATES['bits']} (1-bit keys) / {CANDIDATES['f16']} (float keys) candidates "
-            f"re-scored exactly ({n_rows} rows >= {MIN_ROWS})")
+    return f"usearch HNSW front, its candidates re-scored exactly ({n_rows} rows >= {MIN_ROWS})"
 
 
 # ----------------------------------------------------------------------------- rows
@@ -205,16 +207,16 @@ class AnnIndex:
     def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
         self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
         self.dup_rep, self.dup_start, self.dup_members = dups
-        self.ef = 0  # search breadth; 0: the candidate count (benchmarks set it to show a miss)
+        self.ef = 0  # search breadth override (benchmarks set it to show a miss); 0: search_params'
 
     def propose(self, q: np.ndarray, k: int) -> np.ndarray:
-        """Candidates for a top ``k``: ``candidates(q, candidate_count(k, kind))``."""
-        return self.candidates(q, candidate_count(k, self.kind))
+        """Candidates for a top ``k``, as many as ``search_params`` says for this graph's size."""
+        return self.candidates(q, *search_params(self.kind, self.n_rows, k))
 
-    def candidates(self, q: np.ndarray, count: int) -> np.ndarray:
+    def candidates(self, q: np.ndarray, count: int, ef: int = 0) -> np.ndarray:
         """Row ids near ``q`` (float, shape (ndim,)): about ``count`` distinct rows and every row
-        identical to one of them, as sorted int64."""
-        ef = self.ef or int(count)
+        identical to one of them, as sorted int64; ``ef``: the search breadth (default ``count``)."""
+        ef = self.ef or max(int(ef), int(count))
         if self.graph.expansion_search != ef:
             self.graph.expansion_search = ef
         keys = self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
@@ -454,14 +456,14 @@ class AnnScores:
 
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
-        count = candidate_count(R, self.ann.kind)
+        count, ef = search_params(self.ann.kind, self.ann.n_rows, R)
         while True:
-            rows = self.ann.candidates(self.u, count)
+            rows = self.ann.candidates(self.u, count, ef)
             cand = rows if self.owners is None else np.unique(self.owners[rows])
             # several anchors of one prototype may fill the candidates: widen until R prototypes
             if cand.size >= R or count >= self.ann.n_rows:
                 break
-            count *= 4
+            count, ef = 4 * count, 4 * ef
         s = self.exact(cand)
         self._seen.update(zip(cand.tolist(), s.tolist()))
         return cand[top_indices(s, R)]
