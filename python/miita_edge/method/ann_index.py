@@ -68,7 +68,7 @@ MIN_ROWS = 20_000
 SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 1024)), "f16": ((0, 128, 128),)}
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
 CONNECTIVITY = 32
-EXPANSION_ADD = 64
+EXPANSION_ADD = 128
 #: threads of a build (a background build leaves the other core to the prompt pass)
 BUILD_THREADS = 1
 #: bytes the cache directory may hold; the least recently used files go first
