@@ -452,6 +452,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="100000,1000000", help="default-preset memory sizes (prototypes)")
     ap.add_argument("--paper-sizes", default="100000", help="paper-preset sizes; 0: none")
     ap.add_argument("--modes", default="clustered,uniform")
+    ap.add_argument("--paper-modes", default="clustered", help="key distributions for the paper preset (a "
+                    "uniform 100k paper memory takes ~20 min to graph on one thread)")
     ap.add_argument("--queries", type=int, default=200, help="real test keys for recall (default preset)")
     ap.add_argument("--paper-queries", type=int, default=40, help="prompt passes for recall (paper preset)")
     ap.add_argument("--reps", type=int, default=9, help="prompt passes per path for the retrieval share")
@@ -531,9 +533,9 @@ def main(argv=None) -> int:
         Q_raw = k["test_raw"][: args.queries]
         print(f"\nretrieval share of the prompt pass (medians of {args.reps} per path), recall over "
               f"{args.queries} real test keys (default) / {args.paper_queries} prompts (paper)")
-        for preset, sizes in (("default", args.sizes), ("paper", args.paper_sizes)):
+        for preset, sizes, modes in (("default", args.sizes, args.modes), ("paper", args.paper_sizes, args.paper_modes)):
             for J in [int(x) for x in sizes.split(",") if int(x) > 0]:
-                for mode in args.modes.split(","):
+                for mode in modes.split(","):
                     try:
                         run_case(eng, manifests, preset, J, mode, centres, noise, prompts, Q_raw, args, work)
                     except MemoryError:

@@ -61,7 +61,7 @@ __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "SEARCH", "available
 log = logging.getLogger("miita_edge.ann")
 
 #: rows from which the graph is used (below: the exact scan, unchanged); see docs/benchmarks.md
-MIN_ROWS = 20_000
+MIN_ROWS = 50_000
 #: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
 #: the last row whose size is reached applies; at least 16 candidates per wanted row. Measured on
 #: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 rows
