@@ -18,7 +18,7 @@ pytest.importorskip("usearch", reason='usearch is an optional extra: pip install
 
 from miita_edge.memory.bank import MemoryBank, Prototype  # noqa: E402
 from miita_edge.method import ann_index  # noqa: E402
-from miita_edge.method.ann_index import AnnFront, AnnIndex  # noqa: E402
+from miita_edge.method.ann_index import AnnIndex  # noqa: E402
 from miita_edge.method.plan import RetrievalIndex, plan_query  # noqa: E402
 from miita_edge.method.presets import default_preset  # noqa: E402
 from miita_edge.method.retrieval import RetrievalConfig, ScanIndex, retrieve  # noqa: E402
@@ -117,7 +117,7 @@ def test_default_preset_selection_equals_the_exact_path_above_the_threshold(monk
     for q in queries(C, 60, 0.6, 6):
         a, b = plan(index, bank, q), plan(exact, bank, q)
         s = np.where(np.unpackbits(exact.packed, axis=1) > 0, 1.0, -1.0) @ q
-        if np.isin(ref_top(s, 8), index.ann.ready().candidates(q, 64)).all():
+        if np.isin(ref_top(s, 8), index.ann.ready().propose(q, 8)).all():
             contained += 1
             for x, y in zip(a, b):
                 assert np.array_equal(x, y)  # bitwise: same ids, scores and weights
@@ -193,8 +193,8 @@ def test_paper_channels_select_what_the_exact_scans_select(monkeypatch, cone):
         ids, p_hat = top_k_restricted(logits, cfg.K_v)  # d_tilde, as retrieve derives it
         _, d_tilde = uncertainty_direction(W[ids].astype(np.float64), restricted_entropy_grad(p_hat)[0], cfg.eps_r)
         u = q / np.linalg.norm(q)
-        sem_in = np.isin(ref_top(Au @ u, cfg.R_k), with_ann.ann[0].ready().candidates(u, 64)).all()
-        dir_in = np.isin(ref_top(Du @ d_tilde, cfg.R_d), with_ann.ann[1].ready().candidates(d_tilde, 64)).all()
+        sem_in = np.isin(ref_top(Au @ u, cfg.R_k), with_ann.ann[0].ready().propose(u, cfg.R_k)).all()
+        dir_in = np.isin(ref_top(Du @ d_tilde, cfg.R_d), with_ann.ann[1].ready().propose(d_tilde, cfg.R_d)).all()
         sem_found += sem_in
         if sem_in and dir_in:  # both exact Top_R among the candidates: the selection is the exact one
             compared += 1
@@ -275,8 +275,8 @@ def test_concurrent_builders_leave_a_valid_file(monkeypatch):
     monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
     packed, entries, C = rows_and_entries(17)
     fronts = []
-    threads = [threading.Thread(target=lambda: fronts.append(AnnFront(packed, "bits", ann_index.content_key(
-        entries, "anchors", "bits", len(packed), H), background=False))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: fronts.append(
+        ann_index.front(packed, "bits", entries, "anchors", background=False))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:

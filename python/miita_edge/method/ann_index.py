@@ -4,14 +4,21 @@ Why: an exact scan reads every stored key per query, so retrieval grows linearly
 (10.5 ms at 100,000 prototypes with 1-bit keys, 6% of a prompt pass). A usearch HNSW graph over
 the same keys finds a query's neighbourhood in a fraction of a millisecond, but only
 approximately. So the graph never decides anything: it *proposes* a candidate set larger than
-what retrieval needs (``CANDIDATES`` rows, e.g. 64 for the 8 anchors of the default preset's
-vote), and the candidates are re-scored exactly by the existing code. The final selection is
+what retrieval needs (``SEARCH``: e.g. 256 rows for the 8 anchors of the default preset's
+vote at 100,000 keys, 512 at 1,000,000), and the candidates are re-scored exactly by the existing code. The final selection is
 then the exact scan's whenever the true top set is among the candidates (recall is measured by
 ``bench/ann.py``; docs/benchmarks.md).
 
 What the graph indexes (the re-score is always the exact scan's own score):
 
-* ``"bits"``: packed 1-bit keys (the default preset), Hamming distance to the query's signs;
+* ``"bits"``: packed 1-bit keys (the default preset). The exact score is the *float* query
+  against the ±1 anchors, Σ|q_i|·s_i·a_i; Hamming distance to the query's signs alone weighs every
+  dimension alike, and at 1,000,000 keys the exact top-8 were then among the Hamming top-512 for
+  only 93% of real queries (top-2,048: 99%). So each key bit is stored twice (2·H bits) and the
+  query codes its stronger half of dimensions (|q_i| at or above the median) as (s_i, s_i), its
+  weaker half as (s_i, ¬s_i), which adds the same 1 to every key's distance: the Hamming distance
+  then counts disagreements on the strong half only, twice, and the exact top-8 were among its
+  top-512 for 99.9% of those queries (docs/benchmarks.md);
 * ``"f16"``: float rows stored as float16, cosine (the paper preset's unit anchors and
   directions). Not int8: the paper preset's keys are not centred, and real ones lie in a narrow
   cone (cosine 0.9997 between keys of one Banking77 label, 0.9996 between any two), so int8
@@ -48,20 +55,20 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["AnnFront", "AnnIndex", "AnnScores", "CANDIDATES", "MIN_ROWS", "available", "cache_dir", "candidate_count",
-           "front", "status"]
+__all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "SEARCH", "available", "cache_dir", "front",
+           "search_params", "status"]
 
 log = logging.getLogger("miita_edge.ann")
 
 #: rows from which the graph is used (below: the exact scan, unchanged); see docs/benchmarks.md
-MIN_ROWS = 20_000
-#: candidates proposed per query for a top-k of up to CANDIDATES // 8 (more: 8 per wanted row)
-CANDIDATES = 64
-#: the graph's search breadth (usearch ``expansion_search``); at least the candidate count
-EXPANSION_SEARCH = 128
+MIN_ROWS = 50_000
+#: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
+#: the last row whose size is reached applies; at least 16 candidates per wanted row. Measured on
+#: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 rows
+SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 1024)), "f16": ((0, 128, 128),)}
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
-CONNECTIVITY = 16
-EXPANSION_ADD = 64
+CONNECTIVITY = 32
+EXPANSION_ADD = 128
 #: threads of a build (a background build leaves the other core to the prompt pass)
 BUILD_THREADS = 1
 #: bytes the cache directory may hold; the least recently used files go first
@@ -75,9 +82,11 @@ _FORMAT = 1  # bump when the container or the derivation of the indexed rows cha
 _HEADER = 4096  # fixed header size: magic, JSON, zero padding
 
 
-def candidate_count(k: int) -> int:
-    """Rows the graph proposes when retrieval needs the top ``k``: ``CANDIDATES``, or 8 per row."""
-    return max(CANDIDATES, 8 * int(k))
+def search_params(kind: str, n_rows: int, k: int) -> tuple[int, int]:
+    """(candidates, search breadth) of a graph over ``n_rows`` rows when retrieval needs the top ``k``."""
+    count, ef = next((c, e) for start, c, e in reversed(SEARCH[kind]) if n_rows >= start)
+    count = max(count, 16 * int(k))
+    return count, max(ef, count)
 
 
 def available() -> bool:
@@ -108,14 +117,18 @@ def status(n_rows: int) -> str:
         return f"exact scan ({n_rows} rows < {MIN_ROWS})"
     if not available():
         return 'exact scan (usearch not installed: pip install ".[index]")'
-    return f"usearch HNSW front, {CANDIDATES}+ candidates re-scored exactly ({n_rows} rows >= {MIN_ROWS})"
+    return f"usearch HNSW front, its candidates re-scored exactly ({n_rows} rows >= {MIN_ROWS})"
 
 
 # ----------------------------------------------------------------------------- rows
 def _query_vector(q: np.ndarray, kind: str) -> np.ndarray:
     """A float query as the graph's vectors are stored: signs packed, or float (usearch rounds)."""
     q = np.asarray(q, np.float32).reshape(-1)
-    return np.packbits(q >= 0) if kind == "bits" else q  # bits: as codecs.encode(..., "bit")
+    if kind != "bits":
+        return q
+    s = q >= 0  # as codecs.encode(..., "bit")
+    strong = np.abs(q) >= np.median(np.abs(q))
+    return np.packbits(np.stack([s, np.where(strong, s, ~s)], axis=1).reshape(-1))
 
 
 def _graph(kind: str, ndim: int, **params):
@@ -128,12 +141,14 @@ def _graph(kind: str, ndim: int, **params):
 
 
 def _ndim(rows: np.ndarray, kind: str) -> int:
-    return rows.shape[1] * 8 if kind == "bits" else rows.shape[1]
+    return rows.shape[1] * 16 if kind == "bits" else rows.shape[1]
 
 
 def _stored(rows: np.ndarray, kind: str) -> np.ndarray:
     """Rows as the graph holds them (what a cached graph's vectors are compared with)."""
-    return rows if kind == "bits" else np.asarray(rows, np.float16)
+    if kind != "bits":
+        return np.asarray(rows, np.float16)
+    return np.packbits(np.repeat(np.unpackbits(rows, axis=1), 2, axis=1), axis=1)  # every bit twice
 
 
 def _duplicates(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -192,12 +207,16 @@ class AnnIndex:
     def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
         self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
         self.dup_rep, self.dup_start, self.dup_members = dups
-        self.ef = EXPANSION_SEARCH  # search breadth; raised to the candidate count when that is larger
+        self.ef = 0  # search breadth override (benchmarks set it to show a miss); 0: search_params'
 
-    def candidates(self, q: np.ndarray, count: int) -> np.ndarray:
+    def propose(self, q: np.ndarray, k: int) -> np.ndarray:
+        """Candidates for a top ``k``, as many as ``search_params`` says for this graph's size."""
+        return self.candidates(q, *search_params(self.kind, self.n_rows, k))
+
+    def candidates(self, q: np.ndarray, count: int, ef: int = 0) -> np.ndarray:
         """Row ids near ``q`` (float, shape (ndim,)): about ``count`` distinct rows and every row
-        identical to one of them, as sorted int64."""
-        ef = max(self.ef, int(count))
+        identical to one of them, as sorted int64; ``ef``: the search breadth (default ``count``)."""
+        ef = self.ef or max(int(ef), int(count))
         if self.graph.expansion_search != ef:
             self.graph.expansion_search = ef
         keys = self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
@@ -213,10 +232,10 @@ class AnnIndex:
     def build(cls, rows: np.ndarray, kind: str, threads: int = BUILD_THREADS) -> "AnnIndex":
         """A graph over ``rows``: (n, ndim/8) uint8 packed bits, or (n, ndim) float."""
         reps, *dups = _duplicates(rows)
-        graph = _graph(kind, _ndim(rows, kind), connectivity=CONNECTIVITY, expansion_add=EXPANSION_ADD,
-                       expansion_search=EXPANSION_SEARCH)
-        if reps.size:
-            graph.add(reps.astype(np.uint64), np.ascontiguousarray(rows[reps]), threads=threads)
+        graph = _graph(kind, _ndim(rows, kind), connectivity=CONNECTIVITY, expansion_add=EXPANSION_ADD)
+        for i in range(0, reps.size, 65536):  # in slices: the stored form of 1M rows would be a copy
+            r = reps[i:i + 65536]
+            graph.add(r.astype(np.uint64), np.ascontiguousarray(_stored(rows[r], kind)), threads=threads)
         return cls(graph, rows.shape[0], kind, tuple(dups))
 
     def save(self, path: Path, key: str) -> None:
@@ -437,14 +456,14 @@ class AnnScores:
 
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
-        count = candidate_count(R)
+        count, ef = search_params(self.ann.kind, self.ann.n_rows, R)
         while True:
-            rows = self.ann.candidates(self.u, count)
+            rows = self.ann.candidates(self.u, count, ef)
             cand = rows if self.owners is None else np.unique(self.owners[rows])
             # several anchors of one prototype may fill the candidates: widen until R prototypes
             if cand.size >= R or count >= self.ann.n_rows:
                 break
-            count *= 4
+            count, ef = 4 * count, 4 * ef
         s = self.exact(cand)
         self._seen.update(zip(cand.tolist(), s.tolist()))
         return cand[top_indices(s, R)]

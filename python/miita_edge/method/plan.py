@@ -132,7 +132,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         rows, owner = index.voters, index.voter_owner
         ann = index.ann.ready() if index.ann is not None else None
         if ann is not None:  # a large memory: the graph proposes rows, the same kernel re-scores them
-            cand = ann.candidates(q, ann_index.candidate_count(pr.k_anchors))
+            cand = ann.propose(q, pr.k_anchors)
             owner = owner[cand]
             scores = _native.bit_scores(rows[cand], q) / root
         else:
