@@ -291,33 +291,13 @@ def mutate_v1(src: Path, dst: Path, kind: str, rng: random.Random, outside: Path
 # Written from the layout in memory/store_format.py's docstring, so forgeries do not reuse the
 # store's own code. ``split_v2`` gives every field with its position, ``build_v2`` lays a file out
 # from fields (payloads placed by the alignment rule) and ``fix_crc`` makes its CRC right.
-MAGIC = b"\x93MIM"
-CODES = ["<b1", "<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
-
-
-def _enc(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
-        n >>= 7
-        if not n:
-            return bytes(out)
-
-
-def _dec(raw: bytes, pos: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = raw[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, pos
-
-
-def _dtype(code: int) -> np.dtype:
-    d = np.dtype(CODES[code & 0x7F])
-    return d.newbyteorder(">") if code & 0x80 else d
+# The field codec (magic, dtype codes, varints) is tests/_store_ref.py's: one independent reader of
+# the layout, shared by the tests and this campaign.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from _store_ref import CODES, MAGIC  # noqa: E402
+from _store_ref import _varint as _dec  # noqa: E402
+from _store_ref import dtype_of as _dtype  # noqa: E402
+from _store_ref import enc_varint as _enc  # noqa: E402
 
 
 def code_of(dtype: np.dtype) -> int:

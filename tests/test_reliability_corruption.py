@@ -145,3 +145,27 @@ def test_a_memory_with_a_forged_tokens_array_is_a_one_line_error(tmp_path, edit,
     with pytest.raises(StoreError, match=needle) as info:
         Miita(memory=d, engine_config=EngineConfig(n_threads=1))
     assert "\n" not in str(info.value) and "inconsistent arrays" in str(info.value)
+
+
+@pytest.mark.parametrize("precision,name,bad", [("bit", "anchors", np.int16), ("int8", "anchors", np.uint8),
+                                                ("float32", "dirs", np.float16)])
+def test_an_array_forged_with_another_dtype_is_refused_by_the_bank(precision, name, bad):
+    """Found by the format-2 campaign (seed 1): anchors rewritten as int16 of the right shape (header
+    updated, CRC recomputed) passed every shape check and crashed ``ask`` in the 1-bit scan
+    kernel (TypeError). The bank now checks each array's stored dtype against its precision."""
+    from miita_edge.memory import codecs
+    from miita_edge.memory.bank import BankConfig, MemoryBank
+
+    H, rng = 64, np.random.default_rng(0)
+    cfg = BankConfig(payload="mean", key_precision=precision if name == "anchors" else "float32",
+                     dir_precision=precision if name == "dirs" else "float32")
+    keys, dirs = codecs.encode(rng.standard_normal((3, H)), cfg.key_precision), \
+        codecs.encode(rng.standard_normal((3, H)), cfg.dir_precision)
+    arrays = {"anchors": keys["data"], "anchor_owner": np.arange(3, dtype=np.uint16),
+              "anchor_count": np.ones(3, np.uint16), "counts": np.ones(3, np.uint32), "dirs": dirs["data"]}
+    if "scale" in keys:
+        arrays["anchor_scale"] = keys["scale"]
+    MemoryBank.from_arrays(cfg, H, dict(arrays)).counts()  # the well-formed arrays open
+    arrays[name] = arrays[name].astype(bad)
+    with pytest.raises(ValueError, match=f"{name} array has dtype {np.dtype(bad)}"):
+        MemoryBank.from_arrays(cfg, H, arrays).counts()

@@ -698,6 +698,7 @@ class _Stored:
             D = np.zeros((0, H), np.float32)
         else:
             enc = {"data": arrays["dirs"]}
+            codecs.check_stored("dirs", enc["data"], config.dir_precision)
             if "dir_scale" in arrays:
                 enc["scale"] = arrays["dir_scale"]
             D = codecs.decode(enc, config.dir_precision, H)
@@ -706,6 +707,7 @@ class _Stored:
         full = H * key_parts
         if raw.ndim != 2:
             raise ValueError(f"anchors array has shape {raw.shape}, expected (n, width)")
+        codecs.check_stored("anchors", raw, config.key_precision)
         if config.key_precision == "bit":  # full width, or narrowed by repair to a multiple of 8 bits
             cols = raw.shape[1]
             key_dim = full if cols == codecs.bytes_per_vector("bit", full) else 8 * cols

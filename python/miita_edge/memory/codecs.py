@@ -42,6 +42,20 @@ def encode(x: np.ndarray, precision: str) -> dict[str, np.ndarray]:
     raise ValueError(f"unknown precision {precision!r}")
 
 
+#: The dtype each precision is stored as. A store accepts any valid array (a forged file with a
+#: recomputed checksum is valid), so readers check this before decoding: int16 "bits" of the right
+#: shape crashed the 1-bit scan kernel (the corruption campaign, docs/reliability.md).
+STORED_DTYPE = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "int8": np.dtype(np.int8),
+                "bit": np.dtype(np.uint8)}
+
+
+def check_stored(name: str, data: np.ndarray, precision: str) -> None:
+    """Raise ValueError naming ``name`` unless ``data`` has the dtype ``precision`` is stored as."""
+    want = STORED_DTYPE[precision]
+    if np.asarray(data).dtype != want:
+        raise ValueError(f"{name} array has dtype {np.asarray(data).dtype}, expected {want} ({precision} values)")
+
+
 def decode(arrays: dict[str, np.ndarray], precision: str, n_embd: int) -> np.ndarray:
     data = np.asarray(arrays["data"])
     if precision in ("float32", "float16"):
