@@ -55,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .exact_scores import ExactOnDemand
+
 __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "SEARCH", "available", "cache_dir", "front",
            "search_params", "status"]
 
@@ -440,7 +442,7 @@ def front(rows: np.ndarray, kind: str, entries: dict | None, channel: str, backg
     return AnnFront(rows, kind, content_key(entries, channel, kind, n, ndim), background=background)
 
 
-class AnnScores:
+class AnnScores(ExactOnDemand):
     """One recall channel of eq. 8 through the graph, with ``RecallScores``' interface (``top``,
     ``at``, ``full``): ``top(R)`` takes the graph's candidate rows, maps them to prototypes
     (``owners``: the prototype of each row, None: rows are prototypes), re-scores those exactly
@@ -452,8 +454,6 @@ class AnnScores:
         self._seen: dict[int, float] = {}
 
     def top(self, R: int) -> np.ndarray:
-        from .vectors import top_indices
-
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
         count, ef = search_params(self.ann.kind, self.ann.n_rows, R)
@@ -464,15 +464,4 @@ class AnnScores:
             if cand.size >= R or count >= self.ann.n_rows:
                 break
             count, ef = 4 * count, 4 * ef
-        s = self.exact(cand)
-        self._seen.update(zip(cand.tolist(), s.tolist()))
-        return cand[top_indices(s, R)]
-
-    def at(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        if all(i in self._seen for i in ids.tolist()):
-            return np.array([self._seen[i] for i in ids.tolist()], dtype=np.float64)
-        return self.exact(ids)
-
-    def full(self) -> np.ndarray:
-        return self.exact(np.arange(self.n))
+        return self.rescore_top(cand, R)

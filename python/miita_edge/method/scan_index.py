@@ -9,6 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .exact_scores import ExactOnDemand
 from .vectors import NORM_EPS, cos_rows, as_f64, float_rows, normalize, top_indices
 
 __all__ = ["ScanIndex", "semantic_scores"]
@@ -205,7 +206,7 @@ class ScanIndex:
         return RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos, exact)
 
 
-class RecallScores:
+class RecallScores(ExactOnDemand):
     """Scores known within bounds for every row and exactly on demand: ``top(R)`` is the exact
     ``Top_R`` (ties -> lower index, as top_indices). The bounds, the R-th largest lower bound and
     the rows whose upper bound reaches it are one native pass (``_native.i8_recall``); only those
@@ -239,15 +240,4 @@ class RecallScores:
         if segs is None:
             segs = _native.i8_recall(*self.args, int(R))
         cand = segs if self.owners is None else np.sort(self.owners[segs])
-        s = self.exact(cand)
-        self._seen.update(zip(cand.tolist(), s.tolist()))
-        return cand[top_indices(s, R)]
-
-    def at(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        if all(i in self._seen for i in ids.tolist()):
-            return np.array([self._seen[i] for i in ids.tolist()], dtype=np.float64)
-        return self.exact(ids)
-
-    def full(self) -> np.ndarray:
-        return self.exact(np.arange(self.n))
+        return self.rescore_top(cand, R)
