@@ -50,9 +50,19 @@ def answer_tokens(outputs: list[str], template: str, model=None) -> list[np.ndar
 
 
 def npy_bytes(arrays: dict) -> int:
-    from miita_edge.memory.store_format import array_spec
+    """The arrays' payload bytes (shape-only views count at their full size); ``--framing`` adds
+    the store's own bytes."""
+    return sum(int(np.asarray(a).nbytes) for a in arrays.values())
 
-    return sum(array_spec(a)[2] for a in arrays.values())
+
+def write_and_repair(sim, tokens, key, limit: int | None, log: dict) -> None:
+    """Write one example into ``sim.bank`` and repair it to ``limit`` bytes of ``sim.size()``,
+    as ingest does, adding the repair's counts to ``log``."""
+    sim.bank.write(np.zeros((0, sim.bank.n_embd), np.float32), tokens, key)
+    if limit is not None:
+        r = sim.bank.repair(limit, lambda b: sim.size())
+        for f in log:
+            log[f] += getattr(r, f)
 
 
 class Sim:
@@ -83,11 +93,7 @@ class Sim:
                 sk = self.bank.store_key(self.bank.prepare_key(k))[0]
                 c = self.bank._max_anchor_cos(p.anchors, sk)
                 self.radius[key] = min(self.radius.get(key, np.inf), c)
-            self.bank.write(np.zeros((0, self.bank.n_embd), np.float32), t, k)
-            if limit is not None:
-                r = self.bank.repair(limit, lambda b: self.size())
-                for f in log:
-                    log[f] += getattr(r, f)
+            write_and_repair(self, t, k, limit, log)
         return log
 
     hub = 0.0  # CSLS-style hubness correction: score = cos(q, a) - hub * r_a (0: plain cosine)
@@ -199,11 +205,7 @@ class PresetSim:
         log = {"pruned": 0, "narrowed": 0, "merged": 0, "evicted": 0}
         for k, t, lab in zip(raw_keys, tokens, labels):
             self.label_of[tuple(int(x) for x in t)] = lab
-            self.bank.write(np.zeros((0, self.bank.n_embd), np.float32), t, k)
-            if limit is not None:
-                r = self.bank.repair(limit, lambda b: self.size())
-                for f in log:
-                    log[f] += getattr(r, f)
+            write_and_repair(self, t, k, limit, log)
         return log
 
     def vote(self, raw_queries) -> list:
