@@ -1,38 +1,56 @@
 """Retrieval at 100k-1M prototypes (issue 15): the usearch front (method/ann_index.py) against the
-exact scan, in one run.
+exact scan, in one run, on memories as the current code writes and opens them.
 
 For each preset, size and key distribution, a synthetic memory is committed to a temporary store
-and opened as a user's memory would be (graphs cached in a temporary folder, not the user's):
+and opened as a user's memory would be (graphs cached in a temporary folder, not the user's). Its
+arrays have exactly the names, dtypes and row shapes of a small real memory that this run ingests
+first with the facade (store format 2: ``anchor_per``, ``tok3``/``tok_len``, narrow counts, the
+default preset's ``radius``; the run fails if it meets an array it cannot make), and its manifest
+is that memory's, with the counts of the synthetic one. Every prototype has one anchor, taught by
+two examples (n = 2, so the relevance gate sees recurring answers; radius: the cosine of two keys
+of one cluster). With the default preset's centroid vote, a one-anchor prototype's centroid is its
+anchor: the exact scan reads 2J rows (``voters``), the graph holds J distinct ones (identical rows
+are indexed once), and ``MIN_ROWS`` counts voter rows.
 
-  open       Miita(memory=...) and its first retrieval index (for the paper preset: the first plan,
-             which builds its scan index): cold (no cached graph: it is built on a background
-             thread while the exact scan answers) and warm (the graph mapped from the cache)
+  open       Miita(memory=...) and its first retrieval index (default preset: centroid bits and the
+             graph front; paper preset: also the first plan, which builds its scan index): cold (no
+             cached graph: it is built on a background thread while the exact scan answers) and
+             warm (the graph mapped from the cache)
   build      the graph's build time on its background thread (ann_index.BUILD_THREADS threads)
   retrieval  Miita.plan right after a real prompt pass (a Banking77 test prompt), ANN and exact
              alternated, medians of --reps, as a share of the same run's prompt pass
              (targets: <= 1% at 100k, <= 3% at 1M)
-  recall     recall@R: the share of the exact top-k (numpy over the exact scores) among the R
-             candidates the graph proposes, over --queries real Banking77 test keys (target >= 0.99)
-  agreement  queries whose selected prototypes (ids, weights, scores) equal the exact path's
+  recall     recall@R: the share of the exact top-k rows (numpy over the exact scores of every
+             voter row) among the R candidates the graph proposes, over --queries real Banking77
+             test keys (target >= 0.99)
+  agreement  queries whose selection (ids, scores, weights) equals the exact path's, both with the
+             relevance gate (and its decision) and without it (the vote alone)
+
+Keys are the preset's own: the default preset (version 2) pools the layers the memory records
+(12 and 9 on Gemma-3-270M: 1,280 coordinates), centres them, orders the coordinates by the
+calibration keys' spread and stores sign bits (``MemoryBank.prepare_key``); the paper preset keeps
+float keys of its one layer. Real keys are extracted once through the engine with the memory's key
+layers and cached under a tag that names the layers, the BOS rule and the preset version.
 
 Key distributions:
   clustered  the real keys of the 3,075 Banking77 training prompts as centres (default preset:
-             1-bit centred keys; paper preset: unit keys and directions d = Norm(R_m), extracted
+             prepared sign bits; paper preset: unit keys and directions d = Norm(R_m), extracted
              once with the model and cached); a synthetic key is a centre with a share f of its
              bits flipped, f chosen so that two keys of one centre differ as much as a real key and
              its nearest same-label key (median Hamming distance; --spread pairs: as two real keys
              of one label); paper keys and directions get Gaussian noise matching the median
              cosine the same way
-  uniform    random keys and directions (bench/memory.py's synthetic_bank): a graph's worst case
+  uniform    random keys and directions: a graph's worst case
 
     python bench/ann.py                                  # 100k and 1M (default), 100k (paper)
-    python bench/ann.py --crossover 5000,10000,20000,50000
+    python bench/ann.py --crossover 10000,20000,40000    # prototypes (voter rows: twice as many)
     python bench/ann.py --paper-fit 300000,500000,1000000
     python bench/ann.py --sizes 100000 --paper-sizes 0 --ef 16 --candidates 8   # a run that misses
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import resource
@@ -46,83 +64,84 @@ from types import SimpleNamespace
 
 import numpy as np
 
-H = 640
 
 
 # ----------------------------------------------------------------------------- real keys
-def real_keys(data: Path, n_train: int | None, n_test: int, threads: int = 1):
-    """Keys of Banking77 prompts through the banking77 template, extracted once and cached.
-
-    Returns a dict: ``train_raw`` / ``test_raw`` (n, H) float32 mean-pooled keys without the BOS
-    row (the default preset's key), ``bos_row`` (H,) the key-layer row of BOS alone,
-    ``train_rows`` / ``test_rows`` the pooled row counts, ``train_label`` / ``test_label`` label
-    ids, and ``key_mean`` the default preset's centring vector for this template.
-    """
-    from miita_edge.method.calibration import _cache_dir, calibration_mean
-    from miita_edge.method.templates import get_template
-    from miita_edge.runtime.engine import Engine, EngineConfig
+def _keys_tag(eng, m, data: Path, *parts) -> str:
     from miita_edge.runtime.fingerprint import model_sha256
-    from miita_edge.streams import read_examples
 
-    train = list(read_examples(data / "train.jsonl"))[:n_train]
-    test = list(read_examples(data / "test.jsonl"))[:n_test]
-    eng = Engine(None, EngineConfig(n_threads=threads))
-    sha = model_sha256(eng.info.path)
-    tag = hashlib.sha256(f"{sha}|{data.resolve()}|{len(train)}|{len(test)}".encode()).hexdigest()[:16]
-    path = _cache_dir() / "bench" / f"banking77-keys-{tag}.npz"
-    if path.exists():
-        eng.close()
-        return dict(np.load(path)), [e.input for e in test]
-    tpl = get_template("banking77")
-    fp = {"sha256": sha, "key_layer": eng.key_layer}
-    out = {"key_mean": calibration_mean(eng, tpl, True, fp)}
-    out["bos_row"] = eng.query([eng.bos], skip_bos_in_key=False).key.astype(np.float32)
-    labels = sorted({e.output for e in train} | {e.output for e in test})
-    t0 = time.perf_counter()
-    for name, rows in (("train", train), ("test", test)):
-        K, n = [], []
-        for i, e in enumerate(rows):
-            st = eng.query(eng.tokenize(tpl.render_prompt(e.input)), skip_bos_in_key=True)
-            K.append(st.key.astype(np.float32))
-            n.append(st.key_rows)
-            if i % 500 == 0:
-                print(f"#   keys: {name} {i}/{len(rows)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        out[f"{name}_raw"] = np.stack(K)
-        out[f"{name}_rows"] = np.array(n, np.int32)
-        out[f"{name}_label"] = np.array([labels.index(e.output) for e in rows], np.int32)
-    eng.close()
+    pr = m.preset
+    ident = [model_sha256(eng.info.path), str(data.resolve()), m.template.name, f"{pr.name}/{pr.version}",
+             "L" + "_".join(map(str, m.key_layers)), f"skip_bos={pr.skip_bos}", *map(str, parts)]
+    return hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
+
+
+def _save(path: Path, out: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
     np.savez(tmp, **out)
     os.replace(tmp, path)
-    return out, [e.input for e in test]
 
 
-def paper_examples(data: Path, threads: int = 1) -> dict:
-    """Real paper-preset keys and directions of the Banking77 training prompts (eqs. 1-2: the key
-    with BOS, d = Norm(R_m)), extracted once and cached like ``real_keys``: ``key`` (n, H) unit,
-    ``dir`` (n, H) unit, ``label`` (n,)."""
-    from miita_edge.method.calibration import _cache_dir
-    from miita_edge.method.ingest import extract_examples
-    from miita_edge.method.presets import paper_preset
-    from miita_edge.method.templates import get_template
+def _extractor(m):
+    """A one-thread engine pooling memory ``m``'s key layers: extraction runs once and is cached, and
+    on a busy machine one thread does not wait on a second one at every barrier."""
     from miita_edge.runtime.engine import Engine, EngineConfig
-    from miita_edge.runtime.fingerprint import model_sha256
+
+    eng = Engine(None, EngineConfig(n_threads=1))
+    eng.set_key_layers(m.key_layers)
+    return eng
+
+
+def real_keys(eng, m, data: Path, n_test: int):
+    """Raw keys of the Banking77 prompts as memory ``m`` (the default preset) pools them: its key
+    layers, concatenated ((n, L·H) float32, before ``prepare_key``), its BOS rule; extracted once
+    and cached. Returns ({train_raw, test_raw, train_label, test_label}, the test inputs)."""
+    from miita_edge.method.calibration import _cache_dir
     from miita_edge.streams import read_examples
 
     train = list(read_examples(data / "train.jsonl"))
-    eng = Engine(None, EngineConfig(n_threads=threads))
-    tag = hashlib.sha256(f"{model_sha256(eng.info.path)}|{data.resolve()}|{len(train)}".encode()).hexdigest()[:16]
-    path = _cache_dir() / "bench" / f"banking77-paper-{tag}.npz"
+    test = list(read_examples(data / "test.jsonl"))[:n_test]
+    path = _cache_dir() / "bench" / f"banking77-keys-{_keys_tag(eng, m, data, len(train), len(test))}.npz"
     if path.exists():
-        eng.close()
+        return dict(np.load(path)), [e.input for e in test]
+    eng = _extractor(m)
+    labels = sorted({e.output for e in train} | {e.output for e in test})
+    out = {}
+    t0 = time.perf_counter()
+    for name, rows in (("train", train), ("test", test)):
+        K = []
+        for i, e in enumerate(rows):
+            K.append(eng.query(eng.tokenize(m.template.render_prompt(e.input)), skip_bos_in_key=m.preset.skip_bos)
+                     .key.astype(np.float32))
+            if i % 500 == 0:
+                print(f"#   keys: {name} {i}/{len(rows)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        out[f"{name}_raw"] = np.stack(K)
+        out[f"{name}_label"] = np.array([labels.index(e.output) for e in rows], np.int32)
+    eng.close()
+    _save(path, out)
+    return out, [e.input for e in test]
+
+
+def paper_examples(eng, m, data: Path) -> dict:
+    """Real paper-preset keys and directions of the Banking77 training prompts (eqs. 1-2: the key
+    with BOS, d = Norm(R_m)) through memory ``m``'s key layer, extracted once and cached like
+    ``real_keys``: ``key`` (n, H) unit, ``dir`` (n, H) unit, ``label`` (n,)."""
+    from miita_edge.method.calibration import _cache_dir
+    from miita_edge.method.ingest import extract_examples
+    from miita_edge.streams import read_examples
+
+    train = list(read_examples(data / "train.jsonl"))
+    path = _cache_dir() / "bench" / f"banking77-paper-{_keys_tag(eng, m, data, len(train))}.npz"
+    if path.exists():
         return dict(np.load(path))
+    eng = _extractor(m)
     labels = sorted({e.output for e in train})
     keys, dirs, labs = [], [], []
     t0 = time.perf_counter()
     for i in range(0, len(train), 64):
         part = train[i:i + 64]
-        for e, x in zip(part, extract_examples(eng, get_template("banking77"), paper_preset(), part)):
+        for e, x in zip(part, extract_examples(eng, m.template, m.preset, part)):
             if x is not None:
                 keys.append(x.key / np.linalg.norm(x.key))
                 dirs.append(x.R_mean / np.linalg.norm(x.R_mean))
@@ -130,11 +149,25 @@ def paper_examples(data: Path, threads: int = 1) -> dict:
         print(f"#   paper directions: {i + len(part)}/{len(train)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     eng.close()
     out = {"key": np.array(keys, np.float32), "dir": np.array(dirs, np.float32), "label": np.array(labs, np.int32)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, **out)
-    os.replace(tmp, path)
+    _save(path, out)
     return out
+
+
+def template_memory(eng, preset: str, data: Path, work: Path) -> SimpleNamespace:
+    """A small real memory of ``preset`` (6 Banking77 training examples through the facade): what the
+    synthetic memories copy. ``m`` the Miita, ``spec`` {array: (dtype, row shape)} as the store holds
+    them, ``fields`` the memory's fields in the long form."""
+    from miita_edge.memory import meta as meta_mod
+    from miita_edge.memory.store import Store
+    from miita_edge.miita import Miita
+    from miita_edge.streams import read_examples
+
+    path = work / f"template-{preset}"
+    m = Miita(engine=eng, memory=path, preset=preset, template="banking77")
+    m.ingest(read_examples(data / "train.jsonl")[:6], budget="none", progress=False)
+    snap = Store(path).read()
+    spec = {n: (a.dtype, tuple(a.shape[1:])) for n, a in snap.arrays.items()}
+    return SimpleNamespace(m=m, spec=spec, fields=meta_mod.expand(snap.manifest, snap.arrays))
 
 
 def same_label_pairs(X: np.ndarray, labels: np.ndarray, fn) -> np.ndarray:
@@ -158,48 +191,72 @@ def nearest_same_label(X: np.ndarray, labels: np.ndarray, sim) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- synthetic memories
-def synthetic_arrays(preset: str, J: int, mode: str, rng, centres: np.ndarray, noise: float) -> dict:
-    """A memory's stored arrays: J prototypes with one anchor each, in the preset's form."""
-    owner_dt = np.uint16 if J < 65536 else np.uint32
-    out = {"anchor_owner": np.arange(J).astype(owner_dt), "anchor_count": np.ones(J, np.uint16),
-           "counts": np.ones(J, np.uint32)}
-    if preset == "default":
-        keys = np.empty((J, H // 8), np.uint8)
-        for s in range(0, J, 50_000):
-            n = min(50_000, J - s)
-            if mode == "uniform":
-                keys[s:s + n] = rng.integers(0, 256, (n, H // 8), dtype=np.uint8)
-            else:  # a centre's bits, each flipped with probability `noise`
-                c = np.unpackbits(centres[rng.integers(0, len(centres), n)], axis=1).astype(bool)
-                keys[s:s + n] = np.packbits(c ^ (rng.random((n, H), np.float32) < noise), axis=1)
-        toks = np.full((J, 4), -1, np.int32)
-        toks[:, :3] = rng.integers(1000, 200_000, (J, 3))
-        out.update(anchors=keys, tokens=toks.reshape(-1))
-    else:
-        A = np.empty((J, H), np.float32)
-        D = np.empty((J, H), np.float32)
-        (K, Dc), (sk, sd) = centres, noise  # real keys and directions of one example each, and their noise
-        for s in range(0, J, 50_000):
-            n = min(50_000, J - s)
-            if mode == "uniform":
-                a, d = rng.standard_normal((n, H), np.float32), rng.standard_normal((n, H), np.float32)
-            else:  # one real example's key and direction, each with its own noise
-                c = rng.integers(0, len(K), n)
-                a = K[c] + sk * rng.standard_normal((n, H), np.float32)
-                d = Dc[c] + sd * rng.standard_normal((n, H), np.float32)
-            A[s:s + n] = a / np.linalg.norm(a, axis=1, keepdims=True)
-            D[s:s + n] = d / np.linalg.norm(d, axis=1, keepdims=True)
-        out.update(anchors=A, dirs=D)
+def _uniform_bits(rng, n: int, bits: int) -> np.ndarray:
+    return np.packbits(rng.random((n, bits), np.float32) < 0.5, axis=1)
+
+
+def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise, radius: int = 0) -> dict:
+    """A memory's stored arrays, as the template memory ``tm`` holds them (same names, dtypes and row
+    shapes), for J prototypes with one anchor each, three answer tokens, taught twice (n = 2).
+    ``radius``: each prototype's stored radius (int8, the default preset)."""
+    pr = tm.m.preset
+    cfg = pr.bank
+    out = {}
+    for name, (dt, tail) in tm.spec.items():
+        if name == "anchors" and cfg.key_precision == "bit":
+            bits = tm.m.bank.key_dim
+            keys = np.empty((J, (bits + 7) // 8), np.uint8)
+            for s in range(0, J, 50_000):
+                n = min(50_000, J - s)
+                if mode == "uniform":
+                    keys[s:s + n] = _uniform_bits(rng, n, bits)
+                else:  # a centre's bits, each flipped with probability `noise`
+                    c = np.unpackbits(centres[rng.integers(0, len(centres), n)], axis=1, count=bits).astype(bool)
+                    keys[s:s + n] = np.packbits(c ^ (rng.random((n, bits), np.float32) < noise), axis=1)
+            out[name] = keys
+        elif name in ("anchors", "dirs") and dt == np.float32:  # the paper preset's float keys and directions
+            H = tail[0]
+            X = np.empty((J, H), np.float32)
+            (K, Dc), (sk, sd) = centres, noise  # real keys and directions of one example each, and their noise
+            src, sig = (K, sk) if name == "anchors" else (Dc, sd)
+            for s in range(0, J, 50_000):
+                n = min(50_000, J - s)
+                if mode == "uniform":
+                    x = rng.standard_normal((n, H), np.float32)
+                else:  # one real example's key (direction) with its own noise
+                    x = src[rng.integers(0, len(src), n)] + sig * rng.standard_normal((n, H), np.float32)
+                X[s:s + n] = x / np.linalg.norm(x, axis=1, keepdims=True)
+            out[name] = X
+        elif name in ("anchor_per", "anchor_count"):
+            out[name] = np.ones(J, dt)
+        elif name == "counts":
+            out[name] = np.full(J, 2, dt)
+        elif name == "tok_len":
+            out[name] = np.full(J, 3, dt)
+        elif name == "tok3":
+            ids = rng.integers(1000, 200_000, 3 * J)  # below every supported vocabulary's size
+            out[name] = np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
+        elif name == "radius":
+            out[name] = np.full(J, radius, np.int8)
+        else:
+            raise SystemExit(f"bench/ann.py cannot make array {name!r} ({dt}, rows {tail}) of a "
+                             f"{pr.name}/{pr.version} memory: teach synthetic_arrays the current layout")
+    for name, a in out.items():  # exactly what the bank writes now
+        dt, tail = tm.spec[name]
+        if a.dtype != dt or a.shape[1:] != tail:
+            raise SystemExit(f"bench/ann.py made {name} as {a.dtype} rows {a.shape[1:]}; the bank writes {dt} rows {tail}")
     return out
 
 
-def commit(path: Path, manifest: dict, arrays: dict) -> None:
+def commit(path: Path, tm: SimpleNamespace, arrays: dict) -> None:
+    """Commit ``arrays`` with the template memory's manifest, its counts set to the synthetic ones."""
+    from miita_edge.memory import meta as meta_mod
     from miita_edge.memory.store import Store
 
-    J = len(arrays["counts"])
-    meta = dict(manifest, prototypes=J, anchors=J, examples=J, budget="none")
+    n = int(np.asarray(arrays["counts"], np.int64).sum())
+    fields = dict(tm.fields, examples=n, skipped=0, stream_bytes=60 * n, budget="none")
     with Store(path).writer() as w:
-        w.commit(arrays, meta)
+        w.commit(arrays, meta_mod.compact(fields))
 
 
 # ----------------------------------------------------------------------------- switches
@@ -244,8 +301,9 @@ def ref_top(s: np.ndarray, k: int) -> np.ndarray:
     return np.lexsort((np.arange(len(s)), -s))[:k]
 
 
-def open_memory(eng, path: Path, st0) -> tuple:
-    """Open a memory and make its first plan ready; returns (Miita, seconds by step)."""
+def open_memory(eng, path: Path, toks) -> tuple:
+    """Open a memory and make its first plan ready; returns (Miita, seconds by step). The paper
+    preset's first plan builds its scan index: its prompt pass (``toks``) is not counted."""
     from miita_edge.miita import Miita
 
     t0 = time.perf_counter()
@@ -254,13 +312,16 @@ def open_memory(eng, path: Path, st0) -> tuple:
     m.retrieval_index()
     t2 = time.perf_counter()
     if m.preset.aggregation == "paper":
+        st0 = m._use_keys().query(toks, skip_bos_in_key=m.preset.skip_bos)
+        t2b = time.perf_counter()
         m.plan(st0)  # builds the scan index and its graph fronts
-    t3 = time.perf_counter()
-    return m, {"miita": t1 - t0, "index": t2 - t1, "scan": t3 - t2, "total": t3 - t0}
+        t2 += time.perf_counter() - t2b
+    return m, {"miita": t1 - t0, "index": t2 - t1, "total": t2 - t0}
 
 
 def retrieval_share(m, eng, prompts: list, reps: int) -> dict:
     """Medians of prompt pass and Miita.plan (ANN and exact alternated, each after its own pass)."""
+    m._use_keys()  # the memory's key layers (an engine shared by memories of both presets)
     times = {"prompt": [], "ann": [], "exact": []}
     for r in range(reps):
         toks = prompts[r % len(prompts)]
@@ -279,31 +340,50 @@ def retrieval_share(m, eng, prompts: list, reps: int) -> dict:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
-def default_quality(m, Q_raw: np.ndarray, count: int) -> dict:
-    """Recall@count of the exact top-k anchors, and agreement of the selected prototypes."""
+def _same(m, st) -> bool:
+    """Whether the ANN path's selection (ids, scores, weights, gate decision) equals the exact one's."""
+    a = m.plan(st)
+    with Exact(m):
+        b = m.plan(st)
+    same = all(np.array_equal(x, y) for x, y in zip(a[:3], b[:3]))
+    if a.gate is not None or b.gate is not None:
+        same = same and a.gate is not None and b.gate is not None and a.gate.reason == b.gate.reason \
+            and np.array_equal(a.gate.keep, b.gate.keep)
+    return same
+
+
+def default_quality(m, Q_raw: np.ndarray) -> dict:
+    """Recall of the exact top-k voter rows among the graph's candidates, and agreement of the
+    selection with the relevance gate (as shipped) and without it (the vote alone)."""
     from miita_edge import _native
 
     idx = m.retrieval_index()
     ann = idx.ann.ready()
     k = m.preset.k_anchors
-    hits, agree = 0, 0
+    hits, agree, agree_vote, kept = 0, 0, 0, 0
     for raw in Q_raw:
         q = m.bank.prepare_key(raw).astype(np.float32)
-        top = ref_top(np.asarray(_native.bit_scores(idx.packed, q), np.float64), k)
+        top = ref_top(np.asarray(_native.bit_scores(idx.voters, q), np.float64), k)
         hits += np.isin(top, ann.propose(q, k)).sum()
         st = SimpleNamespace(key=raw)
-        a = m.plan(st)[:3]
-        with Exact(m):
-            b = m.plan(st)[:3]
-        agree += all(np.array_equal(x, y) for x, y in zip(a, b))
-    return {"recall": hits / (k * len(Q_raw)), "agree": agree, "n": len(Q_raw)}
+        agree += _same(m, st)
+        g = m.plan(st).gate
+        kept += g is None or g.adapted
+        m.preset.relevance_gate = False
+        try:
+            agree_vote += _same(m, st)
+        finally:
+            m.preset.relevance_gate = True
+    return {"recall": hits / (k * len(Q_raw)), "agree": agree, "agree_vote": agree_vote, "steer": kept,
+            "n": len(Q_raw)}
 
 
-def paper_quality(m, eng, prompts: list, count: int) -> dict:
-    """Recall@count of each channel's exact Top_R (numpy over the float32 unit rows) and agreement."""
+def paper_quality(m, eng, prompts: list) -> dict:
+    """Recall of each channel's exact Top_R (numpy over the float32 unit rows) and agreement."""
     from miita_edge.method.vectors import normalize
     from miita_edge.method.uncertainty import direction_from_r
 
+    m._use_keys()
     scan = m.retrieval_index().scan
     cfg = m.preset.retrieval
     hits = {"keys": 0, "dirs": 0}
@@ -329,48 +409,63 @@ def paper_quality(m, eng, prompts: list, count: int) -> dict:
             "agree": agree, "n": len(prompts)}
 
 
-def run_case(eng, manifests, preset, J, mode, centres, noise, prompts, Q_raw, args, work: Path) -> None:
-    from miita_edge.method import ann_index
-
+def make_memory(tm, J, mode, centres, noise, radius, work: Path, name: str) -> tuple[Path, float]:
     rng = np.random.default_rng(J)
     t0 = time.perf_counter()
-    arrays = synthetic_arrays(preset, J, mode, rng, centres[preset], noise[preset])
-    path = work / f"{preset}-{mode}-{J}"
-    commit(path, manifests[preset], arrays)
-    del arrays
-    made = time.perf_counter() - t0
+    arrays = synthetic_arrays(tm, J, mode, rng, centres, noise, radius)
+    path = work / name
+    commit(path, tm, arrays)
+    return path, time.perf_counter() - t0
+
+
+def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, work: Path) -> None:
+    from miita_edge.method import ann_index
+
+    preset = tm.m.preset.name
+    path, made = make_memory(tm, J, mode, centres, noise, radius, work, f"{preset}-{mode}-{J}")
     shutil.rmtree(ann_index.cache_dir(), ignore_errors=True)
-    st0 = eng.query(prompts[0], skip_bos_in_key=True)
-    m, cold = open_memory(eng, path, st0)
+    m, cold = open_memory(eng, path, prompts[0])
     fr = fronts(m)
     if not fr:
-        print(f"   {preset:7s} {mode:9s} {J:>8,}  no graph front (below MIN_ROWS or usearch missing)")
+        print(f"   {preset:7s} {mode:9s} {J:>9,}  no graph front (below MIN_ROWS or usearch missing)")
         return
+    t0 = time.perf_counter()
     for f in fr:
         f.wait()
+    waited = time.perf_counter() - t0
     build = sum(f.build_s for f in fr)
-    m, warm = open_memory(eng, path, st0)
+    rows = [f.rows.shape[0] for f in fr]
+    nodes = [f.ready().graph.size for f in fr]
+    del m, fr
+    gc.collect()
+    m, warm = open_memory(eng, path, prompts[0])
     states = ",".join(f.state for f in fronts(m))
     apply_overrides(m, args.ef)
-    kind = "bits" if preset == "default" else "f16"
-    count = ann_index.search_params(kind, J, m.preset.k_anchors if preset == "default" else m.preset.retrieval.R_k)[0]
     if preset == "default":
-        q = default_quality(m, Q_raw, count)
+        k = m.preset.k_anchors
+        count = ann_index.search_params("bits", rows[0], k)[0]
+        q = default_quality(m, Q_raw)
     else:
-        q = paper_quality(m, eng, prompts[: args.paper_queries], count)
+        count = ann_index.search_params("f16", J, m.preset.retrieval.R_k)[0]
+        q = paper_quality(m, eng, prompts[: args.paper_queries])
     r = retrieval_share(m, eng, prompts, args.reps)
     target = 1.0 if J <= 100_000 else 3.0
     share, share_x = 100 * r["ann"] / r["prompt"], 100 * r["exact"] / r["prompt"]
-    rec = f"recall@{count} {q['recall']:.3f}" + (f" (dirs {q['recall_dirs']:.3f})" if "recall_dirs" in q else "")
+    rec = f"recall@{count} {q['recall']:.4f}" + (f" (dirs {q['recall_dirs']:.4f})" if "recall_dirs" in q else "")
     ok = "met" if share <= target else "MISSED"
     okr = "met" if min(q["recall"], q.get("recall_dirs", 1.0)) >= 0.99 else "MISSED"
+    same = (f"same selection {q['agree']}/{q['n']} (vote alone {q['agree_vote']}/{q['n']}; gate let "
+            f"{q['steer']}/{q['n']} steer)" if preset == "default" else f"same selection {q['agree']}/{q['n']}")
     print(f"   {preset:7s} {mode:9s} {J:>9,}  prompt {r['prompt']:6.1f} ms  ANN {r['ann']:6.2f} ms = {share:5.2f}% "
           f"(target <= {target:.0f}%: {ok})  exact {r['exact']:6.2f} ms = {share_x:5.2f}%")
-    print(f"   {'':7s} {'':9s} {'':>9s}  {rec} (target >= 0.99: {okr}), same selection {q['agree']}/{q['n']}; "
-          f"build {build:5.1f} s; open cold {cold['total']:5.2f} s (Miita {cold['miita']:.2f}, index "
-          f"{cold['index']:.2f}, scan {cold['scan']:.2f}), warm {warm['total']:5.2f} s [{states}]; memory made in "
-          f"{made:.1f} s", flush=True)
+    print(f"   {'':7s} {'':9s} {'':>9s}  {rec} (target >= 0.99: {okr}), {same}")
+    print(f"   {'':7s} {'':9s} {'':>9s}  rows {'+'.join(f'{x:,}' for x in rows)} (graph nodes "
+          f"{'+'.join(f'{x:,}' for x in nodes)}); build {build:5.1f} s (ready {cold['total'] + waited:5.1f} s "
+          f"after the open began); open cold {cold['total']:5.2f} s (Miita {cold['miita']:.2f}, index "
+          f"{cold['index']:.2f}), warm {warm['total']:5.2f} s (Miita {warm['miita']:.2f}, index "
+          f"{warm['index']:.2f}) [{states}]; memory made in {made:.1f} s", flush=True)
     del m
+    gc.collect()
 
 
 _FIT_CHILD = """
@@ -385,10 +480,10 @@ toks = eng.tokenize("Classify the banking customer query into an intent.\\nQuery
 try:
     t0 = time.perf_counter()
     m = Miita(engine=eng, memory=sys.argv[1])
-    st = eng.query(toks, skip_bos_in_key=False)
+    st = m._use_keys().query(toks, skip_bos_in_key=m.preset.skip_bos)
     m.plan(st)
     t1 = time.perf_counter()
-    m.plan(eng.query(toks, skip_bos_in_key=False))
+    m.plan(eng.query(toks, skip_bos_in_key=m.preset.skip_bos))
     t2 = time.perf_counter()
     hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
     print(f"ok {t1 - t0:.2f} {(t2 - t1) * 1e3:.1f} {int(hwm) / 2**20:.2f}")
@@ -397,19 +492,18 @@ except MemoryError:
 """
 
 
-def paper_fit(manifests, sizes, args, work: Path) -> None:
+def paper_fit(tm, sizes, args, work: Path) -> None:
     """Whether a paper-preset memory of each size opens and answers within --max-gib (a child
     process per size, exact scan, no graph): open + first plan time, peak resident memory."""
     import subprocess
 
     for J in sizes:
-        path = work / f"fit-{J}"
         try:
-            commit(path, manifests["paper"], synthetic_arrays("paper", J, "uniform", np.random.default_rng(J),
-                                                              (None, None), (0.0, 0.0)))
+            path, _ = make_memory(tm, J, "uniform", (None, None), (0.0, 0.0), 0, work, f"fit-{J}")
         except MemoryError:
             print(f"   paper {J:>9,}: the synthetic arrays alone do not fit in {args.max_gib:g} GiB", flush=True)
             continue
+        gc.collect()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         r = subprocess.run([sys.executable, "-c", _FIT_CHILD, str(path), str(args.max_gib)], capture_output=True,
                            text=True, env=env)
@@ -424,24 +518,28 @@ def paper_fit(manifests, sizes, args, work: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def crossover(eng, manifests, sizes, centres, noise, prompts, args, work: Path) -> None:
-    """Exact scan vs the graph (default preset, clustered keys) by size, to set MIN_ROWS."""
+def crossover(eng, tm, sizes, centres, noise, radius, prompts, args, work: Path) -> None:
+    """Exact scan vs the graph (clustered keys) by size, to set MIN_ROWS, which counts the rows a
+    graph indexes: voter rows (default preset), anchor and direction rows (paper preset)."""
     from miita_edge.method import ann_index
 
     min_rows, ann_index.MIN_ROWS = ann_index.MIN_ROWS, 0
     try:
         for J in sizes:
-            path = work / f"cross-{J}"
-            commit(path, manifests["default"], synthetic_arrays("default", J, "clustered",
-                                                                np.random.default_rng(J), centres["default"],
-                                                                noise["default"]))
-            st0 = eng.query(prompts[0], skip_bos_in_key=True)
-            m, _ = open_memory(eng, path, st0)
-            f = fronts(m)[0]
-            f.wait()
+            path, _ = make_memory(tm, J, "clustered", centres, noise, radius, work, f"cross-{J}")
+            m, _ = open_memory(eng, path, prompts[0])
+            fr = fronts(m)
+            for f in fr:
+                f.wait()
             r = retrieval_share(m, eng, prompts, args.reps)
-            print(f"   {J:>8,} anchors  exact {r['exact']:6.3f} ms  ANN {r['ann']:6.3f} ms  ratio {r['ann'] / r['exact']:.2f}"
-                  f"  (prompt {r['prompt']:.1f} ms; graph built in {f.build_s:.1f} s)", flush=True)
+            what = "voter rows" if m.preset.aggregation != "paper" else "rows per channel"
+            print(f"   {J:>8,} prototypes = {fr[0].rows.shape[0]:>8,} {what} "
+                  f"({'+'.join(f'{f.ready().graph.size:,}' for f in fr)} nodes)  exact {r['exact']:6.3f} ms  "
+                  f"ANN {r['ann']:6.3f} ms  ratio {r['ann'] / r['exact']:.2f}  (prompt {r['prompt']:.1f} ms; "
+                  f"graph built in {sum(f.build_s for f in fr):.1f} s)", flush=True)
+            del m, f, fr
+            gc.collect()
+            shutil.rmtree(path, ignore_errors=True)
     finally:
         ann_index.MIN_ROWS = min_rows
 
@@ -463,7 +561,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", type=int, default=None, help="override the candidate count (ann_index.SEARCH)")
     ap.add_argument("--spread", choices=("nn", "pairs"), default="nn", help="the same-label spread the clustered keys "
                     "copy: to the nearest same-label key (default) or between all same-label pairs (wider)")
-    ap.add_argument("--crossover", default=None, help="only the crossover: comma list of sizes")
+    ap.add_argument("--crossover", default=None, help="only the crossover: comma list of sizes (prototypes)")
+    ap.add_argument("--crossover-preset", choices=("default", "paper"), default="default")
     ap.add_argument("--paper-fit", default=None, help="only whether paper-preset memories of these sizes open "
                     "within --max-gib: comma list")
     ap.add_argument("--max-gib", type=float, default=16.0, help="address-space limit of this process (an OOM "
@@ -472,63 +571,74 @@ def main(argv=None) -> int:
     resource.setrlimit(resource.RLIMIT_AS, (int(args.max_gib * 2**30), resource.RLIM_INFINITY))
 
     from miita_edge.method import ann_index
-    from miita_edge.method.templates import get_template
-    from miita_edge.miita import Miita
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    k, test_texts = real_keys(args.data, None, 500)
     if args.candidates:
         ann_index.SEARCH = {kind: ((0, args.candidates, args.candidates),) for kind in ann_index.SEARCH}
     work = Path(tempfile.mkdtemp(prefix="miita-ann-bench-"))
     os.environ["MIITA_EDGE_ANN_CACHE"] = str(work / "ann-cache")
     import usearch
 
-    print(f"# bench/ann.py  cpu={os.cpu_count()} ({_cpu()})  threads={args.threads}  usearch {usearch.__version__}  "
-          f"graph: connectivity {ann_index.CONNECTIVITY}, expansion_add {ann_index.EXPANSION_ADD}, "
-          f"(from rows, candidates, expansion_search) {ann_index.SEARCH}{f', ef override {args.ef}' if args.ef else ''}, build threads "
-          f"{ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS}")
-
-    # real keys: the spread of same-label keys sets the synthetic clusters
-    B = np.packbits((k["train_raw"] - k["key_mean"][None]) >= 0, axis=1)
-    Bu = np.unpackbits(B, axis=1).astype(np.int16)
-    lab = k["train_label"]
-    ham = same_label_pairs(Bu, lab, lambda Y: (Y[:, None, :] != Y[None, :, :]).sum(-1) / H)
-    ham_nn = nearest_same_label(Bu, lab, lambda Y: -(Y[:, None, :] != Y[None, :, :]).sum(-1) / H)
-    nn = args.spread == "nn"
-    d = float(np.median(-ham_nn if nn else ham))
-    f = (1 - np.sqrt(1 - 2 * d)) / 2  # two keys of one centre then differ in 2f(1-f) of their bits
-    print(f"# real keys ({len(B)} Banking77 training prompts), normalised Hamming distance of their 1-bit centred "
-          f"keys: nearest same-label key median {np.median(-ham_nn):.3f}, same-label pairs ({len(ham)}) median "
-          f"{np.median(ham):.3f} (p10 {np.percentile(ham, 10):.3f}, p90 {np.percentile(ham, 90):.3f}) -> flip rate "
-          f"{f:.3f} ({'nearest same-label' if nn else 'same-label pair'} spread)")
-    centres, noise = {"default": B}, {"default": f}
-    if any(int(x) > 0 for x in args.paper_sizes.split(",")):
-        pe = paper_examples(args.data)
-        sig = {}
-        for name in ("key", "dir"):  # noise whose two draws around one centre have the real cosine
-            cs = (nearest_same_label if nn else same_label_pairs)(pe[name], pe["label"], lambda Y: Y @ Y.T)
-            sig[name] = (float(np.median(cs)), float(np.sqrt((1 / np.median(cs) - 1) / H)))
-        print(f"# paper preset ({len(pe['key'])} training examples): median cosine to the "
-              f"{'nearest same-label' if nn else 'same-label'} key {sig['key'][0]:.5f} -> noise sigma "
-              f"{sig['key'][1]:.2e}; direction {sig['dir'][0]:.4f} -> sigma {sig['dir'][1]:.2e} per component")
-        centres["paper"], noise["paper"] = (pe["key"], pe["dir"]), (sig["key"][1], sig["dir"][1])
-
     eng = Engine(None, EngineConfig(n_threads=args.threads))
-    tpl = get_template("banking77")
-    prompts = [eng.tokenize(tpl.render_prompt(t)) for t in test_texts[:max(args.reps, args.paper_queries)]]
-    manifests = {}
-    for preset in ("default", "paper"):
-        m0 = Miita(engine=eng, memory=work / f"empty-{preset}", preset=preset, template="banking77")
-        manifests[preset] = m0.manifest()
     try:
+        want_paper = bool(args.paper_fit) or (args.crossover_preset == "paper" if args.crossover else
+                                               any(int(x) > 0 for x in args.paper_sizes.split(",")))
+        tm = {"default": template_memory(eng, "default", args.data, work)}
+        if want_paper:
+            tm["paper"] = template_memory(eng, "paper", args.data, work)
+        print(f"# bench/ann.py  cpu={os.cpu_count()} ({_cpu()})  threads={args.threads}  usearch {usearch.__version__}  "
+              f"graph: connectivity {ann_index.CONNECTIVITY}, expansion_add {ann_index.EXPANSION_ADD}, "
+              f"(from rows, candidates, expansion_search) {ann_index.SEARCH}{f', ef override {args.ef}' if args.ef else ''}, "
+              f"build threads {ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS}")
+        for t in tm.values():
+            pr, b = t.m.preset, t.m.bank
+            print(f"# {pr.name}/{pr.version} preset: key layers {t.m.key_layers}, {b.key_dim} key coordinates "
+                  f"({b.config.key_precision}, centred {pr.center_keys}, order {pr.key_order}), centroid vote "
+                  f"{pr.centroid_vote}, relevance gate {pr.relevance_gate}; arrays "
+                  + ", ".join(f"{n} {np.dtype(d).name}{list(sh) if sh else ''}" for n, (d, sh) in t.spec.items()))
         if args.paper_fit:
             print(f"\npaper preset: does a memory open and answer within {args.max_gib:g} GiB?")
-            paper_fit(manifests, [int(x) for x in args.paper_fit.split(",")], args, work)
+            paper_fit(tm["paper"], [int(x) for x in args.paper_fit.split(",")], args, work)
             return 0
+
+        # real keys: the spread of same-label keys sets the synthetic clusters
+        k, test_texts = real_keys(eng, tm["default"].m, args.data, 500)
+        bank = tm["default"].m.bank
+        B = np.packbits(np.stack([bank.prepare_key(x) for x in k["train_raw"]]) >= 0, axis=1)
+        bits = bank.key_dim
+        Bu = np.unpackbits(B, axis=1, count=bits).astype(np.int16)
+        lab = k["train_label"]
+        ham = same_label_pairs(Bu, lab, lambda Y: (Y[:, None, :] != Y[None, :, :]).sum(-1) / bits)
+        ham_nn = nearest_same_label(Bu, lab, lambda Y: -(Y[:, None, :] != Y[None, :, :]).sum(-1) / bits)
+        nn = args.spread == "nn"
+        d = float(np.median(-ham_nn if nn else ham))
+        f = (1 - np.sqrt(1 - 2 * d)) / 2  # two keys of one centre then differ in 2f(1-f) of their bits
+        radius = int(np.floor((1 - 2 * d) * 127))  # as stored: the cosine of two sign vectors d apart
+        print(f"# real keys ({len(B)} Banking77 training prompts), normalised Hamming distance of their {bits}-bit "
+              f"prepared keys: nearest same-label key median {np.median(-ham_nn):.3f}, same-label pairs ({len(ham)}) "
+              f"median {np.median(ham):.3f} (p10 {np.percentile(ham, 10):.3f}, p90 {np.percentile(ham, 90):.3f}) -> "
+              f"flip rate {f:.3f} ({'nearest same-label' if nn else 'same-label pair'} spread), stored radius "
+              f"{radius}/127")
+        centres, noise = {"default": B}, {"default": f}
+        if "paper" in tm:
+            pe = paper_examples(eng, tm["paper"].m, args.data)
+            H = pe["key"].shape[1]
+            sig = {}
+            for name in ("key", "dir"):  # noise whose two draws around one centre have the real cosine
+                cs = (nearest_same_label if nn else same_label_pairs)(pe[name], pe["label"], lambda Y: Y @ Y.T)
+                sig[name] = (float(np.median(cs)), float(np.sqrt((1 / np.median(cs) - 1) / H)))
+            print(f"# paper preset ({len(pe['key'])} training examples): median cosine to the "
+                  f"{'nearest same-label' if nn else 'same-label'} key {sig['key'][0]:.5f} -> noise sigma "
+                  f"{sig['key'][1]:.2e}; direction {sig['dir'][0]:.4f} -> sigma {sig['dir'][1]:.2e} per component")
+            centres["paper"], noise["paper"] = (pe["key"], pe["dir"]), (sig["key"][1], sig["dir"][1])
+
+        tpl = tm["default"].m.template
+        prompts = [eng.tokenize(tpl.render_prompt(t)) for t in test_texts[:max(args.reps, args.paper_queries)]]
         if args.crossover:
-            print("\ncrossover: retrieval after a prompt pass, default preset, clustered keys "
-                  f"(medians of {args.reps})")
-            crossover(eng, manifests, [int(x) for x in args.crossover.split(",")], centres, noise, prompts, args, work)
+            cp = args.crossover_preset
+            print(f"\ncrossover: retrieval after a prompt pass, {cp} preset, clustered keys (medians of {args.reps})")
+            crossover(eng, tm[cp], [int(x) for x in args.crossover.split(",")], centres[cp], noise[cp], radius,
+                      prompts, args, work)
             return 0
         Q_raw = k["test_raw"][: args.queries]
         print(f"\nretrieval share of the prompt pass (medians of {args.reps} per path), recall over "
@@ -537,12 +647,14 @@ def main(argv=None) -> int:
             for J in [int(x) for x in sizes.split(",") if int(x) > 0]:
                 for mode in modes.split(","):
                     try:
-                        run_case(eng, manifests, preset, J, mode, centres, noise, prompts, Q_raw, args, work)
+                        run_case(eng, tm[preset], J, mode, centres[preset], noise[preset], radius, prompts, Q_raw,
+                                 args, work)
                     except MemoryError:
                         print(f"   {preset:7s} {mode:9s} {J:>9,}  does not fit in {args.max_gib:g} GiB "
                               f"(MemoryError)", flush=True)
                     finally:
                         shutil.rmtree(work / f"{preset}-{mode}-{J}", ignore_errors=True)
+                        gc.collect()
     finally:
         eng.close()
         shutil.rmtree(work, ignore_errors=True)

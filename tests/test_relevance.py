@@ -124,17 +124,29 @@ def test_gate_reasons():
     assert not gate(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)).adapted
 
 
-def test_centroid_bits_is_the_sign_of_the_count_weighted_anchor_sum():
+@pytest.mark.parametrize("layout", ["grouped", "shuffled", "gaps", "singles"])
+def test_centroid_bits_is_the_sign_of_the_count_weighted_anchor_sum(layout):
+    """Runs of one owner that cross chunk boundaries, owners in any order, prototypes without
+    anchors (all +1), one-anchor prototypes (the anchor itself) beside several-anchor ones, counts
+    up to the stored maximum."""
     rng = np.random.default_rng(4)
-    A, width, J = 300, 77, 9
+    A, width, J = 300, 77, {"gaps": 14, "singles": 250}.get(layout, 9)
     bits = rng.random((A, width)) < 0.5
-    owner = np.sort(rng.integers(0, J, A))
+    if layout == "gaps":
+        owner = np.sort(rng.choice([0, 2, 3, 7, 8, 13], A))
+    elif layout == "singles":  # most own one anchor, some several, a few none
+        owner = np.sort(np.r_[rng.choice(J, 240, replace=False), rng.choice(J, 60)])
+    else:
+        owner = np.sort(rng.integers(0, J, A))
     counts = rng.integers(1, 5, A)
-    got = centroid_bits(np.packbits(bits, axis=1), owner, counts, J, width, chunk=64)
+    counts[::17] = 65535
+    perm = rng.permutation(A) if layout == "shuffled" else np.arange(A)
+    got = centroid_bits(np.packbits(bits[perm], axis=1), owner[perm], counts[perm], J, width, chunk=64)
     signs = np.where(bits, 1, -1)
     for j in range(J):
         s = (signs[owner == j] * counts[owner == j, None]).sum(0)
         assert np.array_equal(np.unpackbits(got[j], count=width), (s >= 0).astype(np.uint8))
+    assert got.shape == (J, (width + 7) // 8)
 
 
 def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer():
