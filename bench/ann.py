@@ -427,7 +427,7 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
     m, cold = open_memory(eng, path, prompts[0])
     fr = fronts(m)
     if not fr:
-        print(f"   {preset:7s} {mode:9s} {J:>9,}  no graph front (below MIN_ROWS or usearch missing)")
+        print(f"   {preset:7s} {mode:9s} {J:>9,}  no graph front (below ann_index.min_rows or usearch missing)")
         return
     t0 = time.perf_counter()
     for f in fr:
@@ -472,7 +472,7 @@ _FIT_CHILD = """
 import resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (int(float(sys.argv[2]) * 2**30), resource.RLIM_INFINITY))
 from miita_edge.method import ann_index
-ann_index.MIN_ROWS = 1 << 62  # the exact scan: this measures whether the memory fits, not the graph
+ann_index.MIN_ROWS = ann_index.MIN_ROWS_FLOAT = 1 << 62  # the exact scan: whether the memory fits, not the graph
 from miita_edge.miita import Miita
 from miita_edge.runtime.engine import Engine, EngineConfig
 eng = Engine(None, EngineConfig(n_threads=1))
@@ -519,11 +519,12 @@ def paper_fit(tm, sizes, args, work: Path) -> None:
 
 
 def crossover(eng, tm, sizes, centres, noise, radius, prompts, args, work: Path) -> None:
-    """Exact scan vs the graph (clustered keys) by size, to set MIN_ROWS, which counts the rows a
-    graph indexes: voter rows (default preset), anchor and direction rows (paper preset)."""
+    """Exact scan vs the graph (clustered keys) by size, to set MIN_ROWS (MIN_ROWS_FLOAT), which
+    counts the rows a graph indexes: voter rows (default preset), rows per channel (paper preset)."""
     from miita_edge.method import ann_index
 
-    min_rows, ann_index.MIN_ROWS = ann_index.MIN_ROWS, 0
+    saved = ann_index.MIN_ROWS, ann_index.MIN_ROWS_FLOAT
+    ann_index.MIN_ROWS = ann_index.MIN_ROWS_FLOAT = 0
     try:
         for J in sizes:
             path, _ = make_memory(tm, J, "clustered", centres, noise, radius, work, f"cross-{J}")
@@ -541,7 +542,7 @@ def crossover(eng, tm, sizes, centres, noise, radius, prompts, args, work: Path)
             gc.collect()
             shutil.rmtree(path, ignore_errors=True)
     finally:
-        ann_index.MIN_ROWS = min_rows
+        ann_index.MIN_ROWS, ann_index.MIN_ROWS_FLOAT = saved
 
 
 def main(argv=None) -> int:
@@ -589,7 +590,8 @@ def main(argv=None) -> int:
         print(f"# bench/ann.py  cpu={os.cpu_count()} ({_cpu()})  threads={args.threads}  usearch {usearch.__version__}  "
               f"graph: connectivity {ann_index.CONNECTIVITY}, expansion_add {ann_index.EXPANSION_ADD}, "
               f"(from rows, candidates, expansion_search) {ann_index.SEARCH}{f', ef override {args.ef}' if args.ef else ''}, "
-              f"build threads {ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS}")
+              f"build threads {ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS} (float rows "
+              f"{ann_index.min_rows('f16')})")
         for t in tm.values():
             pr, b = t.m.preset, t.m.bank
             print(f"# {pr.name}/{pr.version} preset: key layers {t.m.key_layers}, {b.key_dim} key coordinates "

@@ -168,6 +168,7 @@ def test_paper_channels_select_what_the_exact_scans_select(monkeypatch, cone):
     """``cone``: a common component of that norm in every key, as in real uncentred keys (any two
     Banking77 keys have cosine ~0.9996): the graph must still see their differences."""
     monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
+    monkeypatch.setattr(ann_index, "MIN_ROWS_FLOAT", 100)
     rng = np.random.default_rng(9)
     J = 3000
     A, C = clustered(J, 40, 0.6, 10)
@@ -307,3 +308,29 @@ def test_background_build_answers_with_the_exact_scan_meanwhile(monkeypatch):
     after = plan(index, bank, q)
     for x, y in zip(during, after):
         assert np.array_equal(x, y)
+
+
+def test_info_counts_the_rows_a_graph_would_index():
+    """``miita-edge info`` says whether recall uses the graph: it must count what ``front`` counts
+    (the default preset's vote: anchors, then one centroid per answer)."""
+    from miita_edge.cli import _graph_rows
+    from miita_edge.method.presets import default_preset_v1, paper_preset
+
+    bank, _ = bit_bank(300)
+    index = RetrievalIndex.build(bank, centroids=True)
+    meta = {"anchors": bank.n_anchors, "prototypes": bank.n_prototypes}
+    assert _graph_rows(default_preset(), meta) == index.voters.shape[0] == 600
+    assert _graph_rows(default_preset_v1(), meta) == RetrievalIndex.build(bank).voters.shape[0] == 300
+    assert _graph_rows(paper_preset(), {"anchors": 300, "prototypes": 25_000}) == 25_000
+
+
+def test_float_rows_wait_for_their_own_threshold(monkeypatch):
+    """The paper preset's float rows keep MIN_ROWS_FLOAT (its direction channel's recall is short of
+    the exact scan's at sizes where 1-bit rows already use the graph); never below MIN_ROWS."""
+    rows = np.zeros((300, 8), np.float32)
+    monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
+    assert ann_index.min_rows("bits") == 100 and ann_index.min_rows("f16") == ann_index.MIN_ROWS_FLOAT > 300
+    assert ann_index.front(rows, "f16", None, "paper-anchors") is None
+    assert "exact scan" in ann_index.status(300, "f16") and "usearch" in ann_index.status(300)
+    monkeypatch.setattr(ann_index, "MIN_ROWS_FLOAT", 10)
+    assert ann_index.min_rows("f16") == 100

@@ -268,6 +268,16 @@ def cmd_ask(args) -> int:
     return 0
 
 
+def _graph_rows(preset, meta) -> int:
+    """The rows an ANN graph of this memory would index (what ``ann_index.min_rows`` counts): the
+    default preset's vote reads the anchors and then each answer's centroid; the paper preset's two
+    channels read the anchors and the directions (one per prototype), the larger decides."""
+    anchors, protos = int(meta["anchors"]), int(meta["prototypes"])
+    if preset.aggregation == "paper":
+        return max(anchors, protos)
+    return anchors + protos if preset.centroid_vote and preset.bank.key_precision == "bit" else anchors
+
+
 def cmd_info(args) -> int:
     from .memory import store as store_mod
     from .memory.budget import parse_budget
@@ -287,7 +297,8 @@ def cmd_info(args) -> int:
                                                                   "stream_bytes", "template", "fingerprint")},
            "preset": preset.name, "hyperparameters": preset.describe(),
            "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()},
-           "recall": ann_index.status(int(meta["anchors"])), "store_format": snap.format_version}
+           "recall": ann_index.status(_graph_rows(preset, meta), "f16" if preset.aggregation == "paper" else "bits"),
+           "store_format": snap.format_version}
     if args.json:
         print(json.dumps(out))
     else:

@@ -1,9 +1,9 @@
 """An approximate nearest-neighbour front for the recall scans of large memories (issue 15).
 
 Why: an exact scan reads every stored key per query, so retrieval grows linearly with the memory
-(10.5 ms at 100,000 prototypes with 1-bit keys, 6% of a prompt pass). A usearch HNSW graph over
-the same keys finds a query's neighbourhood in a fraction of a millisecond, but only
-approximately. So the graph never decides anything: it *proposes* a candidate set larger than
+(default preset: 14 ms at 100,000 prototypes, whose anchors and centroids are 200,000 rows of
+1,280 bits, 23% of a prompt pass; docs/benchmarks.md). A usearch HNSW graph over the same rows
+finds a query's neighbourhood in a fraction of a millisecond, but only approximately. So the graph never decides anything: it *proposes* a candidate set larger than
 what retrieval needs (``SEARCH``: e.g. 256 rows for the 8 anchors of the default preset's
 vote at 100,000 keys, 512 at 1,000,000), and the candidates are re-scored exactly by the existing code. The final selection is
 then the exact scan's whenever the true top set is among the candidates (recall is measured by
@@ -11,14 +11,16 @@ then the exact scan's whenever the true top set is among the candidates (recall 
 
 What the graph indexes (the re-score is always the exact scan's own score):
 
-* ``"bits"``: packed 1-bit keys (the default preset). The exact score is the *float* query
-  against the ±1 anchors, Σ|q_i|·s_i·a_i; Hamming distance to the query's signs alone weighs every
-  dimension alike, and at 1,000,000 keys the exact top-8 were then among the Hamming top-512 for
-  only 93% of real queries (top-2,048: 99%). So each key bit is stored twice (2·H bits) and the
-  query codes its stronger half of dimensions (|q_i| at or above the median) as (s_i, s_i), its
-  weaker half as (s_i, ¬s_i), which adds the same 1 to every key's distance: the Hamming distance
-  then counts disagreements on the strong half only, twice, and the exact top-8 were among its
-  top-512 for 99.9% of those queries (docs/benchmarks.md);
+* ``"bits"``: packed 1-bit rows (the default preset's vote: its anchors, then each answer's
+  centroid). The exact score is the *float* query against the ±1 rows, Σ|q_i|·s_i·a_i; Hamming
+  distance to the query's signs alone weighs every dimension alike, and at 1,000,000 one-layer
+  640-bit keys the exact top-8 were then among the Hamming top-512 for only 93% of real queries
+  (top-2,048: 99%). So each key bit is stored twice (2·H bits) and the query codes its stronger
+  half of dimensions (|q_i| at or above the median) as (s_i, s_i), its weaker half as (s_i, ¬s_i),
+  which adds the same 1 to every key's distance: the Hamming distance then counts disagreements on
+  the strong half only, twice, and the exact top-8 were among its top-512 for 99.9% of those
+  queries. With the two-layer 1,280-bit keys of default preset v2: recall@256 1.000 at 100,000
+  prototypes, recall@512 0.984 at 1,000,000 (below the 0.99 target; docs/benchmarks.md);
 * ``"f16"``: float rows stored as float16, cosine (the paper preset's unit anchors and
   directions). Not int8: the paper preset's keys are not centred, and real ones lie in a narrow
   cone (cosine 0.9997 between keys of one Banking77 label, 0.9996 between any two), so int8
@@ -37,11 +39,13 @@ then the duplicate groups); it is written to a temporary file and ``os.replace``
 processes building the same cache cannot corrupt it, and it is verified (size, CRC32, row count,
 dimensions, sampled rows) before usearch maps it, so a damaged file is rebuilt, never trusted.
 
-When it is used: from ``MIN_ROWS`` rows on (the measured crossover against the exact scan; below
-it nothing changes, same code path as before) and when usearch is installed (the optional extra
-``pip install ".[index]"``); otherwise retrieval silently uses the exact scan. A graph that is
-not cached is built on a background thread (1 thread) while the exact scan answers, so an open
-stays interactive: at 1,000,000 rows a build takes about a minute (docs/benchmarks.md).
+When it is used: from ``MIN_ROWS`` rows on (above the measured crossover against the exact scan;
+``MIN_ROWS_FLOAT`` for the paper preset's float rows; below it nothing changes, same code path as
+before) and when usearch is installed (the optional
+extra ``pip install ".[index]"``); otherwise retrieval silently uses the exact scan. A graph that
+is not cached is built on a background thread (1 thread) while the exact scan answers, so an open
+stays interactive: at 1,000,000 default-preset prototypes (1,000,000 distinct rows) a build took
+3.3 minutes on clustered keys and 20 on uniform ones (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -57,13 +61,20 @@ import numpy as np
 
 from .exact_scores import ExactOnDemand
 
-__all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "SEARCH", "available", "cache_dir", "front",
-           "search_params", "status"]
+__all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "SEARCH", "available", "cache_dir",
+           "front", "min_rows", "search_params", "status"]
 
 log = logging.getLogger("miita_edge.ann")
 
-#: rows from which the graph is used (below: the exact scan, unchanged); see docs/benchmarks.md
-MIN_ROWS = 50_000
+#: rows a graph would index (default preset: voter rows, anchors + centroids) from which it is
+#: used (below: the exact scan, unchanged): above the crossover with the default preset v2's
+#: 1,280-bit rows, ~15,000 voter rows (bench/ann.py --crossover; docs/benchmarks.md)
+MIN_ROWS = 20_000
+#: the same for float rows (the paper preset, rows per channel), never below MIN_ROWS. Its graph is
+#: faster than the exact scans from under 10,000 rows, but its direction channel found 0.93 of the
+#: exact Top_R at 20,000 rows (0.78 at 100,000): it keeps the threshold it had before the
+#: crossover moved, so paper memories under 50,000 rows stay exact
+MIN_ROWS_FLOAT = 50_000
 #: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
 #: the last row whose size is reached applies; at least 16 candidates per wanted row. Measured on
 #: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 rows
@@ -113,13 +124,20 @@ def cache_dir() -> Path:
         return Path.home() / ".cache" / "miita-edge" / "ann"
 
 
-def status(n_rows: int) -> str:
-    """One line saying which recall a memory of ``n_rows`` rows uses (``miita-edge info``)."""
-    if n_rows < MIN_ROWS:
-        return f"exact scan ({n_rows} rows < {MIN_ROWS})"
+def min_rows(kind: str) -> int:
+    """Rows from which a graph of ``kind`` is used."""
+    return MIN_ROWS if kind == "bits" else max(MIN_ROWS, MIN_ROWS_FLOAT)
+
+
+def status(n_rows: int, kind: str = "bits") -> str:
+    """One line saying which recall a memory whose graph would index ``n_rows`` rows of ``kind``
+    uses (``miita-edge info``)."""
+    limit = min_rows(kind)
+    if n_rows < limit:
+        return f"exact scan ({n_rows} rows < {limit})"
     if not available():
         return 'exact scan (usearch not installed: pip install ".[index]")'
-    return f"usearch HNSW front, its candidates re-scored exactly ({n_rows} rows >= {MIN_ROWS})"
+    return f"usearch HNSW front, its candidates re-scored exactly ({n_rows} rows >= {limit})"
 
 
 # ----------------------------------------------------------------------------- rows
@@ -433,10 +451,10 @@ def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim
 def front(rows: np.ndarray, kind: str, entries: dict | None, channel: str, background: bool = True
           ) -> AnnFront | None:
     """The graph front for ``rows``, or None when the exact scan should answer alone: fewer than
-    ``MIN_ROWS`` rows (then nothing changes), or usearch not installed."""
+    ``min_rows(kind)`` rows (then nothing changes), or usearch not installed."""
     n = int(rows.shape[0])
-    if n < MIN_ROWS or not available():
-        log.debug("recall: %s", status(n))
+    if n < min_rows(kind) or not available():
+        log.debug("recall: %s", status(n, kind))
         return None
     ndim = _ndim(rows, kind)
     return AnnFront(rows, kind, content_key(entries, channel, kind, n, ndim), background=background)
