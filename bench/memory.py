@@ -43,10 +43,11 @@ def synthetic_bank(m, n_protos: int, rng) -> None:
     from miita_edge.memory import codecs
     H = m.engine.n_embd
     bank = m.bank
+    K = H * bank.key_parts  # the stored key's width: the preset's key layers side by side
     if bank.key_mean is None and m.preset.center_keys:
-        bank.key_mean = np.zeros(H, np.float32)
+        bank.key_mean = np.zeros(K, np.float32)
     for j in range(n_protos):
-        k = codecs.roundtrip(rng.standard_normal((1, H)).astype(np.float32), bank.config.key_precision)
+        k = codecs.roundtrip(rng.standard_normal((1, K)).astype(np.float32), bank.config.key_precision)
         if bank.config.payload == "mean":
             d = rng.standard_normal((1, H)).astype(np.float32)
             d /= np.linalg.norm(d)
@@ -57,7 +58,7 @@ def synthetic_bank(m, n_protos: int, rng) -> None:
 
 
 def ask_split(m, text: str, max_tokens: int, reps: int) -> dict:
-    eng = m.engine
+    eng = m._use_keys()  # the engine pools this memory's key layers (presets differ; the engine is shared)
     rows = []
     for _ in range(reps):
         toks = eng.tokenize(m.template.render_prompt(text))

@@ -334,3 +334,32 @@ def test_float_rows_wait_for_their_own_threshold(monkeypatch):
     assert "exact scan" in ann_index.status(300, "f16") and "usearch" in ann_index.status(300)
     monkeypatch.setattr(ann_index, "MIN_ROWS_FLOAT", 10)
     assert ann_index.min_rows("f16") == 100
+
+
+EXIT_WHILE_BUILDING = r"""
+import sys, time
+import numpy as np
+from miita_edge.method import ann_index
+ann_index.MIN_ROWS = 100
+rows = np.random.default_rng(0).integers(0, 256, (40000, 160), dtype=np.uint8)
+front = ann_index.front(rows, "bits", None, "anchors")
+assert front is not None and front.state == "building", front and front.state
+time.sleep(float(sys.argv[1]))
+print("exiting", front.state, flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 0.8])
+def test_a_process_that_exits_while_a_graph_builds_exits_cleanly(tmp_path, delay):
+    """Found while measuring issue 15: a process that ended while the background build was inside
+    usearch's C++ code was aborted (exit 134, "terminate called without an active exception").
+    The build thread is not a daemon now, so the interpreter waits for it at exit."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MIITA_EDGE_ANN_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_BUILDING, str(delay)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "exiting building" in proc.stdout or "exiting built" in proc.stdout

@@ -352,7 +352,11 @@ class AnnFront:
         if self._ann is None:
             if background:
                 self.state = "building"
-                self._thread = threading.Thread(target=self._build, name="miita-ann-build", daemon=True)
+                # Not a daemon: the interpreter waits for the build at exit. A daemon thread still
+                # inside usearch's C++ build when the process ended aborted it ("terminate called
+                # without an active exception", exit 134: tests/test_ann_index.py); waiting also
+                # leaves the graph cached for the next open.
+                self._thread = threading.Thread(target=self._build, name="miita-ann-build", daemon=False)
                 self._thread.start()
             else:
                 self._build()
