@@ -136,6 +136,15 @@ def _flip(p: Path, rng: random.Random, n: int, lo: int = 0, hi: int | None = Non
     p.write_bytes(bytes(data))
 
 
+def _mutated(arr: np.ndarray, kind: str, rng) -> np.ndarray:
+    """``arr`` with another dtype (``*-dtype``) or one row more (``*-shape``): the array edit of the
+    wrong-/consistent- kinds, for both store formats."""
+    if kind.endswith("dtype"):
+        new = arr.astype(rng.choice([np.float64, np.int16, np.uint8, np.float32, np.int64]))
+        return arr.astype(np.complex64) if new.dtype == arr.dtype else new
+    return np.concatenate([arr, arr[:1]]) if arr.ndim and len(arr) else np.zeros((3,) + arr.shape[1:], arr.dtype)
+
+
 def _rewrite_npy(path: Path, arr: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.lib.format.write_array(fh, arr, version=(1, 0))
@@ -200,12 +209,7 @@ def mutate_v1(src: Path, dst: Path, kind: str, rng: random.Random, outside: Path
     if kind in ("wrong-dtype", "wrong-shape", "consistent-dtype", "consistent-shape"):
         p = rng.choice(npys)
         arr = np.load(p)
-        if kind.endswith("dtype"):
-            new = arr.astype(rng.choice([np.float64, np.int16, np.uint8, np.float32, np.int64]))
-            if new.dtype == arr.dtype:
-                new = arr.astype(np.complex64)
-        else:
-            new = np.concatenate([arr, arr[:1]]) if arr.ndim and len(arr) else np.zeros((3,) + arr.shape[1:], arr.dtype)
+        new = _mutated(arr, kind, rng)
         _rewrite_npy(p, new)
         _update_manifest_entry(vdir, p.stem, new, descr_and_shape=kind.startswith("consistent"))
         return f"{p.name} rewritten as {new.dtype}{list(new.shape)} (manifest {'all' if kind.startswith('consistent') else 'size+crc'} updated)"
@@ -430,12 +434,7 @@ def mutate_v2(dst: Path, kind: str, rng: random.Random, outside: Path) -> tuple[
         candidates = [a for a in doc["arrays"]]
         a = rng.choice(candidates)
         arr = _array_of(a)
-        if kind.endswith("dtype"):
-            new = arr.astype(rng.choice([np.float64, np.int16, np.uint8, np.float32, np.int64]))
-            if new.dtype == arr.dtype:
-                new = arr.astype(np.complex64)
-        else:
-            new = np.concatenate([arr, arr[:1]]) if arr.ndim and len(arr) else np.zeros((3,) + arr.shape[1:], arr.dtype)
+        new = _mutated(arr, kind, rng)
         new = np.ascontiguousarray(new)
         a["payload"] = new.tobytes()
         if kind.startswith("consistent"):
