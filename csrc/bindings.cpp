@@ -100,6 +100,7 @@ class State {
     }
     void set_capture(bool enabled, int64_t max_rows) { check(miita_state_set_capture(st_, enabled, max_rows)); }
     void set_stop_after_norm(bool enabled) { check(miita_state_set_stop_after_norm(st_, enabled)); }
+    void set_stop_after_keys(bool enabled) { check(miita_state_set_stop_after_keys(st_, enabled)); }
     py::array_t<float> captured() const {
         const int64_t n = miita_state_captured_rows(st_);
         py::array_t<float> out({n, n_embd_});
@@ -344,6 +345,7 @@ PYBIND11_MODULE(_native, m) {
         .def("key_count", &State::key_count)
         .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
         .def("set_stop_after_norm", &State::set_stop_after_norm, py::arg("enabled"))
+        .def("set_stop_after_keys", &State::set_stop_after_keys, py::arg("enabled"))
         .def("captured", &State::captured)
         .def("capture_clear", &State::capture_clear)
         .def("set_steer", &State::set_steer, py::arg("dir"), py::arg("h_q"), py::arg("eta"), py::arg("mode"))

@@ -1,6 +1,6 @@
 // callback.cpp - the llama.cpp eval callback and the miita_state API: key capture (one sum, or
 // one per sequence of a batch), capture of result_norm rows, the gated pre-LM-head addition,
-// the optional stop after result_norm, alphas and errors. The contract is in miita_core.h.
+// the optional stops after result_norm or after the last key tensor, alphas and errors. The contract is in miita_core.h.
 #include "kernels_common.h"
 
 namespace miita_internal {
@@ -48,11 +48,15 @@ struct miita_state {
 
     // stop the graph after result_norm (skip llama.cpp's LM-head product)
     bool stop_after_norm = false;
+    // stop the graph once every key tensor has been seen (a key-only pass skips the deeper layers)
+    bool stop_after_keys = false;
+    size_t keys_in_graph = 0;      // key tensors seen in the current graph computation
 
     // diagnostics
     std::string error;
     int64_t hits_key = 0;
     int64_t hits_norm = 0;
+    int64_t stops = 0;             // graph computations this callback ended early
 };
 
 static const char * const k_result_norm = "result_norm";
@@ -187,13 +191,28 @@ bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
         if (is_norm) return st->capture || st->mode != MIITA_STEER_OFF || st->stop_after_norm;
         return key >= 0;
     }
-    if (key >= 0) on_key_tensor(st, t, (size_t) key);
-    else if (is_norm) {
+    if (key >= 0) {
+        on_key_tensor(st, t, (size_t) key);
+        if (++st->keys_in_graph >= st->key_names.size()) {  // the last key tensor of this graph
+            st->keys_in_graph = 0;
+            // Nothing after it is needed when only keys are wanted: no capture, no steering. The
+            // layers below the deepest key layer are computed exactly as in a full pass, so the
+            // key is bitwise the same; the KV cache of the deeper layers is left unwritten, which
+            // is why the engine clears the sequence after such a pass.
+            if (st->stop_after_keys && !st->capture && st->mode == MIITA_STEER_OFF) {
+                st->stops++;
+                return false;
+            }
+        }
+    } else if (is_norm) {
         on_result_norm(st, t);
         // false makes the scheduler leave the rest of this graph split uncomputed and still report
         // success (ggml-backend.cpp, ggml_backend_sched_compute_splits); after result_norm that is
         // only the LM-head product, whose logits the caller then must not read.
-        if (st->stop_after_norm) return false;
+        if (st->stop_after_norm) {
+            st->stops++;
+            return false;
+        }
     }
     return true;  // otherwise never false: it would silently skip the rest of the split
 }
@@ -201,6 +220,13 @@ bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data) {
 int miita_state_set_stop_after_norm(miita_state * st, bool enabled) {
     if (!st) return fail("null state");
     st->stop_after_norm = enabled;
+    return 0;
+}
+
+int miita_state_set_stop_after_keys(miita_state * st, bool enabled) {
+    if (!st) return fail("null state");
+    st->stop_after_keys = enabled;
+    st->keys_in_graph = 0;
     return 0;
 }
 
@@ -230,6 +256,7 @@ int miita_state_set_key_tensors(miita_state * st, const char * const * names, in
     }
     if (!list.empty()) st->n_keys_alloc = (int64_t) list.size();
     st->key_names = std::move(list);
+    st->keys_in_graph = 0;
     return 0;
 }
 
@@ -241,6 +268,7 @@ void miita_state_key_reset(miita_state * st) {
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     st->n_groups = 0;
     st->group.clear();
+    st->keys_in_graph = 0;
 }
 
 int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups) {
@@ -254,6 +282,7 @@ int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n,
     st->group_sum.assign((size_t) (n_groups * st->n_keys_alloc * st->n_embd), 0.0);
     st->group_rows.assign((size_t) n_groups, 0);
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
+    st->keys_in_graph = 0;
     return 0;
 }
 
@@ -270,6 +299,7 @@ int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {
     if (n < 0 || (n > 0 && mask == nullptr)) return fail("bad mask");
     st->mask.assign(mask, mask + n);
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
+    st->keys_in_graph = 0;
     return 0;
 }
 
@@ -337,7 +367,9 @@ int miita_state_error(const miita_state * st, char * err_out, size_t cap) {
 
 void miita_state_error_clear(miita_state * st) { st->error.clear(); }
 
-int64_t miita_state_hits(const miita_state * st, int which) { return which == 0 ? st->hits_key : st->hits_norm; }
+int64_t miita_state_hits(const miita_state * st, int which) {
+    return which == 0 ? st->hits_key : which == 1 ? st->hits_norm : st->stops;
+}
 
 size_t miita_compiled_tensor_size(void) { return sizeof(struct ggml_tensor); }
 

@@ -16,7 +16,9 @@
  *     The callback asks only for those two tensors and returns true, except
  *     after result_norm when asked to stop there (miita_state_set_stop_after_norm):
  *     returning false makes the scheduler skip the rest of the graph split, which
- *     after result_norm is only llama.cpp's LM-head product.
+ *     after result_norm is only llama.cpp's LM-head product; and after the last
+ *     key tensor of a key-only pass (miita_state_set_stop_after_keys), which skips
+ *     the layers above the deepest key layer.
  *
  *  2. LM-head row kernels that read a (possibly quantized) LM-head matrix in
  *     place - e.g. a memory-mapped GGUF tensor - and dequantize only the rows
@@ -99,6 +101,12 @@ int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q
  * llama.cpp does not compute the logits: for callers that take the captured hidden rows to
  * miita_lm_correction_hidden. The logits buffer then holds stale values and must not be read. */
 int miita_state_set_stop_after_norm(miita_state * st, bool enabled);
+/* Stop each graph computation right after the last key tensor of that graph has been summed, when
+ * neither capture nor steering is on: a pass that wants only the key then skips every layer above
+ * the deepest key layer. Keys are bitwise those of a full pass. The KV cache of the skipped layers
+ * is not written for these positions, so the caller must clear the sequence before decoding on
+ * top of it, and the logits buffer must not be read. */
+int miita_state_set_stop_after_keys(miita_state * st, bool enabled);
 /* alpha of every steered row since the last clear (mode OFF logs nothing). */
 int64_t miita_state_alpha_count(const miita_state * st);
 int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);
@@ -108,7 +116,7 @@ void miita_state_alpha_clear(miita_state * st);
 int miita_state_error(const miita_state * st, char * err_out, size_t cap);
 void miita_state_error_clear(miita_state * st);
 /* Number of callback invocations with ask=false on a watched tensor (for tests). */
-int64_t miita_state_hits(const miita_state * st, int which /* 0 key, 1 result_norm */);
+int64_t miita_state_hits(const miita_state * st, int which /* 0 key, 1 result_norm, 2 graphs stopped early */);
 
 /* --- LM-head row kernels ----------------------------------------------- */
 /* W: row-major matrix of n_rows rows, each n_embd values of ggml type `type`

@@ -77,8 +77,10 @@ MIN_ROWS = 20_000
 MIN_ROWS_FLOAT = 50_000
 #: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
 #: the last row whose size is reached applies; at least 16 candidates per wanted row. Measured on
-#: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 rows
-SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 1024)), "f16": ((0, 128, 128),)}
+#: clustered real-like keys (bench/ann.py): a wider search buys recall at 1,000,000 prototypes
+#: (2,000,000 voter rows): breadth 1,024 found 0.984 of the exact top 8 whether 512 or 1,024
+#: candidates were kept, breadth 2,048 found 0.995 (docs/benchmarks.md)
+SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 2048)), "f16": ((0, 128, 128),)}
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
 CONNECTIVITY = 32
 EXPANSION_ADD = 128
@@ -147,7 +149,11 @@ def _query_vector(q: np.ndarray, kind: str) -> np.ndarray:
     if kind != "bits":
         return q
     s = q >= 0  # as codecs.encode(..., "bit")
-    strong = np.abs(q) >= np.median(np.abs(q))
+    a = np.abs(q)
+    h = a.size // 2  # the median by one partition (np.median's own machinery costs more right after a decode)
+    part = np.partition(a, [h - 1, h] if a.size % 2 == 0 and a.size > 1 else [h])
+    med = (part[h - 1] + part[h]) / 2 if a.size % 2 == 0 and a.size > 1 else part[h]
+    strong = a >= med
     return np.packbits(np.stack([s, np.where(strong, s, ~s)], axis=1).reshape(-1))
 
 
@@ -243,8 +249,11 @@ class AnnIndex:
         if self.dup_rep.size and keys.size:
             pos = np.searchsorted(self.dup_rep, keys)
             pos = pos[(pos < self.dup_rep.size) & (self.dup_rep[np.minimum(pos, self.dup_rep.size - 1)] == keys)]
-            if pos.size:
-                keys = np.concatenate([keys] + [self.dup_members[self.dup_start[p]:self.dup_start[p + 1]] for p in pos])
+            if pos.size:  # every member of the matched groups, gathered without a Python loop
+                lo, hi = self.dup_start[pos], self.dup_start[pos + 1]
+                n = hi - lo
+                at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+                keys = np.concatenate([keys, self.dup_members[at]])
         return np.unique(keys)
 
     # ------------------------------------------------------------------ build / file

@@ -109,11 +109,10 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     if pt is None:
         return None
     prompt, target, mask = pt
-    engine.reset()
     if not corrections:
-        engine.decode(prompt, "none", key_mask=mask)
-        s, n = engine.key_sum()
+        s, n = engine.prompt_key(prompt, mask)
         return Extracted(prompt, target, s / max(n, 1), None)
+    engine.reset()
     # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
     key_mask = mask + [False] * len(target)

@@ -211,8 +211,11 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
 
     q_sign = np.where(k_q >= 0, 1.0, -1.0).astype(np.float32) / np.float32(index.key_dim)
     best = np.full(len(ids), -np.inf)
-    for i, j in enumerate(ids):
-        rows = index.anchor_rows(int(j))
-        if rows.stop > rows.start:
-            best[i] = float(_native.bit_scores(index.packed[rows], q_sign).max())
+    spans = [index.anchor_rows(int(j)) for j in ids]
+    have = [i for i, r in enumerate(spans) if r.stop > r.start]
+    if have:  # one kernel call for every retrieved prototype's anchors (the call builds a table per query)
+        rows = np.concatenate([np.arange(spans[i].start, spans[i].stop) for i in have])
+        s = _native.bit_scores(index.packed[rows], q_sign)
+        starts = np.cumsum([0] + [spans[i].stop - spans[i].start for i in have[:-1]])
+        best[have] = np.maximum.reduceat(s, starts).astype(np.float64)
     return gate(ids, best, index.counts, index.radius)
