@@ -1219,3 +1219,114 @@ def test_property_random_writes_with_repair(sc):
                 with miita_edge.memory.store.Store(tmp).writer() as w:
                     snap = w.commit(arrays, {"k": 1})
                 assert snap.bytes_on_disk == size
+
+
+# =============================================================== repair step 1, Ward's criterion
+
+
+def ref_ward_choices(protos, tol: float = 1e-9):
+    """Every fold a Ward step may make, brute force: [(prototype, victim, survivor)], first the
+    first minimal pair in scan order (prototype, then i < k), then any other pair within ``tol`` of
+    its cost (1-bit keys tie often; their costs may then differ in the last bits).
+
+    cost(a, b) = n_a·n_b/(n_a+n_b)·‖u_a − u_b‖² with u the stored anchors at unit norm (float64); the
+    anchor standing for fewer keys is the victim (the later one on a tie). Empty: no two anchors.
+    """
+    costs = []
+    for j, p in enumerate(protos):
+        for i in range(len(p.anchors)):
+            for k in range(i + 1, len(p.anchors)):
+                ui, uk = unit_np(p.anchors[i]), unit_np(p.anchors[k])
+                ni, nk = p.anchor_n[i], p.anchor_n[k]
+                costs.append((ni * nk / (ni + nk) * float(np.sum((ui - uk) ** 2)), j, i, k))
+    if not costs:
+        return []
+    lo = min(c[0] for c in costs)  # min keeps the first of equal costs: scan order
+    out = []
+    for cost, j, i, k in sorted(costs, key=lambda c: (c[0] > lo, c[1], c[2], c[3])):
+        if cost <= lo + tol:
+            ni, nk = protos[j].anchor_n[i], protos[j].anchor_n[k]
+            out.append((j, i, k) if ni < nk else (j, k, i))
+    return out
+
+
+@pytest.mark.parametrize("key_precision", ["float32", "bit"])
+def test_ward_folds_match_a_brute_force_recomputation(key_precision):
+    """Fold after fold down to one anchor per prototype (counts grow, so the n-weighting decides), the
+    bank's choice and its result equal the reference's (float keys: the one cheapest pair; 1-bit keys:
+    one of the pairs tied for cheapest)."""
+    H = 64 if key_precision == "bit" else 16
+    rng = np.random.default_rng(3)
+    cfg = BankConfig(payload="mean", key_precision=key_precision, tau_d=0.995, tau_k=0.9, anchor_fold="ward")
+    bank = MemoryBank(cfg, H)
+    for j in range(3):
+        d = rng.standard_normal(H)
+        centre = unit_np(rng.standard_normal(H))
+        for m in range(5 + j):
+            bank.write(d, [], with_cos(centre, rng.uniform(0.3, 0.9), rng).astype(np.float32))
+    assert sum(len(p.anchors) for p in bank.protos) >= 12
+    folds = weighted = 0
+    while True:
+        ref = ref_from_bank(bank)
+        choices = ref_ward_choices(ref.protos)
+        if not choices:
+            assert not bank.prune_one_anchor()
+            break
+        if key_precision == "float32":
+            assert len(choices) == 1  # no tie: the test decides one pair
+        assert bank.prune_one_anchor()
+        after = ref_from_bank(bank)
+        matched = None
+        for j, victim, survivor in choices:
+            try:
+                assert_one_fold(copy.deepcopy(ref), after, j, victim, survivor)
+            except AssertionError:
+                continue
+            matched = (j, victim, survivor)
+            break
+        assert matched is not None, choices
+        j, victim, survivor = matched
+        weighted += max(ref.protos[j].anchor_n[victim], ref.protos[j].anchor_n[survivor]) > 1
+        folds += 1
+    assert [len(p.anchors) for p in bank.protos] == [1] * bank.n_prototypes
+    assert folds >= 12 and weighted >= 3  # folds of anchors that already stood for several keys
+
+
+def test_ward_absorbs_a_lone_example_where_the_closest_pair_would_fold_two_centroids():
+    """Two anchors standing for 10 keys each at cosine 0.95, a lone example at cosine 0.75 to the first:
+    the paper's rule folds the closest pair (the two centroids); Ward's folds the lone example
+    (10·1/11·0.5 = 0.45 < 10·10/20·0.1 = 0.5)."""
+    H = 8
+    e = np.eye(H)
+    a = e[0]
+    b = 0.95 * e[0] + math.sqrt(1 - 0.95 ** 2) * e[1]
+    c = 0.75 * e[0] + math.sqrt(1 - 0.75 ** 2) * e[2]
+    for fold, want_pair in (("closest", {0, 1}), ("ward", {0, 2})):
+        cfg = BankConfig(payload="mean", key_precision="float32", tau_d=0.5, tau_k=0.99, anchor_fold=fold)
+        bank = MemoryBank(cfg, H)
+        for k in (a, b, c):
+            bank.write(e[5], [], k.astype(np.float32))
+        p = bank.protos[0]
+        assert len(p.anchors) == 3
+        n = np.array([10, 10, 1])
+        p.anchor_sum = (p.anchors.astype(np.float64) * n[:, None]).astype(np.float32)
+        p.anchor_n = n.copy()
+        keys_before = [x.copy() for x in p.anchors]
+        assert bank.prune_one_anchor()
+        assert sorted(p.anchor_n.tolist()) == sorted([int(n[list({0, 1, 2} - want_pair)[0]]), int(sum(n[list(want_pair)]))])
+        gone = [i for i in range(3) if not any(np.allclose(keys_before[i], x) for x in p.anchors)]
+        assert set(gone) <= want_pair and len(p.anchors) == 2
+
+
+def test_presets_fold_as_they_were_built():
+    """Version 3 of the default preset folds by Ward; a memory built with version 2 (its manifest says
+    so) and the paper preset keep the paper's closest pair; an unknown rule is refused."""
+    from miita_edge.method.presets import Preset, default_preset, paper_preset
+
+    assert default_preset().version == 3 and default_preset().bank.anchor_fold == "ward"
+    assert Preset.from_json({"name": "default", "version": 2}).bank.anchor_fold == "closest"
+    assert Preset.from_json({"name": "default"}).bank.anchor_fold == "closest"  # version 1
+    assert paper_preset().bank.anchor_fold == "closest"
+    assert Preset.from_json(default_preset().to_json()).bank.anchor_fold == "ward"
+    with pytest.raises(ValueError, match="anchor_fold"):
+        BankConfig(anchor_fold="nearest").validate()
