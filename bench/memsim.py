@@ -261,10 +261,20 @@ def run_preset(args, bench: str, budget: str) -> dict:
     A = np.full((T, T), np.nan)
     t0 = time.perf_counter()
     logs = []
+    first_stage: dict[str, int] = {}
     for t in range(T):
         rows = tr[stage[tr] == t]
+        for i in rows:
+            first_stage.setdefault(normalize_label(answers[i][0]), t)
         logs.append(sim.learn(sim.raw(K[rows]), [tok_of[i] for i in rows],
                               [normalize_label(answers[i][0]) for i in rows], limit))
+        if getattr(args, "label_anchors", False):  # are anchors balanced across old and new answers?
+            per: dict[int, list[int]] = {}
+            for p in sim.bank.protos:
+                lab = sim.label_of[tuple(int(x) for x in p.tokens)]
+                per.setdefault(first_stage[lab], []).append(len(p.anchors))
+            print(f"# {bench} {budget} after stage {t + 1}: anchors per answer by the stage that introduced it "
+                  + " ".join(f"{s + 1}:{np.mean(v):.1f}" for s, v in sorted(per.items())), flush=True)
         for tau in range(T):
             if tau != t and tau != t + 1 and t != T - 1:
                 continue
@@ -374,6 +384,8 @@ def main(argv=None) -> int:
                          "centroids, relevance gate); the other key options are then ignored")
     ap.add_argument("--set", action="append", default=[], help="preset override, e.g. k_anchors=16")
     ap.add_argument("--centroids-only", action="store_true", help="with --preset: vote over the centroids alone")
+    ap.add_argument("--label-anchors", action="store_true",
+                    help="with --preset: after each stage, print the mean anchors per answer by the stage that introduced it")
     ap.add_argument("--layer", default="9", help="key layer, or layers joined by + (e.g. 9+12)")
     ap.add_argument("--key-precision", default="bit")
     ap.add_argument("--rotate", type=int, default=0, help="seed of a random rotation applied to the keys (0: none)")
