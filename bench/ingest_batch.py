@@ -22,6 +22,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seqs", default="8,16,32", help="sequences per decode for the batched rows")
+    ap.add_argument("--two-contexts", action="store_true",
+                    help="also: two one-thread engines extracting keys on two Python threads (not a product "
+                         "path: key extraction only, batched 16 per decode)")
     args = ap.parse_args(argv)
 
     from miita_edge.demo.run import demo_stream
@@ -45,6 +48,34 @@ def main(argv=None) -> int:
             m.ingest(train, budget="none", progress=False)
             rates[label].append(len(train) / (time.perf_counter() - t0))
             eng.config.keys_stop_early, eng.config.clear_kv_data = True, False
+    if args.two_contexts:  # llama_decode is a ctypes call, which releases the GIL
+        import threading
+
+        from miita_edge.method.extract import extract_keys
+        from miita_edge.method.templates import get_template
+
+        label = "two 1-thread contexts on two threads, 16 per decode (keys only)"
+        pair = [Engine(None, EngineConfig(n_threads=max(1, args.threads // 2), n_seq_max=16)) for _ in range(2)]
+        probe = Miita(engine=pair[0], memory=tempfile.mkdtemp(), template="plain")
+        layers = list(probe.key_layers)
+        for eng in pair:
+            eng.set_key_layers(layers)
+        tpl = get_template("plain")
+        pairs = [(e.input, e.output) for e in train]
+        halves = [pairs[: len(pairs) // 2], pairs[len(pairs) // 2:]]
+        rates[label] = []
+        for _ in range(args.rounds):
+            ts = [threading.Thread(target=extract_keys, args=(eng, tpl, h), kwargs={"skip_bos": True})
+                  for eng, h in zip(pair, halves)]
+            t0 = time.perf_counter()
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            rates[label].append(len(train) / (time.perf_counter() - t0))
+        rows.append((label, 0, False))
+        for eng in pair:
+            eng.close()
     base = statistics.median(rates[rows[0][0]])
     print(f"# bench/ingest_batch.py  {len(train)} demo rows, threads={args.threads}, medians of {args.rounds} rounds")
     for i, (label, _, _) in enumerate(rows):
