@@ -304,7 +304,7 @@ def cmd_info(args) -> int:
     else:
         fp = out["fingerprint"]
         print(f"memory      {out['memory']} (version {out['version']})")
-        print(f"preset      {out['preset']}   template {out['template']}")
+        print(f"preset      {out['preset']} (version {out['hyperparameters']['version']})   template {out['template']}")
         print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {fp.get('key_layers') or [fp['key_layer']]} sha256 {fp['sha256'][:16]}…")
         print(f"content     {out['examples']} examples ({out['skipped']} skipped) -> {out['prototypes']} prototypes, "
               f"{out['anchors']} anchors")
@@ -315,7 +315,8 @@ def cmd_info(args) -> int:
                   f"{store_mod.FORMAT_VERSION})")
         hp = out["hyperparameters"]
         print(f"payload     {hp['bank']['payload']}, directions {hp['bank']['dir_precision']}, keys "
-              f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}")
+              f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}; anchors fold "
+              f"{'by Ward distortion' if hp['bank'].get('anchor_fold') == 'ward' else 'closest pair first'}")
         print(f"adaptation  {hp['aggregation']} aggregation, eta={hp['eta']} (x ||h_q||), {hp['gate']}")
         print(f"recall      {out['recall']}")
     return 0
