@@ -415,7 +415,7 @@ class Engine:
     def prompt_key(self, tokens: Sequence[int], mask: Sequence[bool]) -> tuple[np.ndarray, int]:
         """Eq. 1's key sum of one prompt, ``(sum of the masked key-layer rows, rows)``, from a
         key-only pass: no logits, and (``EngineConfig.keys_stop_early``) the graph stops after the
-        deepest key layer, so the layers above it, a third of Gemma-3-270M's, are not computed.
+        deepest key layer, so the layers above it (5 of Gemma-3-270M's 18) are not computed.
         The rows summed are computed exactly as in a full pass. Leaves the sequence reset."""
         self.reset()
         stop = self.config.keys_stop_early
