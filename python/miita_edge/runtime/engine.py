@@ -436,8 +436,7 @@ class Engine:
 
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
-        self._L.llama_memory_clear(self._mem, self.config.clear_kv_data)
-        self.n_past = 0
+        self._forget_positions()
         st = self.native
         st.key_reset()
         st.capture_clear()
