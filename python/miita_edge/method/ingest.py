@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -148,7 +148,7 @@ def call_stream_bytes(counts: StreamCounts, examples: Sequence[Example]) -> int:
     return counts.stream_bytes + sum(len(ex.input.encode()) + len(ex.output.encode()) for ex in examples)
 
 
-def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extracted: Sequence[Extracted | None],
+def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extracted: Iterable[Extracted | None],
           counts: StreamCounts, *, limit: int | None, size_fn: Callable[[], int],
           budget_spec: str) -> tuple[list[int], dict]:
     """Write each extraction into ``bank`` in stream order and repair after each one (eqs. 3-5).

@@ -189,10 +189,54 @@ class Engine:
         if self.n_vocab != self.info.n_vocab:
             raise ModelError(f"vocabulary size {self.n_vocab} != LM-head rows {self.info.n_vocab}")
 
+        self._owner: "Engine | None" = None  # set on siblings: the engine whose model they share
+        self._siblings: list[Engine] = []
+        self._make_context()
+        self.graph_tensors = self._probe_graph()
+
+    def sibling(self, n_threads: int, n_seq_max: int = 1) -> "Engine":
+        """A second context on this engine's loaded model, with its own callback state, batch and
+        KV cache: extraction on several threads without loading the weights twice (issue 15).
+
+        It keeps this engine's configuration except the thread count and the sequences per decode,
+        and this engine's key layers. llama.cpp contexts of one model may decode on different
+        threads at once (the weights are read-only); each context stays single-threaded in its use.
+        It never frees the model: this engine closes its siblings before freeing it."""
+        if self._closed:
+            raise ModelError("engine is closed")
+        import dataclasses
+
+        sib = object.__new__(Engine)
+        sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "_native_mod", "info", "n_embd", "n_layer",
+                                                           "_model", "_vocab", "n_vocab")})
+        sib.config = dataclasses.replace(self.config, n_threads=max(1, int(n_threads)), n_seq_max=max(1, int(n_seq_max)))
+        sib.n_threads = sib.config.n_threads
+        sib.key_layer = self.key_layer
+        sib._owner = self
+        sib._siblings = []
+        sib._make_context()
+        sib.graph_tensors = self.graph_tensors
+        sib.set_key_layers(self.key_layers)
+        self._siblings.append(sib)
+        return sib
+
+    def siblings(self, count: int, n_threads: int, n_seq_max: int = 1) -> list["Engine"]:
+        """``count`` sibling contexts with this thread count and sequences per decode, made on first
+        use and kept until this engine closes: a context costs its KV cache and compute buffers to
+        make, so memories sharing one engine (the server, a sweep) share them too."""
+        same = [e for e in self._siblings
+                if e.config.n_threads == max(1, n_threads) and e.config.n_seq_max == max(1, n_seq_max)]
+        while len(same) < count:
+            same.append(self.sibling(n_threads, n_seq_max))
+        return same[:count]
+
+    def _make_context(self) -> None:
+        """The llama.cpp context, its callback state and its batch, on the loaded model."""
+        L, _native = self._L, self._native_mod
         # The callback state must outlive the context: created first, freed last.
         self.native = _native.State(self.n_embd)
-        self.key_layers: tuple[int, ...] = (k,)
-        self._key_names = [f"l_out-{k}"]
+        self.key_layers: tuple[int, ...] = (self.key_layer,)
+        self._key_names = [f"l_out-{self.key_layer}"]
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = self.config.n_batch
@@ -209,7 +253,8 @@ class Engine:
         cparams.cb_eval_user_data = ctypes.c_void_p(self.native.user_data)
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
-            L.llama_model_free(self._model)
+            if self._owner is None:
+                L.llama_model_free(self._model)
             raise ModelError(f"llama.cpp could not create a context for {self.info.path}")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
@@ -218,7 +263,6 @@ class Engine:
         self.bos = int(L.llama_vocab_bos(self._vocab))
         self._lm = None
         self._closed = False
-        self.graph_tensors = self._probe_graph()
 
     def key_sum(self) -> tuple[np.ndarray, int]:
         """The key sums collected since the last reset: ((L·H,) float32, rows summed), one H-block per
@@ -305,9 +349,15 @@ class Engine:
         if self._closed:
             return
         L = self._L
+        for sib in self._siblings:  # their contexts point at this model: freed first
+            sib.close()
+        self._siblings = []
         L.llama_batch_free(self._batch)
         L.llama_free(self._ctx)
-        L.llama_model_free(self._model)
+        if self._owner is None:
+            L.llama_model_free(self._model)
+        else:
+            self._owner._siblings = [e for e in self._owner._siblings if e is not self]
         self._closed = True
         self.native = None  # freed after the context that pointed at it
 
