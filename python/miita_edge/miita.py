@@ -177,8 +177,9 @@ class Miita:
         # that need only keys; each gets the engine's threads / n. 1 (the default) keeps the engine's
         # own context, one prompt per decode: every stored key is then bitwise the key that prompt
         # gets at ask time, which the relevance gate's exact-repeat rule and forget's exact property
-        # rely on (docs/serving.md). Above 1 the keys come from batched decodes: 1.8-1.9x faster on
-        # 2 cores, equal to one-by-one extraction within rounding, whatever the number of contexts.
+        # rely on (docs/serving.md). Above 1 the keys come from batched decodes, equal to one-by-one
+        # extraction within rounding, whatever the number of contexts: ~1.2x the default's rate on
+        # 2 cores (docs/benchmarks.md, "Issue 15, third pass").
         self.key_contexts: int = 1
         self._thread_extractor = None
 
