@@ -209,7 +209,8 @@ class Engine:
         sib = object.__new__(Engine)
         sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "_native_mod", "info", "n_embd", "n_layer",
                                                            "_model", "_vocab", "n_vocab")})
-        sib.config = dataclasses.replace(self.config, n_threads=max(1, int(n_threads)), n_seq_max=max(1, int(n_seq_max)))
+        sib.config = dataclasses.replace(self.config, n_threads=max(1, int(n_threads)),
+                                         n_seq_max=max(1, int(n_seq_max)))
         sib.n_threads = sib.config.n_threads
         sib.key_layer = self.key_layer
         sib._owner = self
