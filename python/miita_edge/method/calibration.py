@@ -29,10 +29,7 @@ CALIBRATION_INPUTS = [
 def raw_key(engine: Engine, template: Template, x: str, skip_bos: bool) -> np.ndarray:
     """Eq. 1's pooled key of ``x`` through ``template``, before any centring ((L·H,) for L key layers)."""
     toks = engine.tokenize(template.render_prompt(x))
-    mask = [True] * len(toks)
-    if skip_bos and toks and toks[0] == engine.bos and len(toks) > 1:  # as Engine.query masks it
-        mask[0] = False
-    s, n = engine.prompt_key(toks, mask)  # a key-only pass: only the key is needed here
+    s, n = engine.prompt_key(toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
     return s / max(n, 1)
 
 

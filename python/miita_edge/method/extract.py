@@ -64,10 +64,7 @@ def prompt_and_target(engine: Engine, template: Template, x: str, y: str, *, ski
     target = engine.tokenize(template.render_target(y), add_bos=False)
     if not target or not prompt:
         return None
-    mask = [True] * len(prompt)
-    if skip_bos and prompt[0] == engine.bos and len(prompt) > 1:
-        mask[0] = False
-    return prompt, target, mask
+    return prompt, target, engine.key_mask(prompt, skip_bos)
 
 
 @dataclass

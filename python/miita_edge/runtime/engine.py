@@ -225,8 +225,8 @@ class Engine:
         """``count`` sibling contexts with this thread count and sequences per decode, made on first
         use and kept until this engine closes: a context costs its KV cache and compute buffers to
         make, so memories sharing one engine (the server, a sweep) share them too."""
-        same = [e for e in self._siblings
-                if e.config.n_threads == max(1, n_threads) and e.config.n_seq_max == max(1, n_seq_max)]
+        n_threads, n_seq_max = max(1, int(n_threads)), max(1, int(n_seq_max))
+        same = [e for e in self._siblings if (e.config.n_threads, e.config.n_seq_max) == (n_threads, n_seq_max)]
         while len(same) < count:
             same.append(self.sibling(n_threads, n_seq_max))
         return same[:count]
@@ -582,14 +582,20 @@ class Engine:
         self.native.set_steer(direction, h_q, float(eta), STEER_MODES[mode])
 
     # ------------------------------------------------------------ high level
+    def key_mask(self, tokens: Sequence[int], skip_bos: bool) -> list[bool]:
+        """Which prompt rows eq. 1's key pools: all, or all but a leading BOS when ``skip_bos``
+        (a prompt that is only BOS keeps it, or the key would be empty)."""
+        mask = [True] * len(tokens)
+        if skip_bos and len(tokens) > 1 and tokens[0] == self.bos:
+            mask[0] = False
+        return mask
+
     def query(self, prompt_tokens: Sequence[int], skip_bos_in_key: bool = True) -> QueryState:
         """Decode a prompt once and collect the retrieval signals (key, h_q, first-token logits)."""
         if not prompt_tokens:
             raise ValueError("empty prompt")
         self.reset()
-        mask = [True] * len(prompt_tokens)
-        if skip_bos_in_key and prompt_tokens[0] == self.bos and len(prompt_tokens) > 1:
-            mask[0] = False
+        mask = self.key_mask(prompt_tokens, skip_bos_in_key)
         self.native.set_capture(True, 1)
         logits = self.decode(prompt_tokens, "last", key_mask=mask)[0]
         h_q = self.native.captured()[0].copy()
