@@ -87,6 +87,24 @@ def test_duplicate_rows_come_as_a_group():
     assert {10, 200, 300, 499} <= set(cand.tolist())
 
 
+def test_candidates_are_the_graph_hits_and_every_row_equal_to_one_of_them():
+    """Against a brute-force closure: for each row the graph returns, every row byte-equal to it."""
+    from miita_edge.method.ann_index import _query_vector
+
+    rng = np.random.default_rng(9)
+    packed = rng.integers(0, 256, (600, 80), dtype=np.uint8)
+    for group in ([3, 50, 51], [7, 8], [100, 300, 301, 599], [42, 43, 44, 45, 46]):
+        packed[group[1:]] = packed[group[0]]
+    ann = AnnIndex.build(packed, "bits")
+    assert ann.graph.size == 600 - 2 - 1 - 3 - 4
+    near_groups = [np.unpackbits(packed[r]).astype(np.float32) * 2 - 1 for r in (3, 100, 42)]
+    for q in near_groups + [rng.standard_normal(640).astype(np.float32) for _ in range(20)]:
+        ann.graph.expansion_search = 32
+        hits = ann.graph.search(_query_vector(q, "bits"), 16, threads=1).keys.astype(np.int64)
+        want = sorted({r for h in hits for r in np.flatnonzero((packed == packed[h]).all(axis=1)).tolist()})
+        assert ann.candidates(q, 16, 32).tolist() == want
+
+
 # ----------------------------------------------------------------------------- default preset
 def bit_bank(n: int, seed: int = 5) -> tuple[MemoryBank, np.ndarray]:
     X, C = clustered(n, 40, 0.6, seed)
