@@ -340,6 +340,48 @@ def retrieval_share(m, eng, prompts: list, reps: int) -> dict:
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 
+def plan_steps(m, eng, prompts: list, reps: int) -> dict:
+    """Where ``Miita.plan`` spends its time on the graph path (default preset): each step's median
+    over ``reps`` plans, each right after its own prompt pass. The steps are wrapped for the
+    measurement and restored after; ``graph search`` is usearch's own call, ``candidates`` includes
+    it (and the duplicate groups), ``plan`` is the whole call."""
+    import usearch.index as uindex
+
+    from miita_edge.memory.bank import MemoryBank
+    from miita_edge.method import ann_index, plan as plan_mod
+
+    spots = [(uindex.Index, "search", "graph search"), (ann_index.AnnIndex, "candidates", "candidates"),
+             (MemoryBank, "prepare_key", "prepare key"), (plan_mod, "knn_prototypes", "vote"),
+             (plan_mod, "_relevance", "relevance gate")]
+    times: dict[str, list] = {label: [] for *_, label in spots}
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in spots]
+
+    def timed(fn, label):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                times[label].append(time.perf_counter() - t0)
+        return wrapper
+
+    try:
+        for (obj, name, label), (_, _, fn) in zip(spots, saved):
+            setattr(obj, name, timed(fn, label))
+        total = []
+        for i in range(reps):
+            st = eng.query(prompts[i % len(prompts)], skip_bos_in_key=m.preset.skip_bos)
+            t0 = time.perf_counter()
+            m.plan(st)
+            total.append(time.perf_counter() - t0)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    out = {label: statistics.median(v) * 1e3 for label, v in times.items() if v}
+    out["plan"] = statistics.median(total) * 1e3
+    return out
+
+
 def _same(m, st) -> bool:
     """Whether the ANN path's selection (ids, scores, weights, gate decision) equals the exact one's."""
     a = m.plan(st)
@@ -449,6 +491,7 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
         count = ann_index.search_params("f16", J, m.preset.retrieval.R_k)[0]
         q = paper_quality(m, eng, prompts[: args.paper_queries])
     r = retrieval_share(m, eng, prompts, args.reps)
+    steps = plan_steps(m, eng, prompts, args.steps) if args.steps and preset == "default" else None
     target = 1.0 if J <= 100_000 else 3.0
     share, share_x = 100 * r["ann"] / r["prompt"], 100 * r["exact"] / r["prompt"]
     rec = f"recall@{count} {q['recall']:.4f}" + (f" (dirs {q['recall_dirs']:.4f})" if "recall_dirs" in q else "")
@@ -464,6 +507,9 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
           f"after the open began); open cold {cold['total']:5.2f} s (Miita {cold['miita']:.2f}, index "
           f"{cold['index']:.2f}), warm {warm['total']:5.2f} s (Miita {warm['miita']:.2f}, index "
           f"{warm['index']:.2f}) [{states}]; memory made in {made:.1f} s", flush=True)
+    if steps:
+        print(f"   {'':7s} {'':9s} {'':>9s}  steps of Miita.plan (medians of {args.steps}, each after a prompt pass, "
+              f"ms): " + ", ".join(f"{k} {v:.3f}" for k, v in steps.items()), flush=True)
     del m
     gc.collect()
 
@@ -556,6 +602,8 @@ def main(argv=None) -> int:
     ap.add_argument("--queries", type=int, default=200, help="real test keys for recall (default preset)")
     ap.add_argument("--paper-queries", type=int, default=40, help="prompt passes for recall (paper preset)")
     ap.add_argument("--reps", type=int, default=9, help="prompt passes per path for the retrieval share")
+    ap.add_argument("--steps", type=int, default=0, help="also time the steps of Miita.plan over this many "
+                    "plans, each after a prompt pass (default preset, graph path)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ef", type=int, default=None, help="override the graph's search breadth (default: the "
                     "candidate count)")
