@@ -233,9 +233,10 @@ class AnnIndex:
     def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
         self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
         self.dup_rep, self.dup_start, self.dup_members = dups
-        # each row's duplicate group (-1: none), so that a candidate finds its group in one read: a
-        # binary search of 256-512 candidates in dup_rep after a prompt pass (caches cold) cost
-        # ~0.3 ms at 100,000 prototypes, a fifth of retrieval (docs/benchmarks.md); 4 bytes a row
+        # each row's duplicate group (-1: none), so that a candidate finds its group in one read:
+        # binary-searching 256-512 candidates in dup_rep right after a prompt pass (caches cold)
+        # cost ~0.1 ms of retrieval at 100,000 prototypes and ~0.85 ms at 1,000,000
+        # (docs/benchmarks.md, issue 15 fourth pass); 4 bytes a row, derived, never stored
         self.dup_group = np.full(self.n_rows if self.dup_rep.size else 0, -1, np.int32)
         self.dup_group[self.dup_rep] = np.arange(self.dup_rep.size, dtype=np.int32)
         self.ef = 0  # search breadth override (benchmarks set it to show a miss); 0: search_params'
