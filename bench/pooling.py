@@ -1,0 +1,151 @@
+"""Which prompt rows a key should pool, layer by layer: a probe over all four benchmarks (issue 14).
+
+The default preset pools the mean of every prompt row but BOS at both key layers (12 and 9 on
+Gemma-3-270M). ``bench/keys.py`` chose the layers with that pooling fixed; this probes the pooling
+itself, per layer, because the two layers may want different rows: the last prompt row (the
+template's answer cue) is where the model has gathered what it is about to say, while the mean
+keeps the input's content.
+
+    python bench/pooling.py extract --data ../shared/data     # prompt passes, cached per benchmark
+    python bench/pooling.py eval                              # numpy only
+
+``extract`` decodes every training, test and calibration prompt of the sweep's subsample
+(``bench/sweep.py`` LIMITS, as ``bench/keys.py``) once per pooling, with the default preset's key
+layers, and keeps each layer's pooled key:
+
+* ``mean``: every row but BOS (what ships), ``last``: the last prompt row only,
+* ``last4``: the last four rows, ``half``: the second half of the rows.
+
+``eval`` scores every pairing (deep layer pooled one way, middle layer another) as
+``bench/keys.py`` scores designs: each block centred on the calibration keys of the same pooling
+and at unit norm, 1-bit anchors against a float query, the top-8 vote (T = 0.02) over all stored
+training rows after the last stage, and the share of each query's top-8 neighbours from its own
+stage (domain, language or task), which the relevance gate leans on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from keys import BENCHES, neighbour_stage_share, vote_scores  # noqa: E402
+from sweep import DATA_DIRS, LIMITS  # noqa: E402
+
+#: pooling -> which rows of the shipped key mask (every prompt row but BOS) it keeps
+POOLINGS = {
+    "mean": lambda rows: rows,
+    "last": lambda rows: rows[-1:],
+    "last4": lambda rows: rows[-4:],
+    "half": lambda rows: rows[len(rows) // 2:],
+}
+
+
+def pooling_mask(eng, tokens: list[int], pooling: str) -> list[bool]:
+    rows = [i for i, keep in enumerate(eng.key_mask(tokens, True)) if keep]
+    keep = set(POOLINGS[pooling](rows))
+    return [i in keep for i in range(len(tokens))]
+
+
+def extract(args) -> int:
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.method.calibration import CALIBRATION_INPUTS
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.presets import default_preset
+    from miita_edge.method.templates import get_template
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    eng = Engine(args.model, EngineConfig(n_threads=args.threads))
+    layers = list(default_preset().key_layers(eng.n_layer))
+    eng.set_key_layers(layers)
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        for b in args.benchmarks.split(","):
+            path = args.out / f"{b}.npz"
+            if path.exists():
+                print(f"{b}: cached at {path}", flush=True)
+                continue
+            spec = get_benchmark(b)
+            tr_lim, te_lim = LIMITS[b]
+            _, stages = load_benchmark(spec, args.data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
+            tpl = get_template(spec.template)
+            rows = []  # (split, stage index, input, answer(s))
+            for si, s in enumerate(stages):
+                rows += [("train", si, e.input, [e.output]) for e in s.train]
+                rows += [("test", si, it.example.input, list(it.golds)) for it in s.test]
+            rows += [("calib", -1, x, [""]) for x in CALIBRATION_INPUTS]
+            toks = [prompt_tokens(eng, tpl, x, spec.max_prompt_tokens) for _, _, x, _ in rows]
+            out = {}
+            t0 = time.perf_counter()
+            for name in POOLINGS:
+                K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
+                for i, t in enumerate(toks):
+                    s, n = eng.prompt_key(t, pooling_mask(eng, t, name))
+                    K[i] = (s / max(n, 1)).reshape(len(layers), eng.n_embd)
+                out[name] = K
+                print(f"  {b}: {name} pooled, {time.perf_counter() - t0:.0f} s", flush=True)
+            meta = {"benchmark": b, "layers": layers, "split": [r[0] for r in rows], "stage": [r[1] for r in rows],
+                    "answers": [r[3] for r in rows], "model": eng.info.path.name}
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, meta=json.dumps(meta), **out)
+            tmp.replace(path)
+    finally:
+        eng.close()
+    return 0
+
+
+def evaluate(args) -> int:
+    from miita_edge.evaluation.metrics import normalize_label
+
+    for b in args.benchmarks.split(","):
+        path = args.cache / f"{b}.npz"
+        if not path.exists():
+            print(f"{b}: not extracted yet")
+            continue
+        z = np.load(path)
+        meta = json.loads(str(z["meta"]))
+        split, stage = np.array(meta["split"]), np.array(meta["stage"])
+        tr, te, cal = split == "train", split == "test", split == "calib"
+        labels = [normalize_label(meta["answers"][i][0]) for i in np.flatnonzero(tr)]
+        golds = [[normalize_label(g) for g in meta["answers"][i]] for i in np.flatnonzero(te)]
+        deep, mid = meta["layers"]
+        print(f"\n# {b}: {tr.sum()} anchors, {te.sum()} queries; key layers {deep} + {mid}")
+        for pd in POOLINGS:
+            for pm in POOLINGS:
+                blocks = []
+                for name, j in ((pd, 0), (pm, 1)):
+                    x = z[name][:, j] - z[name][cal, j].mean(0)
+                    blocks.append(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12))
+                X = np.concatenate(blocks, axis=1)
+                A, Q = np.where(X[tr] >= 0, 1.0, -1.0), X[te]
+                pred = vote_scores(Q, A, labels)
+                acc = 100.0 * np.mean([p in g for p, g in zip(pred, golds)])
+                share = 100.0 * neighbour_stage_share(Q, A, stage[te], stage[tr])
+                tag = "  (shipped)" if pd == pm == "mean" else ""
+                print(f"  layer {deep} {pd:5s} + layer {mid} {pm:5s}  vote {acc:5.1f}%   own-stage neighbours "
+                      f"{share:5.1f}%{tag}", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    x = sub.add_parser("extract")
+    x.add_argument("--data", type=Path, default=Path("../shared/data"))
+    x.add_argument("--out", type=Path, default=Path("bench-results/pooling"))
+    x.add_argument("--benchmarks", default=",".join(BENCHES))
+    x.add_argument("--model", default=None)
+    x.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all cores)")
+    e = sub.add_parser("eval")
+    e.add_argument("--cache", type=Path, default=Path("bench-results/pooling"))
+    e.add_argument("--benchmarks", default=",".join(BENCHES))
+    args = ap.parse_args(argv)
+    return extract(args) if args.cmd == "extract" else evaluate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
