@@ -37,10 +37,7 @@ BENCHES = ("banking77", "dsc", "xquad", "superni")
 
 
 def extract(args) -> int:
-    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
-    from miita_edge.method.calibration import CALIBRATION_INPUTS
     from miita_edge.method.extract import prompt_tokens
-    from miita_edge.method.templates import get_template
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(args.model, EngineConfig(n_threads=args.threads))
@@ -52,15 +49,7 @@ def extract(args) -> int:
         if path.exists():
             print(f"{b}: cached at {path}", flush=True)
             continue
-        spec = get_benchmark(b)
-        tr_lim, te_lim = LIMITS[b]
-        _, stages = load_benchmark(spec, args.data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
-        tpl = get_template(spec.template)
-        rows = []  # (split, stage index, input, answer(s))
-        for si, s in enumerate(stages):
-            rows += [("train", si, e.input, [e.output]) for e in s.train]
-            rows += [("test", si, it.example.input, list(it.golds)) for it in s.test]
-        rows += [("calib", -1, x, [""]) for x in CALIBRATION_INPUTS]
+        spec, tpl, stages, rows = probe_rows(b, args.data)
         K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
         t0 = time.perf_counter()
         for i, (_, _, x, _) in enumerate(rows):
@@ -77,6 +66,25 @@ def extract(args) -> int:
         print(f"{b}: {len(rows)} prompts x {len(layers)} layers in {meta['seconds']:.0f} s -> {path}", flush=True)
     eng.close()
     return 0
+
+
+def probe_rows(b: str, data: Path):
+    """(benchmark spec, template, stages, rows) of the sweep's subsample of benchmark ``b``: rows are
+    (split, stage index, input, answer(s)) for every training and test row of every stage, then
+    the calibration inputs (split "calib", stage -1), in the order the probes store their keys."""
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.method.calibration import CALIBRATION_INPUTS
+    from miita_edge.method.templates import get_template
+
+    spec = get_benchmark(b)
+    tr_lim, te_lim = LIMITS[b]
+    _, stages = load_benchmark(spec, data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
+    rows = []
+    for si, s in enumerate(stages):
+        rows += [("train", si, e.input, [e.output]) for e in s.train]
+        rows += [("test", si, it.example.input, list(it.golds)) for it in s.test]
+    rows += [("calib", -1, x, [""]) for x in CALIBRATION_INPUTS]
+    return spec, get_template(spec.template), stages, rows
 
 
 def load(cache: Path, b: str):
@@ -109,6 +117,13 @@ def neighbour_stage_share(Q, A, q_stage, a_stage, k=8) -> float:
     Qn = Q / np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-12)
     top = np.argsort(-(Qn @ An.T), axis=1)[:, :k]
     return float((a_stage[top] == q_stage[:, None]).mean())
+
+
+def score(Q: np.ndarray, A: np.ndarray, labels: list, golds: list, q_stage, a_stage) -> tuple[float, float]:
+    """(vote accuracy %, own-stage neighbours %) of float queries ``Q`` against stored rows ``A``."""
+    pred = vote_scores(Q, A, labels)
+    acc = 100.0 * float(np.mean([p in g for p, g in zip(pred, golds)]))
+    return acc, 100.0 * neighbour_stage_share(Q, A, q_stage, a_stage)
 
 
 def design_keys(K: np.ndarray, calib: np.ndarray, design: dict) -> np.ndarray:
@@ -171,9 +186,7 @@ def evaluate(args) -> int:
             X = design_keys(K, K[cal], d)
             # queries are never quantised: the memory compares a float query with stored anchors
             Xq = design_keys(K[te], K[cal], {**d, "prec": "float32"})
-            pred = vote_scores(Xq, X[tr], labels)
-            acc = 100.0 * np.mean([p in g for p, g in zip(pred, golds)])
-            share = 100.0 * neighbour_stage_share(Xq, X[tr], stage[te], stage[tr])
+            acc, share = score(Xq, X[tr], labels, golds, stage[te], stage[tr])
             results[(b, name)] = (acc, share)
             print(f"  {name:18s} vote {acc:5.1f}%   own-stage neighbours {share:5.1f}%", flush=True)
     return 0

@@ -33,8 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from keys import BENCHES, neighbour_stage_share, vote_scores  # noqa: E402
-from sweep import DATA_DIRS, LIMITS  # noqa: E402
+from keys import BENCHES, probe_rows, score  # noqa: E402
 
 #: pooling -> which rows of the shipped key mask (every prompt row but BOS) it keeps
 POOLINGS = {
@@ -52,11 +51,8 @@ def pooling_mask(eng, tokens: list[int], pooling: str) -> list[bool]:
 
 
 def extract(args) -> int:
-    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
-    from miita_edge.method.calibration import CALIBRATION_INPUTS
     from miita_edge.method.extract import prompt_tokens
     from miita_edge.method.presets import default_preset
-    from miita_edge.method.templates import get_template
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(args.model, EngineConfig(n_threads=args.threads))
@@ -69,15 +65,7 @@ def extract(args) -> int:
             if path.exists():
                 print(f"{b}: cached at {path}", flush=True)
                 continue
-            spec = get_benchmark(b)
-            tr_lim, te_lim = LIMITS[b]
-            _, stages = load_benchmark(spec, args.data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
-            tpl = get_template(spec.template)
-            rows = []  # (split, stage index, input, answer(s))
-            for si, s in enumerate(stages):
-                rows += [("train", si, e.input, [e.output]) for e in s.train]
-                rows += [("test", si, it.example.input, list(it.golds)) for it in s.test]
-            rows += [("calib", -1, x, [""]) for x in CALIBRATION_INPUTS]
+            spec, tpl, _, rows = probe_rows(b, args.data)
             toks = [prompt_tokens(eng, tpl, x, spec.max_prompt_tokens) for _, _, x, _ in rows]
             out = {}
             t0 = time.perf_counter()
@@ -122,9 +110,7 @@ def evaluate(args) -> int:
                     blocks.append(x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12))
                 X = np.concatenate(blocks, axis=1)
                 A, Q = np.where(X[tr] >= 0, 1.0, -1.0), X[te]
-                pred = vote_scores(Q, A, labels)
-                acc = 100.0 * np.mean([p in g for p, g in zip(pred, golds)])
-                share = 100.0 * neighbour_stage_share(Q, A, stage[te], stage[tr])
+                acc, share = score(Q, A, labels, golds, stage[te], stage[tr])
                 tag = "  (shipped)" if pd == pm == "mean" else ""
                 print(f"  layer {deep} {pd:5s} + layer {mid} {pm:5s}  vote {acc:5.1f}%   own-stage neighbours "
                       f"{share:5.1f}%{tag}", flush=True)
