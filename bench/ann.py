@@ -46,6 +46,7 @@ Key distributions:
     python bench/ann.py --crossover 10000,20000,40000    # prototypes (voter rows: twice as many)
     python bench/ann.py --paper-fit 300000,500000,1000000
     python bench/ann.py --sizes 100000 --paper-sizes 0 --ef 16 --candidates 8   # a run that misses
+    python bench/ann.py --sizes 100000 --modes clustered --paper-sizes 0 --steps 80   # and where plan's time goes
 """
 from __future__ import annotations
 
