@@ -8,6 +8,8 @@ keeps the input's content.
 
     python bench/pooling.py extract --data ../shared/data     # prompt passes, cached per benchmark
     python bench/pooling.py eval                              # numpy only
+    python bench/pooling.py memsim-cache --deep last --mid mean --out bench-results/pooling-last-mean
+    python bench/memsim.py --cache bench-results/pooling-last-mean --preset default ...   # the real bank
 
 ``extract`` decodes every training, test and calibration prompt of the sweep's subsample
 (``bench/sweep.py`` LIMITS, as ``bench/keys.py``) once per pooling, with the default preset's key
@@ -65,7 +67,7 @@ def extract(args) -> int:
             if path.exists():
                 print(f"{b}: cached at {path}", flush=True)
                 continue
-            spec, tpl, _, rows = probe_rows(b, args.data)
+            spec, tpl, stages, rows = probe_rows(b, args.data)
             toks = [prompt_tokens(eng, tpl, x, spec.max_prompt_tokens) for _, _, x, _ in rows]
             out = {}
             t0 = time.perf_counter()
@@ -77,7 +79,8 @@ def extract(args) -> int:
                 out[name] = K
                 print(f"  {b}: {name} pooled, {time.perf_counter() - t0:.0f} s", flush=True)
             meta = {"benchmark": b, "layers": layers, "split": [r[0] for r in rows], "stage": [r[1] for r in rows],
-                    "answers": [r[3] for r in rows], "model": eng.info.path.name}
+                    "answers": [r[3] for r in rows], "model": eng.info.path.name, "n_layer": eng.n_layer,
+                    "stages": [s.name for s in stages]}
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, meta=json.dumps(meta), **out)
             tmp.replace(path)
@@ -117,6 +120,41 @@ def evaluate(args) -> int:
     return 0
 
 
+def n_layer_of(meta: dict, model) -> int:
+    if "n_layer" in meta:
+        return int(meta["n_layer"])
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    eng = Engine(model, EngineConfig(n_threads=1))
+    try:
+        return eng.n_layer
+    finally:
+        eng.close()
+
+
+def memsim_cache(args) -> int:
+    """Write ``bench/keys.py``-format caches whose key layers hold one pairing's pooled keys, so that
+    ``bench/memsim.py --cache OUT --preset default`` replays the real bank (budgets, repair, the
+    relevance gate) with them. Only the preset's key layers are filled; the other slots are zero."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    for b in args.benchmarks.split(","):
+        z = np.load(args.cache / f"{b}.npz")
+        meta = json.loads(str(z["meta"]))
+        deep, mid = meta["layers"]
+        n, _, H = z["mean"].shape
+        # as many layer slots as bench/keys.py keeps (n_layer - 1): memsim derives the model's depth,
+        # and so the preset's key layers, from that count
+        K = np.zeros((n, n_layer_of(meta, args.model) - 1, H), np.float32)
+        K[:, deep], K[:, mid] = z[args.deep][:, 0], z[args.mid][:, 1]
+        stages = meta.get("stages") or [f"stage-{i + 1}" for i in range(max(meta["stage"]) + 1)]
+        out = {**meta, "stages": stages, "pooling": {str(deep): args.deep, str(mid): args.mid}}
+        tmp = args.out / f"{b}.tmp.npz"
+        np.savez(tmp, keys=K, meta=json.dumps(out))
+        tmp.replace(args.out / f"{b}.npz")
+        print(f"{b}: layer {deep} {args.deep} + layer {mid} {args.mid} -> {args.out / (b + '.npz')}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -129,8 +167,15 @@ def main(argv=None) -> int:
     e = sub.add_parser("eval")
     e.add_argument("--cache", type=Path, default=Path("bench-results/pooling"))
     e.add_argument("--benchmarks", default=",".join(BENCHES))
+    c = sub.add_parser("memsim-cache", help="one pairing as a bench/keys.py cache, for bench/memsim.py")
+    c.add_argument("--cache", type=Path, default=Path("bench-results/pooling"))
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--deep", choices=sorted(POOLINGS), required=True, help="pooling of the deeper key layer")
+    c.add_argument("--mid", choices=sorted(POOLINGS), required=True, help="pooling of the middle key layer")
+    c.add_argument("--benchmarks", default=",".join(BENCHES))
+    c.add_argument("--model", default=None, help="the model the cache was extracted with (its depth)")
     args = ap.parse_args(argv)
-    return extract(args) if args.cmd == "extract" else evaluate(args)
+    return {"extract": extract, "eval": evaluate, "memsim-cache": memsim_cache}[args.cmd](args)
 
 
 if __name__ == "__main__":
