@@ -87,6 +87,35 @@ def probe_rows(b: str, data: Path):
     return spec, get_template(spec.template), stages, rows
 
 
+def probe_split(meta: dict):
+    """(train mask, test mask, calibration mask, stage of each row, normalised training labels,
+    normalised gold answers of each test row) of a probe cache's ``meta``."""
+    from miita_edge.evaluation.metrics import normalize_label
+
+    split, answers = np.array(meta["split"]), meta["answers"]
+    tr, te, cal = split == "train", split == "test", split == "calib"
+    labels = [normalize_label(answers[i][0]) for i in np.flatnonzero(tr)]
+    golds = [[normalize_label(g) for g in answers[i]] for i in np.flatnonzero(te)]
+    return tr, te, cal, np.array(meta["stage"]), labels, golds
+
+
+def probe_parser(doc: str, results: str, threads: int):
+    """The probes' command line: (parser, its subparsers, ``extract``'s, ``eval``'s), with the options
+    both probes share; ``results`` names the cache folder under bench-results/."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    x = sub.add_parser("extract")
+    x.add_argument("--data", type=Path, default=Path("../shared/data"))
+    x.add_argument("--out", type=Path, default=Path("bench-results") / results)
+    x.add_argument("--benchmarks", default=",".join(BENCHES))
+    x.add_argument("--model", default=None)
+    x.add_argument("--threads", type=int, default=threads, help="llama.cpp threads (0: all cores)")
+    e = sub.add_parser("eval")
+    e.add_argument("--cache", type=Path, default=Path("bench-results") / results)
+    e.add_argument("--benchmarks", default=",".join(BENCHES))
+    return ap, sub, x, e
+
+
 def load(cache: Path, b: str):
     z = np.load(cache / f"{b}.npz")
     meta = json.loads(str(z["meta"]))
@@ -148,19 +177,13 @@ def design_keys(K: np.ndarray, calib: np.ndarray, design: dict) -> np.ndarray:
 
 
 def evaluate(args) -> int:
-    from miita_edge.evaluation.metrics import normalize_label
-
     results = {}
     for b in args.benchmarks.split(","):
         if not (args.cache / f"{b}.npz").exists():
             print(f"{b}: not extracted yet")
             continue
-        K, meta, split = load(args.cache, b)
-        stage = np.array(meta["stage"])
-        answers = meta["answers"]
-        tr, te, cal = split == "train", split == "test", split == "calib"
-        labels = [normalize_label(answers[i][0]) for i in np.flatnonzero(tr)]
-        golds = [[normalize_label(g) for g in answers[i]] for i in np.flatnonzero(te)]
+        K, meta, _ = load(args.cache, b)
+        tr, te, cal, stage, labels, golds = probe_split(meta)
         H = K.shape[2]
         L = K.shape[1]
         rng = np.random.default_rng(0)
@@ -193,18 +216,8 @@ def evaluate(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    x = sub.add_parser("extract")
-    x.add_argument("--data", type=Path, default=Path("../shared/data"))
-    x.add_argument("--out", type=Path, default=Path("bench-results/keys"))
-    x.add_argument("--benchmarks", default=",".join(BENCHES))
-    x.add_argument("--model", default=None)
-    x.add_argument("--threads", type=int, default=1)
+    ap, _, x, e = probe_parser(__doc__, "keys", threads=1)
     x.add_argument("--f16", action="store_true", help="store the keys as float16 (half the disk)")
-    e = sub.add_parser("eval")
-    e.add_argument("--cache", type=Path, default=Path("bench-results/keys"))
-    e.add_argument("--benchmarks", default=",".join(BENCHES))
     e.add_argument("--layers", type=int, nargs="*", default=[3, 6, 9, 12, 14, 15, 16])
     e.add_argument("--combos", nargs="*", default=["9+12", "6+12", "3+6+9+12+15"])
     e.add_argument("--simhash", type=int, nargs="*", default=[])

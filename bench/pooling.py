@@ -26,7 +26,6 @@ stage (domain, language or task), which the relevance gate leans on.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from keys import BENCHES, probe_rows, score  # noqa: E402
+from keys import BENCHES, probe_parser, probe_rows, probe_split, score  # noqa: E402
 
 #: pooling -> which rows of the shipped key mask (every prompt row but BOS) it keeps
 POOLINGS = {
@@ -90,8 +89,6 @@ def extract(args) -> int:
 
 
 def evaluate(args) -> int:
-    from miita_edge.evaluation.metrics import normalize_label
-
     for b in args.benchmarks.split(","):
         path = args.cache / f"{b}.npz"
         if not path.exists():
@@ -99,10 +96,7 @@ def evaluate(args) -> int:
             continue
         z = np.load(path)
         meta = json.loads(str(z["meta"]))
-        split, stage = np.array(meta["split"]), np.array(meta["stage"])
-        tr, te, cal = split == "train", split == "test", split == "calib"
-        labels = [normalize_label(meta["answers"][i][0]) for i in np.flatnonzero(tr)]
-        golds = [[normalize_label(g) for g in meta["answers"][i]] for i in np.flatnonzero(te)]
+        tr, te, cal, stage, labels, golds = probe_split(meta)
         deep, mid = meta["layers"]
         print(f"\n# {b}: {tr.sum()} anchors, {te.sum()} queries; key layers {deep} + {mid}")
         for pd in POOLINGS:
@@ -156,17 +150,7 @@ def memsim_cache(args) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    x = sub.add_parser("extract")
-    x.add_argument("--data", type=Path, default=Path("../shared/data"))
-    x.add_argument("--out", type=Path, default=Path("bench-results/pooling"))
-    x.add_argument("--benchmarks", default=",".join(BENCHES))
-    x.add_argument("--model", default=None)
-    x.add_argument("--threads", type=int, default=0, help="llama.cpp threads (0: all cores)")
-    e = sub.add_parser("eval")
-    e.add_argument("--cache", type=Path, default=Path("bench-results/pooling"))
-    e.add_argument("--benchmarks", default=",".join(BENCHES))
+    ap, sub, _, _ = probe_parser(__doc__, "pooling", threads=0)
     c = sub.add_parser("memsim-cache", help="one pairing as a bench/keys.py cache, for bench/memsim.py")
     c.add_argument("--cache", type=Path, default=Path("bench-results/pooling"))
     c.add_argument("--out", type=Path, required=True)
