@@ -233,10 +233,11 @@ class PresetSim:
 def run_preset(args, bench: str, budget: str) -> dict:
     from miita_edge.evaluation.metrics import normalize_label
     from miita_edge.memory.budget import parse_budget
-    from miita_edge.method.presets import default_preset, default_preset_v1, default_preset_v2, paper_preset
+    from miita_edge.method.presets import (default_preset, default_preset_v1, default_preset_v2, default_preset_v3,
+                                           paper_preset)
 
-    preset = {"default": default_preset, "default-v2": default_preset_v2, "default-v1": default_preset_v1,
-              "paper": paper_preset}[args.preset]()
+    preset = {"default": default_preset, "default-v3": default_preset_v3, "default-v2": default_preset_v2,
+              "default-v1": default_preset_v1, "paper": paper_preset}[args.preset]()
     for kv in args.set:  # e.g. k_anchors=16 or retrieval.T_agg=0.05
         k, v = kv.split("=", 1)
         obj = preset
@@ -250,6 +251,12 @@ def run_preset(args, bench: str, budget: str) -> dict:
     cal = split == "calib"
     n_layer = K.shape[1] + 1
     layers = preset.key_layers(n_layer)
+    # keys pooled as the preset pools them, or the replay would be of another preset: bench/keys.py
+    # caches hold the mean of every layer, bench/pooling.py memsim-cache says what it holds
+    cached = [meta.get("pooling", {}).get(str(k), "mean") for k in layers]
+    if cached != preset.key_poolings(n_layer):
+        raise SystemExit(f"{bench}: the cache {args.cache} pools layers {layers} as {cached}, the preset as "
+                         f"{preset.key_poolings(n_layer)}; write a matching cache with bench/pooling.py memsim-cache")
     tr = np.flatnonzero(split == "train")
     toks = answer_tokens([answers[i][0] for i in tr], TEMPLATES[bench])
     tok_of = dict(zip(tr.tolist(), toks))
@@ -379,7 +386,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--benchmarks", default="banking77,dsc")
     ap.add_argument("--budgets", default="1%,5%,20%,none")
-    ap.add_argument("--preset", default=None, choices=("default", "default-v2", "default-v1", "paper"),
+    ap.add_argument("--preset", default=None, choices=("default", "default-v3", "default-v2", "default-v1", "paper"),
                     help="replay with a preset's real bank and retrieval (key layers, order, radius, narrowing, "
                          "centroids, relevance gate); the other key options are then ignored")
     ap.add_argument("--set", action="append", default=[], help="preset override, e.g. k_anchors=16")

@@ -1,7 +1,8 @@
 """Experiment (issue 14, forgetting): weight each anchor's vote by how many examples it stands for.
 
 A folded anchor (repair's prune step) stands for ``anchor_count`` examples; the shipped vote gives it
-one softmax weight like a single example. This replays ``bench/memsim.py --preset default`` with the
+one softmax weight like a single example. This replays ``bench/memsim.py --preset default-v3`` (the
+default when it was measured; ``--preset default`` with a matching ``--cache`` for today's) with the
 vote's weight of every voter row multiplied by f(count) (anchors) and f(c) for the centroid rows
 (c = 1, or the mean count of the answer's anchors), to see whether kNN-over-examples semantics
 forget less. It patches ``plan.knn_prototypes`` and ``RetrievalIndex.build`` in this process only.
@@ -77,9 +78,10 @@ def main(argv=None) -> int:
     ap.add_argument("--benchmarks", default="banking77,dsc,xquad,superni")
     ap.add_argument("--budgets", default="1%,5%,20%,none")
     ap.add_argument("--framing", type=int, default=250)
+    ap.add_argument("--preset", default="default-v3", help="as bench/memsim.py --preset")
     args = ap.parse_args(argv)
     patch(args.weight, args.centroid, args.per_answer)
-    ns = argparse.Namespace(cache=args.cache, data=args.data, framing=args.framing, preset="default", set=[],
+    ns = argparse.Namespace(cache=args.cache, data=args.data, framing=args.framing, preset=args.preset, set=[],
                             centroids_only=False)
     for bench in args.benchmarks.split(","):
         for budget in args.budgets.split(","):

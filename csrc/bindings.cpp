@@ -82,6 +82,22 @@ class State {
         if (nk == 1) return py::make_tuple(sums.reshape({n_groups_, n_embd_}), rows);
         return py::make_tuple(sums, rows);
     }
+    void set_key_pooling(const std::vector<bool> & last) {
+        std::vector<uint8_t> flags(last.begin(), last.end());
+        check(miita_state_set_key_pooling(st_, flags.data(), (int64_t) flags.size()));
+    }
+    // Each key's divisor (n_keys,): rows summed (mean pooling), 0 or 1 (last row).
+    py::array_t<int64_t> key_rows() const {
+        py::array_t<int64_t> out(miita_state_key_count(st_));
+        check(miita_state_key_rows(st_, out.mutable_data()));
+        return out;
+    }
+    py::array_t<int64_t> group_key_rows() const {
+        const int64_t nk = miita_state_key_count(st_);
+        py::array_t<int64_t> out({n_groups_, nk});
+        check(miita_state_group_key_rows(st_, out.mutable_data(), n_groups_));
+        return out;
+    }
     // All key sums (n_keys, H) and the rows summed.
     py::tuple keys() const {
         const int64_t nk = miita_state_key_count(st_);
@@ -337,12 +353,16 @@ PYBIND11_MODULE(_native, m) {
         .def("begin_groups", &State::begin_groups, py::arg("group"), py::arg("n_groups"),
              "per-sequence keys for the next llama_decode: group[i] (-1 = none) of each batch row")
         .def("end_groups", &State::end_groups)
-        .def("group_keys", &State::group_keys, "(sums (n_groups, H) float32, rows (n_groups,) int64)")
+        .def("group_keys", &State::group_keys, "(sums (n_groups, H) float32, rows selected (n_groups,) int64)")
         .def("key", &State::key, "(the first key tensor's row sum (H,) float32, rows summed)")
         .def("keys", &State::keys, "(every key tensor's row sum (n_keys, H) float32, rows summed)")
         .def("set_key_tensors", &State::set_key_tensors,
              "several key tensors, one sum each (e.g. ['l_out-6', 'l_out-12']); [] stops collecting")
         .def("key_count", &State::key_count)
+        .def("set_key_pooling", &State::set_key_pooling, py::arg("last"),
+             "per key tensor: True keeps only its last selected row, False sums every selected row")
+        .def("key_rows", &State::key_rows, "each key's divisor (n_keys,) int64: rows summed, or 0/1 for last-row keys")
+        .def("group_key_rows", &State::group_key_rows, "(n_groups, n_keys) int64: each group's key divisors")
         .def("set_capture", &State::set_capture, py::arg("enabled"), py::arg("max_rows"))
         .def("set_stop_after_norm", &State::set_stop_after_norm, py::arg("enabled"))
         .def("set_stop_after_keys", &State::set_stop_after_keys, py::arg("enabled"))

@@ -22,14 +22,20 @@ struct miita_state {
     // key: sum of selected rows of one or more per-layer tensors (one sum per tensor)
     std::vector<std::string> key_names;
     std::vector<double> key_sum;   // n_keys * n_embd; double: prompts of thousands of rows, norms ~1e4
-    int64_t key_rows = 0;          // rows summed (counted on the first key tensor; all see the same rows)
+    int64_t key_rows = 0;          // rows the mask selected (counted on the first key tensor; all see the same rows)
+    // Pooling per key tensor: 0 mean (sum every selected row), 1 last (keep the last selected row,
+    // in batch-row order across ubatches and decodes). key_pooled[k]: the rows tensor k's value
+    // stands for, i.e. what its sum is divided by (selected rows for mean, 0 or 1 for last).
+    std::vector<uint8_t> key_last;
+    std::vector<int64_t> key_pooled;
     std::vector<uint8_t> mask;     // per batch row; empty = all rows
     std::vector<int64_t> rows_seen;  // per key tensor: its rows seen in the current llama_decode
     // per-sequence keys (miita_state_begin_groups): group of each batch row, -1 = none
     std::vector<int32_t> group;
     int64_t n_groups = 0;
     std::vector<double> group_sum;  // n_groups * n_keys * n_embd
-    std::vector<int64_t> group_rows;
+    std::vector<int64_t> group_rows;    // rows selected per group
+    std::vector<int64_t> group_pooled;  // n_groups * n_keys, as key_pooled
     int64_t n_keys_alloc = 1;       // key sums kept (the last non-empty list's length)
 
     // capture of result_norm rows (pre-steer)
@@ -69,6 +75,19 @@ static void set_state_error(miita_state * st, const std::string & msg) {
     if (st->error.empty()) st->error = msg;
 }
 
+// One selected row into a key's accumulator: added (mean pooling), or kept in place of what was
+// there (last pooling: the row of the template's answer cue, where the model has gathered what it
+// is about to say). ``pooled`` counts what the accumulator stands for, the mean's divisor.
+static inline void pool_row(double * acc, const float * row, int64_t H, bool last, int64_t & pooled) {
+    if (last) {
+        for (int64_t i = 0; i < H; ++i) acc[i] = row[i];
+        pooled = 1;
+    } else {
+        for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+        pooled++;
+    }
+}
+
 static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
     st->hits_key++;
     if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
@@ -90,8 +109,8 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
             const int32_t g = st->group[batch_row];
             if (g < 0) continue;
             const float * row = data + r * H;
-            double * acc = st->group_sum.data() + ((int64_t) g * n_keys + (int64_t) k) * H;
-            for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+            const int64_t gk = (int64_t) g * n_keys + (int64_t) k;
+            pool_row(st->group_sum.data() + gk * H, row, H, st->key_last[k] != 0, st->group_pooled[gk]);
             if (k == 0) st->group_rows[g]++;
         }
         seen += rows;
@@ -106,9 +125,7 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
             }
             if (!st->mask[batch_row]) continue;
         }
-        const float * row = data + r * H;
-        double * acc = st->key_sum.data() + (int64_t) k * H;
-        for (int64_t i = 0; i < H; ++i) acc[i] += row[i];
+        pool_row(st->key_sum.data() + (int64_t) k * H, data + r * H, H, st->key_last[k] != 0, st->key_pooled[k]);
         if (k == 0) st->key_rows++;
     }
     seen += rows;
@@ -177,6 +194,8 @@ miita_state * miita_state_new(int64_t n_embd) {
     st->n_embd = n_embd;
     st->key_sum.assign(n_embd, 0.0);
     st->rows_seen.assign(1, 0);
+    st->key_last.assign(1, 0);
+    st->key_pooled.assign(1, 0);
     return st;
 }
 
@@ -253,6 +272,10 @@ int miita_state_set_key_tensors(miita_state * st, const char * const * names, in
         st->key_sum.assign(list.size() * (size_t) st->n_embd, 0.0);
         st->key_rows = 0;
         st->rows_seen.assign(list.size(), 0);
+        st->key_pooled.assign(list.size(), 0);
+        // the pooling belongs to the list's length: a list switched off and on keeps it, a list of
+        // another length pools by the mean until told otherwise
+        if ((int64_t) list.size() != st->n_keys_alloc) st->key_last.assign(list.size(), 0);
     }
     if (!list.empty()) st->n_keys_alloc = (int64_t) list.size();
     st->key_names = std::move(list);
@@ -262,8 +285,29 @@ int miita_state_set_key_tensors(miita_state * st, const char * const * names, in
 
 int64_t miita_state_key_count(const miita_state * st) { return st ? st->n_keys_alloc : 0; }
 
+int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t n) {
+    if (!st) return fail("null state");
+    if (n != st->n_keys_alloc || (n > 0 && last == nullptr)) return fail("key pooling list must have one entry per key tensor");
+    for (int64_t k = 0; k < n; ++k) st->key_last[(size_t) k] = last[k] ? 1 : 0;
+    return 0;
+}
+
+int miita_state_key_rows(const miita_state * st, int64_t * pooled_out) {
+    if (!st) return fail("null state");
+    for (int64_t k = 0; k < st->n_keys_alloc; ++k) pooled_out[k] = st->key_pooled[(size_t) k];
+    return 0;
+}
+
+int miita_state_group_key_rows(const miita_state * st, int64_t * pooled_out, int64_t n_groups) {
+    if (!st) return fail("null state");
+    if (n_groups != st->n_groups) return fail("n_groups differs from the groups set");
+    for (int64_t k = 0; k < n_groups * st->n_keys_alloc; ++k) pooled_out[k] = st->group_pooled[(size_t) k];
+    return 0;
+}
+
 void miita_state_key_reset(miita_state * st) {
     std::fill(st->key_sum.begin(), st->key_sum.end(), 0.0);
+    std::fill(st->key_pooled.begin(), st->key_pooled.end(), 0);
     st->key_rows = 0;
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     st->n_groups = 0;
@@ -281,6 +325,7 @@ int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n,
     st->group.assign(group, group + n);
     st->group_sum.assign((size_t) (n_groups * st->n_keys_alloc * st->n_embd), 0.0);
     st->group_rows.assign((size_t) n_groups, 0);
+    st->group_pooled.assign((size_t) (n_groups * st->n_keys_alloc), 0);
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
     st->keys_in_graph = 0;
     return 0;

@@ -83,11 +83,21 @@ int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n);
  * counter. n_groups = 0 ends group mode (as does miita_state_key_reset). */
 int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n, int64_t n_groups);
 /* The group sums (n_groups x n_keys x n_embd, float, summed in double in batch-row order as the
- * single key is) and each group's row count. */
+ * single key is) and each group's count of selected rows. */
 int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups);
 /* Copy the key sums (n_keys x n_embd floats, n_keys = miita_state_key_count) and the number of
- * rows summed. */
+ * rows the mask selected. */
 int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
+/* Pooling of each key tensor (n = miita_state_key_count entries): last[k] = 0 sums every selected
+ * row (the mean's numerator), != 0 keeps only the last selected row (in batch-row order, across
+ * ubatches and decode calls; in group mode per group). A list of another length resets every
+ * entry to 0; switching collection off and on with a list of the same length keeps them. */
+int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t n);
+/* What each key's value stands for, its divisor for eq. 1's pooled key (n_keys int64): the rows
+ * summed for mean pooling, 0 or 1 for last pooling. */
+int miita_state_key_rows(const miita_state * st, int64_t * pooled_out);
+/* The same per group and key (n_groups x n_keys int64) for the group sums. */
+int miita_state_group_key_rows(const miita_state * st, int64_t * pooled_out, int64_t n_groups);
 
 /* Capture result_norm rows (pre-steer) into an internal buffer of at most max_rows rows. */
 int miita_state_set_capture(miita_state * st, bool enabled, int64_t max_rows);

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from miita_edge.runtime.engine import key_mean
+
 pytestmark = pytest.mark.model
 
 PROMPTS = ["where is my new card", "I was charged twice for the same coffee",
@@ -23,12 +25,13 @@ def _mask(engine, toks):
     return m
 
 
-@pytest.fixture(params=[[9], [12, 9]], ids=["one key layer", "layers 12 and 9"])
+@pytest.fixture(params=[([9], None), ([12, 9], None), ([12, 9], ("last", "mean"))],
+                ids=["one key layer", "layers 12 and 9", "layer 12 last row, 9 mean"])
 def layers(request, engine):
-    old = list(engine.key_layers)
-    engine.set_key_layers(request.param)
+    old = engine.key_layers, engine.key_pooling
+    engine.set_key_layers(*request.param)
     yield request.param
-    engine.set_key_layers(old)
+    engine.set_key_layers(*old)
 
 
 def test_a_key_only_pass_is_bitwise_the_full_pass(engine, layers):
@@ -39,8 +42,8 @@ def test_a_key_only_pass_is_bitwise_the_full_pass(engine, layers):
         s, n = engine.prompt_key(toks, _mask(engine, toks))
         stopped = engine.native.hits(2) - stops0
         assert stopped == (len(toks) + engine.config.n_batch - 1) // engine.config.n_batch  # one per ubatch
-        assert n == full.key_rows
-        assert np.array_equal(s / max(n, 1), full.key)
+        assert list(n) == list(full.pooled_rows)
+        assert np.array_equal(key_mean(s, n), full.key)
 
 
 def test_the_full_depth_when_asked(engine, layers):
@@ -53,7 +56,7 @@ def test_the_full_depth_when_asked(engine, layers):
     finally:
         engine.config.keys_stop_early = True
     s2, n2 = engine.prompt_key(toks, _mask(engine, toks))
-    assert n == n2 and np.array_equal(s, s2)
+    assert list(n) == list(n2) and np.array_equal(s, s2)
 
 
 def test_the_sequence_is_clean_after_a_key_only_pass(engine):

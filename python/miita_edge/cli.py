@@ -313,7 +313,10 @@ def cmd_info(args) -> int:
         fp = out["fingerprint"]
         print(f"memory      {out['memory']} (version {out['version']})")
         print(f"preset      {out['preset']} (version {out['hyperparameters']['version']})   template {out['template']}")
-        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {fp.get('key_layers') or [fp['key_layer']]} sha256 {fp['sha256'][:16]}…")
+        layers = fp.get('key_layers') or [fp['key_layer']]
+        pooling = preset.key_pooling or ("mean",) * len(layers)
+        pooled = "/".join(pooling) if len(pooling) == len(layers) else "mean"
+        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {layers} ({pooled}) sha256 {fp['sha256'][:16]}…")
         print(f"content     {out['examples']} examples ({out['skipped']} skipped) -> {out['prototypes']} prototypes, "
               f"{out['anchors']} anchors")
         lim = "unlimited" if budget_bytes is None else f"{budget_bytes} bytes ({out['budget']})"

@@ -225,11 +225,19 @@ class Miita:
         """The first key layer (a one-layer memory's only one)."""
         return self.key_layers[0]
 
+    @property
+    def key_pooling(self) -> list[str]:
+        """How each key layer's rows are pooled: the preset's (its version's: memories built before
+        version 4 of the default keep the mean everywhere)."""
+        pooling = self.preset.key_poolings(self.engine.n_layer)
+        return pooling if len(pooling) == len(self.key_layers) else ["mean"] * len(self.key_layers)
+
     def _use_keys(self) -> Engine:
         """The engine, pooling keys from this memory's layers: an engine may be shared by memories
         of different presets (the server, the bench), so each use sets the layers it needs."""
-        if self.engine.key_layers != tuple(self.key_layers):
-            self.engine.set_key_layers(self.key_layers)
+        pooling = tuple(self.key_pooling)
+        if (self.engine.key_layers, self.engine.key_pooling) != (tuple(self.key_layers), pooling):
+            self.engine.set_key_layers(self.key_layers, pooling)
         return self.engine
 
     def _key_frame(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -320,7 +328,8 @@ class Miita:
 
             extractor = RayExtractor(str(self.engine.info.path), self.preset.to_json(), self.template.name,
                                      self.max_prompt_tokens, address=None if ray is True else str(ray),
-                                     workers=ray_workers, key_layers=self.key_layers)
+                                     workers=ray_workers, key_layers=self.key_layers,
+                                     key_pooling=self.key_pooling)
         try:
             return self._ingest(examples, budget, progress, dry_run, t0, extractor)
         finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory import codecs
+from ..runtime.engine import key_mean
 from ..errors import BudgetError, InputError
 from .methods import Method, generate_text
 from ..streams import Example
@@ -48,8 +49,8 @@ def target_states(engine, template, x: str, y: str, *, skip_bos: bool,
     engine.reset()
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
     hidden = engine.hidden_states(prompt + target, flags, key_mask=mask + [False] * len(target))
-    s, n = engine.native.key()
-    return TargetStates(np.asarray(s, np.float64) / max(n, 1), list(target), hidden.astype(np.float32))
+    s, n = engine.key_sum()
+    return TargetStates(key_mean(np.asarray(s, np.float64), n), list(target), hidden.astype(np.float32))
 
 
 def cached_target_states(ctx, ex: Example, skip_bos: bool) -> TargetStates | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.engine import Engine
+from ..runtime.engine import Engine, key_mean
 from .templates import Template
 
 __all__ = ["CALIBRATION_INPUTS", "calibration_keys", "calibration_mean", "key_order", "raw_key"]
@@ -30,19 +30,21 @@ def raw_key(engine: Engine, template: Template, x: str, skip_bos: bool) -> np.nd
     """Eq. 1's pooled key of ``x`` through ``template``, before any centring ((L·H,) for L key layers)."""
     toks = engine.tokenize(template.render_prompt(x))
     s, n = engine.prompt_key(toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
-    return s / max(n, 1)
+    return key_mean(s, n)
 
 
 def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerprint: dict) -> np.ndarray:
     """The raw keys of CALIBRATION_INPUTS through ``template`` (float32, (16, L·H) for L key layers).
 
-    Cached per (model sha256, template, key layers, BOS rule) in the user cache directory,
+    Cached per (model sha256, template, key layers, their pooling, BOS rule) in the user cache directory,
     because computing them costs 16 prompt passes; a cache file that cannot be read or has the
     wrong shape is recomputed, and a cache that cannot be written is simply skipped.
     """
     layers = fingerprint.get("key_layers") or [fingerprint["key_layer"]]
     width = engine.n_embd * len(layers)
     tag = f"{fingerprint['sha256'][:16]}-{template.name}-L{'_'.join(map(str, layers))}-bos{int(not skip_bos)}"
+    if any(p != "mean" for p in engine.key_pooling):  # mean-pooled keys keep the tag they always had
+        tag += "-P" + "_".join(engine.key_pooling)
     path = _cache_dir() / f"keys-{tag}.npy"
     try:
         keys = np.load(path)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.engine import Engine
+from ..runtime.engine import Engine, key_mean
 from .templates import Template
 
 #: Tokens kept from the END of a prompt that is cut to a token budget: the end of the input
@@ -108,7 +108,7 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
     prompt, target, mask = pt
     if not corrections:
         s, n = engine.prompt_key(prompt, mask)
-        return Extracted(prompt, target, s / max(n, 1), None)
+        return Extracted(prompt, target, key_mean(s, n), None)
     engine.reset()
     # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
     flags = [False] * (len(prompt) - 1) + [True] * len(target) + [False]
@@ -119,7 +119,7 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
         hidden = engine.hidden_states(prompt + target, flags, key_mask=key_mask)
         s, n = engine.key_sum()
         if defer:
-            return PendingR(prompt, target, s / max(n, 1), hidden)
+            return PendingR(prompt, target, key_mean(s, n), hidden)
         R = engine.lm_head.correction_from_hidden(hidden, target, per_position=per_position)
     else:
         logits = engine.decode(prompt + target, flags, key_mask=key_mask)
@@ -129,7 +129,7 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
         R = R.reshape(1, -1)
     if not np.any(R):
         return None
-    return Extracted(prompt, target, s / max(n, 1), R)
+    return Extracted(prompt, target, key_mean(s, n), R)
 
 
 def extract_keys(engine: Engine, template: Template, rows: list[tuple[str, str]], *, skip_bos: bool,
@@ -144,7 +144,7 @@ def extract_keys(engine: Engine, template: Template, rows: list[tuple[str, str]]
     out: list[Extracted | None] = [None] * len(rows)
     for i, (s, n) in zip(live, keys):
         prompt, target, _ = pts[i]
-        out[i] = Extracted(prompt, target, s / max(n, 1), None)
+        out[i] = Extracted(prompt, target, key_mean(s, n), None)
     return out
 
 

@@ -124,6 +124,8 @@ def _extract_one(engine: Engine, template: Template, pr: Preset, ex: Example, ne
                   "corrections": need_R, "top_k": pr.correction_top_k, "per_position": per_position(pr),
                   "max_prompt_tokens": max_prompt_tokens, "n_batch": engine.config.n_batch,
                   "key_layers": list(engine.key_layers)}
+        if any(p != "mean" for p in engine.key_pooling):  # mean-pooled entries keep their fields
+            fields["key_pooling"] = list(engine.key_pooling)
         if need_R and pr.correction_top_k <= 0:
             # since the one-pass kernel, short answers' exact R is softmax(W h), not llama.cpp's
             # logits; key-only passes (the default preset) are unchanged and keep their entries

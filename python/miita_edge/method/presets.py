@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import InputError, StoreError
 from ..memory.bank import BankConfig
-from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
+from ..runtime.engine import DEFAULT_KEY_DEPTHS, KEY_POOLINGS, layers_at_depths
 from .retrieval import RetrievalConfig
 
 __all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset"]
@@ -38,6 +38,10 @@ class Preset:
     # most n_layer - 2 (the last layer keeps only output rows). (0.5,) is the paper's middle layer.
     # Several layers: the key is their concatenation, each block centred and at unit norm.
     key_depths: tuple = (0.5,)
+    # How each key depth's rows are pooled, one entry per depth ("mean": every prompt row the key
+    # mask keeps, eq. 1 as written; "last": the last of them, the template's answer cue). Empty:
+    # "mean" everywhere, what every memory built before version 4 of the default has.
+    key_pooling: tuple = ()
     # Order of a key's coordinates, whose first ones a narrowed key keeps: "index", or
     # "calibration" (each layer's block by the spread of the calibration keys, highest first).
     key_order: str = "index"
@@ -52,6 +56,18 @@ class Preset:
         """The key layers this preset uses on a model of ``n_layer`` layers, in key order (a layer
         that two depths round to on a shallow model counts once)."""
         return layers_at_depths(self.key_depths, n_layer)
+
+    def key_poolings(self, n_layer: int) -> list[str]:
+        """The pooling of each of ``key_layers(n_layer)``, in the same order (a layer that two depths
+        round to keeps the first depth's pooling)."""
+        pooling = self.key_pooling or ("mean",) * len(self.key_depths)
+        out, seen = [], set()
+        for d, p in zip(self.key_depths, pooling):
+            k = layers_at_depths((d,), n_layer)[0]
+            if k not in seen:
+                seen.add(k)
+                out.append(p)
+        return out
 
     def to_json(self) -> dict:
         """Only what differs from the named preset (the manifest is counted in the budget)."""
@@ -83,8 +99,8 @@ class Preset:
         for k, v in d.items():
             if k in ("name", "version"):
                 continue
-            if k == "key_depths":
-                v = tuple(v)
+            if k in ("key_depths", "key_pooling"):
+                v = tuple(v) if isinstance(v, list) else v
             if isinstance(v, dict):
                 sub = getattr(p, k)
                 for kk, vv in v.items():
@@ -100,6 +116,9 @@ class Preset:
         if not (isinstance(self.key_depths, tuple) and self.key_depths and all(
                 isinstance(d, (int, float)) and not isinstance(d, bool) and 0.0 <= d <= 1.0 for d in self.key_depths)):
             raise StoreError(f"preset key_depths {self.key_depths!r} are not shares of the model's depth in [0, 1]")
+        if not (isinstance(self.key_pooling, tuple) and len(self.key_pooling) in (0, len(self.key_depths))
+                and all(p in KEY_POOLINGS for p in self.key_pooling)):
+            raise StoreError(f"preset key_pooling {self.key_pooling!r} is not one of {KEY_POOLINGS} per key depth")
         if self.key_order not in ("index", "calibration"):
             raise StoreError(f"preset key_order {self.key_order!r} is not 'index' or 'calibration'")
 
@@ -135,20 +154,31 @@ def default_preset_v2() -> Preset:
                   key_order="calibration", relevance_gate=True, centroid_vote=True, version=2)
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 3: version 2, and repair
-    folds the anchors whose union distorts least (Ward's criterion) instead of the closest pair,
-    so an answer's lone examples join its centroid instead of outliving it (§10.5)."""
+def default_preset_v3() -> Preset:
+    """Version 2, and repair folds the anchors whose union distorts least (Ward's criterion) instead
+    of the closest pair, so an answer's lone examples join its centroid instead of outliving it
+    (§10.5). Kept so that memories built with it keep their mean-pooled keys."""
     p = default_preset_v2()
     p.bank.anchor_fold = "ward"
     p.version = 3
     return p
 
 
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Version 4: version 3, and the deeper
+    key layer is pooled at the last prompt row (the template's answer cue, where the model has
+    gathered what it is about to say) instead of the mean of the prompt's rows; the middle layer
+    keeps the mean, which carries the input's content (§10.7)."""
+    p = default_preset_v3()
+    p.key_pooling = ("last", "mean")
+    p.version = 4
+    return p
+
+
 PRESETS = {"paper": paper_preset, "default": default_preset}
 #: Every (name, version) a memory may have been built with.
 _VERSIONS = {("paper", 1): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
-             ("default", 3): default_preset}
+             ("default", 3): default_preset_v3, ("default", 4): default_preset}
 
 
 def get_preset(name: str) -> Preset:

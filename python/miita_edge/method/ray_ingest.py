@@ -50,6 +50,7 @@ class RayExtractor:
     threads: int = 1
     shard: int = 16
     key_layers: list | None = None  # the memory's key layers (None: the engine's default)
+    key_pooling: list | None = None  # their pooling (None: the mean of each)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -69,7 +70,7 @@ class RayExtractor:
             self._started = True
         actor = ray.remote(num_cpus=max(self.threads, 1))(_Worker)
         self._actors = [actor.remote(self.model_path, self.preset_json, self.template, self.max_prompt_tokens,
-                                     self.threads, self.key_layers) for _ in range(self.workers)]
+                                     self.threads, self.key_layers, self.key_pooling) for _ in range(self.workers)]
 
     def __call__(self, examples: Sequence[Example], bar=None) -> list[Extracted | None]:
         ray = _import_ray()
@@ -103,7 +104,7 @@ class _Worker:
     """One model per actor, loaded once; extracts shards as ``extract_examples`` does locally."""
 
     def __init__(self, model_path: str, preset_json: dict, template: str, max_prompt_tokens: int | None,
-                 threads: int, key_layers: list | None = None) -> None:
+                 threads: int, key_layers: list | None = None, key_pooling: list | None = None) -> None:
         from ..runtime.engine import Engine, EngineConfig
         from .presets import Preset
         from .templates import get_template
@@ -111,7 +112,7 @@ class _Worker:
         n = threads or len(os.sched_getaffinity(0))
         self.engine = Engine(model_path, EngineConfig(n_threads=n))
         if key_layers is not None:
-            self.engine.set_key_layers(key_layers)
+            self.engine.set_key_layers(key_layers, key_pooling)
         self.preset = Preset.from_json(preset_json)
         self.template = get_template(template)
         self.max_prompt_tokens = max_prompt_tokens

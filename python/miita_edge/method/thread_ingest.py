@@ -60,8 +60,8 @@ class ThreadExtractor:
     def _contexts(self) -> list[Engine]:
         pool = self.engine.siblings(self.contexts, self.threads, KEY_SEQS_PER_DECODE)
         for e in pool:  # the memory's key layers, whatever the engine pooled last
-            if e.key_layers != self.engine.key_layers:
-                e.set_key_layers(self.engine.key_layers)
+            if (e.key_layers, e.key_pooling) != (self.engine.key_layers, self.engine.key_pooling):
+                e.set_key_layers(self.engine.key_layers, self.engine.key_pooling)
         return pool
 
     def __call__(self, examples: Sequence[Example], bar=None) -> Iterator[Extracted | None]:

@@ -82,6 +82,22 @@ def layers_at_depths(depths, n_layer: int) -> list[int]:
     return out
 
 
+#: How a key layer's rows become its block of the key: "mean" averages every row the key mask
+#: selects (eq. 1 as written), "last" keeps only the last selected row (the template's answer cue).
+KEY_POOLINGS = ("mean", "last")
+
+
+def key_mean(sums: np.ndarray, rows) -> np.ndarray:
+    """Eq. 1's pooled key from the callback's per-layer values: each layer's H-block divided by
+    what it stands for (``rows``: one int for every block, or one per block; 0 counts as 1). The
+    division is float32 by a float32 count, bitwise the ``sums / n`` of a single shared count."""
+    sums = np.asarray(sums)
+    r = np.maximum(np.asarray(rows, np.int64).reshape(-1), 1).astype(np.float32)
+    if r.size == 1:
+        return sums / r[0]
+    return (sums.reshape(r.size, -1) / r[:, None]).reshape(sums.shape)
+
+
 @dataclass
 class EngineConfig:
     n_ctx: int = 4096
@@ -108,16 +124,17 @@ class QueryState:
     """What one prompt pass leaves behind for retrieval (eqs. 1, 6, 7, 11)."""
 
     tokens: list[int]
-    key_sum: np.ndarray  # (L·H,) sums of the selected rows of l_out-<k>, one H-block per key layer
-    key_rows: int
+    key_sum: np.ndarray  # (L·H,) each key layer's pooled rows (summed, or its last row), one H-block per layer
+    key_rows: int  # prompt rows the key mask selected
     h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
     logits: np.ndarray  # (V,) logits of the first answer token, unsteered
+    pooled_rows: np.ndarray | None = None  # (L,) each block's divisor (None: key_rows for every block)
 
     @property
     def key(self) -> np.ndarray:
-        """Eq. 1's pooled key: (L·H,), the mean of each key layer's rows, layers in
-        ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
-        return self.key_sum / max(self.key_rows, 1)
+        """Eq. 1's pooled key: (L·H,), each key layer's pooled rows (``Engine.key_pooling``), layers
+        in ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
+        return key_mean(self.key_sum, self.key_rows if self.pooled_rows is None else self.pooled_rows)
 
     @property
     def keys(self) -> np.ndarray:
@@ -217,7 +234,7 @@ class Engine:
         sib._siblings = []
         sib._make_context()
         sib.graph_tensors = self.graph_tensors
-        sib.set_key_layers(self.key_layers)
+        sib.set_key_layers(self.key_layers, self.key_pooling)
         self._siblings.append(sib)
         return sib
 
@@ -237,6 +254,7 @@ class Engine:
         # The callback state must outlive the context: created first, freed last.
         self.native = _native.State(self.n_embd)
         self.key_layers: tuple[int, ...] = (self.key_layer,)
+        self.key_pooling: tuple[str, ...] = ("mean",)
         self._key_names = [f"l_out-{self.key_layer}"]
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
@@ -265,32 +283,39 @@ class Engine:
         self._lm = None
         self._closed = False
 
-    def key_sum(self) -> tuple[np.ndarray, int]:
-        """The key sums collected since the last reset: ((L·H,) float32, rows summed), one H-block per
-        key layer in ``key_layers`` order; divide by the rows for eq. 1's mean."""
-        sums, rows = self.native.keys()
-        return sums.reshape(-1).copy(), int(rows)
+    def key_sum(self) -> tuple[np.ndarray, np.ndarray]:
+        """The key values collected since the last reset: ((L·H,) float32, (L,) int64), one H-block
+        per key layer in ``key_layers`` order and what each block stands for (rows summed, or 1 for a
+        last-row block); ``key_mean`` of the two is eq. 1's pooled key."""
+        sums, _ = self.native.keys()
+        return sums.reshape(-1).copy(), self.native.key_rows().copy()
 
     @property
     def _key_name(self) -> str:
         """The first key layer's tensor name (what the self-test and the graph probe check)."""
         return self._key_names[0]
 
-    def set_key_layers(self, layers: Sequence[int]) -> None:
-        """Pool the key from these layers' outputs (``l_out-<k>``), one sum each, in one prompt pass.
+    def set_key_layers(self, layers: Sequence[int], pooling: Sequence[str] | None = None) -> None:
+        """Pool the key from these layers' outputs (``l_out-<k>``), one block each, in one prompt pass.
 
-        The key is then the concatenation of the layers' means (``QueryState.key``, (L·H,)), in the
-        order given. Each must be <= n_layer - 2: the last layer keeps only output rows."""
+        The key is then the concatenation of the layers' pooled rows (``QueryState.key``, (L·H,)), in
+        the order given; ``pooling`` says per layer how (``KEY_POOLINGS``; None: all "mean"). Each
+        layer must be <= n_layer - 2: the last layer keeps only output rows."""
         layers = tuple(int(k) for k in layers)
         if not layers or len(set(layers)) != len(layers):
             raise ValueError(f"key layers must be distinct and at least one, got {layers}")
+        pooling = tuple(pooling) if pooling is not None else ("mean",) * len(layers)
+        if len(pooling) != len(layers) or any(p not in KEY_POOLINGS for p in pooling):
+            raise ValueError(f"key pooling must name one of {KEY_POOLINGS} per key layer, got {pooling}")
         for k in layers:
             if not 0 <= k <= self.n_layer - 2:
                 raise ModelError(f"key layer {k} out of range 0..{self.n_layer - 2} for {self.info.path.name}")
         self.key_layers = layers
+        self.key_pooling = pooling
         self.key_layer = layers[0]
         self._key_names = [f"l_out-{k}" for k in layers]
         self.native.set_key_tensors(self._key_names)
+        self.native.set_key_pooling([p == "last" for p in pooling])
         self.native.set_key_tensors([])  # sized for the new list; collected only while decoding a key
         self.native.key_reset()
 
@@ -298,7 +323,7 @@ class Engine:
         """The ``l_out-<k>`` of ``layers`` that this model's graph never computes (one short decode
         per layer): a key layer whose tensor is missing would leave its block of the key zero."""
         missing = []
-        saved = self.key_layers
+        saved = self.key_layers, self.key_pooling
         try:
             for k in layers:
                 self.set_key_layers([k])
@@ -309,7 +334,7 @@ class Engine:
                     missing.append(f"l_out-{k}")
         finally:
             self.reset()
-            self.set_key_layers(saved)
+            self.set_key_layers(*saved)
         return missing
 
     def _probe_graph(self) -> tuple[bool, bool]:
@@ -402,8 +427,9 @@ class Engine:
 
     # ------------------------------------------------------------ decoding
     def prompt_keys(self, prompts: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]]
-                    ) -> list[tuple[np.ndarray, int]]:
-        """Eq. 1's key sums of several prompts: ``[(sum of the masked key-layer rows, rows), ...]``.
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Eq. 1's key values of several prompts: ``[(pooled key-layer rows, per-layer divisors), ...]``
+        as ``key_sum`` gives them for one.
 
         Prompts are decoded as separate sequences in shared ``llama_decode`` calls (up to
         ``n_seq_max`` prompts and ``n_batch`` tokens each), with no output rows: a 30-token prompt
@@ -414,7 +440,7 @@ class Engine:
         ``n_batch`` is decoded alone, as ``decode`` does. Leaves the sequence reset."""
         if len(prompts) != len(masks):
             raise ValueError("one mask per prompt")
-        out: list[tuple[np.ndarray, int] | None] = [None] * len(prompts)
+        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(prompts)
         nb = self.config.n_batch
         group: list[int] = []
         for i, toks in enumerate(prompts):
@@ -456,15 +482,16 @@ class Engine:
             err = self.native.error()
             if err:
                 raise ModelError(f"native callback: {err}")
-            sums, rows = self.native.group_keys()
+            sums, _ = self.native.group_keys()
+            rows = self.native.group_key_rows()
         finally:
             self.native.set_stop_after_keys(False)
             self.native.end_groups()
         for s, j in enumerate(group):
-            out[j] = (sums[s].reshape(-1), int(rows[s]))
+            out[j] = (sums[s].reshape(-1), rows[s].copy())
 
-    def prompt_key(self, tokens: Sequence[int], mask: Sequence[bool]) -> tuple[np.ndarray, int]:
-        """Eq. 1's key sum of one prompt, ``(sum of the masked key-layer rows, rows)``, from a
+    def prompt_key(self, tokens: Sequence[int], mask: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+        """Eq. 1's key values of one prompt, as ``key_sum`` gives them, from a
         key-only pass: no logits, and (``EngineConfig.keys_stop_early``) the graph stops after the
         deepest key layer, so the layers above it (5 of Gemma-3-270M's 18) are not computed.
         The rows summed are computed exactly as in a full pass. Leaves the sequence reset."""
@@ -600,8 +627,8 @@ class Engine:
         logits = self.decode(prompt_tokens, "last", key_mask=mask)[0]
         h_q = self.native.captured()[0].copy()
         self.native.set_capture(False, 0)
-        key_sum, rows = self.key_sum()
-        return QueryState(list(prompt_tokens), key_sum, int(rows), h_q, logits)
+        key_sum, pooled = self.key_sum()
+        return QueryState(list(prompt_tokens), key_sum, int(sum(mask)), h_q, logits, pooled)
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
