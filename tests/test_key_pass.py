@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.runtime.engine import key_mean
+from miita_edge.runtime.key_pooling import key_mean
 
 pytestmark = pytest.mark.model
 

@@ -12,7 +12,7 @@ import pytest
 
 from miita_edge.errors import StoreError
 from miita_edge.method.presets import Preset, default_preset, default_preset_v3, paper_preset
-from miita_edge.runtime.engine import key_mean
+from miita_edge.runtime.key_pooling import key_mean
 
 PROMPTS = ["where is my new card", "I was charged twice for the same coffee",
            "the card payment was declined again " * 20]  # the last spans two ubatches (n_batch 256)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory import codecs
-from ..runtime.engine import key_mean
+from ..runtime.key_pooling import key_mean
 from ..errors import BudgetError, InputError
 from .methods import Method, generate_text
 from ..streams import Example

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.engine import Engine, key_mean
+from ..runtime.engine import Engine
+from ..runtime.key_pooling import key_mean
 from .templates import Template
 
 __all__ = ["CALIBRATION_INPUTS", "calibration_keys", "calibration_mean", "key_order", "raw_key"]

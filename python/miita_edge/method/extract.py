@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime.engine import Engine, key_mean
+from ..runtime.engine import Engine
+from ..runtime.key_pooling import key_mean
 from .templates import Template
 
 #: Tokens kept from the END of a prompt that is cut to a token budget: the end of the input

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import InputError, StoreError
 from ..memory.bank import BankConfig
-from ..runtime.engine import DEFAULT_KEY_DEPTHS, KEY_POOLINGS, layers_at_depths
+from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
+from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
 __all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset"]

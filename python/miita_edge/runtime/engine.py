@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ModelError
 from .gguf_model import ModelInfo, inspect_gguf
+from .key_pooling import KEY_POOLINGS, key_mean
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
 
@@ -80,22 +81,6 @@ def layers_at_depths(depths, n_layer: int) -> list[int]:
         if k not in out:
             out.append(k)
     return out
-
-
-#: How a key layer's rows become its block of the key: "mean" averages every row the key mask
-#: selects (eq. 1 as written), "last" keeps only the last selected row (the template's answer cue).
-KEY_POOLINGS = ("mean", "last")
-
-
-def key_mean(sums: np.ndarray, rows) -> np.ndarray:
-    """Eq. 1's pooled key from the callback's per-layer values: each layer's H-block divided by
-    what it stands for (``rows``: one int for every block, or one per block; 0 counts as 1). The
-    division is float32 by a float32 count, bitwise the ``sums / n`` of a single shared count."""
-    sums = np.asarray(sums)
-    r = np.maximum(np.asarray(rows, np.int64).reshape(-1), 1).astype(np.float32)
-    if r.size == 1:
-        return sums / r[0]
-    return (sums.reshape(r.size, -1) / r[:, None]).reshape(sums.shape)
 
 
 @dataclass

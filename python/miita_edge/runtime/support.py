@@ -355,7 +355,7 @@ def self_test(engine, seed: int = 0) -> list[CheckItem]:
     logits0 = engine.decode(toks[m:], "last", key_mask=mask[m:])[0]
     h_q = engine.native.captured()[0].copy()
     engine.native.set_capture(False, 0)
-    from .engine import key_mean
+    from .key_pooling import key_mean
 
     ksum, krows = engine.native.key()
     key = key_mean(ksum, engine.native.key_rows()[0])
