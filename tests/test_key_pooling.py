@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.errors import StoreError
-from miita_edge.method.presets import Preset, default_preset, default_preset_v3, paper_preset
+from miita_edge.errors import InputError, StoreError
+from miita_edge.method.presets import Preset, default_preset, default_preset_v3, get_preset, paper_preset
 from miita_edge.runtime.key_pooling import key_mean
 
 PROMPTS = ["where is my new card", "I was charged twice for the same coffee",
@@ -56,6 +56,17 @@ def test_presets_pool_as_their_version_says():
     for bad in (["max", "mean"], ["last"], "last"):
         with pytest.raises(StoreError, match="key_pooling"):
             Preset.from_json({"name": "default", "version": 4, "key_pooling": bad})
+
+
+def test_an_earlier_version_by_name():
+    """``--preset default/3`` (the manifest's own spelling) builds a memory as version 3 did."""
+    assert get_preset("default/3").version == 3 and get_preset("default/3").key_pooling == ()
+    assert get_preset("default/3").bank.anchor_fold == "ward"
+    assert get_preset("default").version == 4 and get_preset("default/4").key_pooling == ("last", "mean")
+    assert get_preset("paper/1").name == "paper"
+    for bad in ("default/9", "default/x", "paper/2", "nope", "nope/1", "default/"):
+        with pytest.raises(InputError, match="unknown preset"):
+            get_preset(bad)
 
 
 # ------------------------------------------------------------------ model
@@ -169,12 +180,13 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, want in ((default_preset_v3(), ("mean", "mean")), (default_preset(), ("last", "mean"))):
-            d = tmp_path / f"v{preset.version}"
+        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default/3", 3, ("mean", "mean")),
+                                      (default_preset(), 4, ("last", "mean"))):
+            d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:
                 m.ingest(rows, budget="none", progress=False)
-            with Miita(engine=engine, memory=d, template="plain") as m:
-                assert m.preset.version == preset.version and tuple(m.key_pooling) == want
+            with Miita(engine=engine, memory=d, preset="default", template="plain") as m:
+                assert m.preset.version == version and tuple(m.key_pooling) == want
                 a = m.ask(rows[0].input, max_tokens=3)
                 assert engine.key_pooling == want
                 assert a.adapted

@@ -30,6 +30,8 @@ def _add_common(p: argparse.ArgumentParser, memory: bool = True, model: bool = T
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .method.presets import preset_names
+
     ap = argparse.ArgumentParser(
         prog="miita-edge",
         description="Memory-Induced Inference-Time Adaptation on llama.cpp: a small model learns from "
@@ -50,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: 64KiB for a new memory, else the memory's own)")
     p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni "
                    "(default: plain; an existing memory keeps its own)")
-    p.add_argument("--preset", choices=["default", "paper"], help="method preset for a new memory (default: "
-                   "default; paper = the method exactly as published)")
+    p.add_argument("--preset", choices=preset_names(), metavar="PRESET",
+                   help="method preset for a new memory: default (version 4), paper (the method exactly as "
+                   "published), or an earlier version such as default/3 (keys averaged over the prompt at both "
+                   "layers: measured better than version 4 on mixed-task streams, docs/method.md 10.7)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
@@ -109,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "answer its held-out queries with and without adaptation.")
     p.add_argument("--budget", default="16KiB", help="memory budget (default: 16KiB)")
     p.add_argument("--memory", metavar="DIR", help="where to keep the demo memory (default: a temporary directory)")
-    p.add_argument("--preset", choices=["default", "paper"], default="default")
+    p.add_argument("--preset", choices=preset_names(), metavar="PRESET", default="default",
+                   help="default, paper, or an earlier version such as default/3")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

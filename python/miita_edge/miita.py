@@ -130,9 +130,10 @@ class Miita:
         if opened is not None:
             snap, meta = opened
             stored = Preset.from_json(meta["preset"])
-            if preset is not None and (preset if isinstance(preset, str) else preset.name) != stored.name:
+            asked = (preset.partition("/")[0] if isinstance(preset, str) else preset.name) if preset is not None else None
+            if asked is not None and asked != stored.name:
                 raise InputError(f"memory {self.memory_dir} was built with preset {stored.name!r}; "
-                                 f"use another --memory for preset {preset if isinstance(preset, str) else preset.name!r}")
+                                 f"use another --memory for preset {asked!r}")
             if template is not None and template != meta["template"]:
                 raise InputError(f"memory {self.memory_dir} was built with template {meta['template']!r}, not {template!r}")
             self.preset = stored

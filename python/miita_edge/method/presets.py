@@ -13,7 +13,7 @@ from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
-__all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset"]
+__all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset", "preset_names"]
 
 
 @dataclass
@@ -182,7 +182,16 @@ _VERSIONS = {("paper", 1): paper_preset, ("default", 1): default_preset_v1, ("de
              ("default", 3): default_preset_v3, ("default", 4): default_preset}
 
 
+def preset_names() -> list[str]:
+    """What ``get_preset`` accepts: each preset's name (its current version), then ``name/version``
+    for every version a memory may have been built with (``default/3``: the default before version 4)."""
+    return list(PRESETS) + [f"{n}/{v}" for n, v in _VERSIONS]
+
+
 def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise InputError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return PRESETS[name]()
+    """A preset by name (``default``, ``paper``), or a named version of one (``default/3``), the form
+    the store's manifest writes."""
+    base, _, version = name.partition("/")
+    if name not in preset_names() or base not in PRESETS:
+        raise InputError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
+    return _VERSIONS[(base, int(version))]() if version else PRESETS[base]()
