@@ -36,6 +36,17 @@ from sweep import DATA_DIRS, LIMITS  # noqa: E402
 BENCHES = ("banking77", "dsc", "xquad", "superni")
 
 
+def uncached(args):
+    """(benchmark, cache path) for each of ``--benchmarks`` not yet extracted into ``--out``: an
+    interrupted extraction resumes at the first benchmark it had not finished."""
+    for b in args.benchmarks.split(","):
+        path = args.out / f"{b}.npz"
+        if path.exists():
+            print(f"{b}: cached at {path}", flush=True)
+            continue
+        yield b, path
+
+
 def extract(args) -> int:
     from miita_edge.method.extract import prompt_tokens
     from miita_edge.runtime.engine import Engine, EngineConfig
@@ -44,11 +55,7 @@ def extract(args) -> int:
     layers = list(range(0, eng.n_layer - 1))
     eng.set_key_layers(layers)
     args.out.mkdir(parents=True, exist_ok=True)
-    for b in args.benchmarks.split(","):
-        path = args.out / f"{b}.npz"
-        if path.exists():
-            print(f"{b}: cached at {path}", flush=True)
-            continue
+    for b, path in uncached(args):
         spec, tpl, stages, rows = probe_rows(b, args.data)
         K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
         t0 = time.perf_counter()

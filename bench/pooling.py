@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from keys import BENCHES, probe_parser, probe_rows, probe_split, score  # noqa: E402
+from keys import BENCHES, probe_parser, probe_rows, probe_split, score, uncached  # noqa: E402
 
 #: pooling -> which rows of the shipped key mask (every prompt row but BOS) it keeps
 POOLINGS = {
@@ -55,17 +55,14 @@ def extract(args) -> int:
     from miita_edge.method.extract import prompt_tokens
     from miita_edge.method.presets import default_preset
     from miita_edge.runtime.engine import Engine, EngineConfig
+    from miita_edge.runtime.key_pooling import key_mean
 
     eng = Engine(args.model, EngineConfig(n_threads=args.threads))
     layers = list(default_preset().key_layers(eng.n_layer))
     eng.set_key_layers(layers)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        for b in args.benchmarks.split(","):
-            path = args.out / f"{b}.npz"
-            if path.exists():
-                print(f"{b}: cached at {path}", flush=True)
-                continue
+        for b, path in uncached(args):
             spec, tpl, stages, rows = probe_rows(b, args.data)
             toks = [prompt_tokens(eng, tpl, x, spec.max_prompt_tokens) for _, _, x, _ in rows]
             out = {}
@@ -74,7 +71,7 @@ def extract(args) -> int:
                 K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
                 for i, t in enumerate(toks):
                     s, n = eng.prompt_key(t, pooling_mask(eng, t, name))
-                    K[i] = (s / max(n, 1)).reshape(len(layers), eng.n_embd)
+                    K[i] = key_mean(s, n).reshape(len(layers), eng.n_embd)
                 out[name] = K
                 print(f"  {b}: {name} pooled, {time.perf_counter() - t0:.0f} s", flush=True)
             meta = {"benchmark": b, "layers": layers, "split": [r[0] for r in rows], "stage": [r[1] for r in rows],

@@ -113,13 +113,13 @@ class QueryState:
     key_rows: int  # prompt rows the key mask selected
     h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
     logits: np.ndarray  # (V,) logits of the first answer token, unsteered
-    pooled_rows: np.ndarray | None = None  # (L,) each block's divisor (None: key_rows for every block)
+    pooled_rows: np.ndarray  # (L,) each block's divisor: rows summed, or 1 for a last-row block
 
     @property
     def key(self) -> np.ndarray:
         """Eq. 1's pooled key: (L·H,), each key layer's pooled rows (``Engine.key_pooling``), layers
         in ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
-        return key_mean(self.key_sum, self.key_rows if self.pooled_rows is None else self.pooled_rows)
+        return key_mean(self.key_sum, self.pooled_rows)
 
     @property
     def keys(self) -> np.ndarray:
