@@ -1,5 +1,6 @@
-"""Retrieval at 100k-1M prototypes (issue 15): the usearch front (method/ann_index.py) against the
-exact scan, in one run, on memories as the current code writes and opens them.
+"""Retrieval at 100k-1M prototypes (issue 15): the recall front (method/ann_index.py: the inverted
+file of method/ivf_index.py for the default preset's 1-bit rows, ``--bits-front graph`` for the usearch
+graph it replaced; the usearch graph for the paper preset's float rows) against the exact scan, in one run, on memories as the current code writes and opens them.
 
 For each preset, size and key distribution, a synthetic memory is committed to a temporary store
 and opened as a user's memory would be (graphs cached in a temporary folder, not the user's). Its
@@ -286,6 +287,12 @@ class Exact:
             self.idx.scan.ann = self.saved[1]
 
 
+def indexed(front) -> int:
+    """Rows a front's index holds once (distinct rows): graph nodes, or the inverted file's lists."""
+    ix = front.ready()
+    return int(ix.graph.size) if hasattr(ix, "graph") else int(ix.lists.shape[0])
+
+
 def apply_overrides(m, ef: int | None) -> None:
     for f in fronts(m):
         if f.ready() is not None and ef:
@@ -351,7 +358,10 @@ def plan_steps(m, eng, prompts: list, reps: int) -> dict:
     from miita_edge.memory.bank import MemoryBank
     from miita_edge.method import ann_index, plan as plan_mod
 
+    from miita_edge.method.ivf_index import IvfIndex
+
     spots = [(uindex.Index, "search", "graph search"), (ann_index.AnnIndex, "candidates", "candidates"),
+             (IvfIndex, "candidates", "candidates (inverted file)"),
              (MemoryBank, "prepare_key", "prepare key"), (plan_mod, "knn_prototypes", "vote"),
              (plan_mod, "_relevance", "relevance gate")]
     times: dict[str, list] = {label: [] for *_, label in spots}
@@ -478,7 +488,7 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
     waited = time.perf_counter() - t0
     build = sum(f.build_s for f in fr)
     rows = [f.rows.shape[0] for f in fr]
-    nodes = [f.ready().graph.size for f in fr]
+    nodes = [indexed(f) for f in fr]
     del m, fr
     gc.collect()
     m, warm = open_memory(eng, path, prompts[0])
@@ -582,7 +592,7 @@ def crossover(eng, tm, sizes, centres, noise, radius, prompts, args, work: Path)
             r = retrieval_share(m, eng, prompts, args.reps)
             what = "voter rows" if m.preset.aggregation != "paper" else "rows per channel"
             print(f"   {J:>8,} prototypes = {fr[0].rows.shape[0]:>8,} {what} "
-                  f"({'+'.join(f'{f.ready().graph.size:,}' for f in fr)} nodes)  exact {r['exact']:6.3f} ms  "
+                  f"({'+'.join(f'{indexed(f):,}' for f in fr)} nodes)  exact {r['exact']:6.3f} ms  "
                   f"ANN {r['ann']:6.3f} ms  ratio {r['ann'] / r['exact']:.2f}  (prompt {r['prompt']:.1f} ms; "
                   f"graph built in {sum(f.build_s for f in fr):.1f} s)", flush=True)
             del m, f, fr
@@ -609,6 +619,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ef", type=int, default=None, help="override the graph's search breadth (default: the "
                     "candidate count)")
     ap.add_argument("--candidates", type=int, default=None, help="override the candidate count (ann_index.SEARCH)")
+    ap.add_argument("--bits-front", choices=("ivf", "graph"), default=None, help="the front of the default preset's "
+                    "1-bit rows (ann_index.BITS_FRONT; default: as shipped)")
     ap.add_argument("--spread", choices=("nn", "pairs"), default="nn", help="the same-label spread the clustered keys "
                     "copy: to the nearest same-label key (default) or between all same-label pairs (wider)")
     ap.add_argument("--crossover", default=None, help="only the crossover: comma list of sizes (prototypes)")
@@ -623,6 +635,8 @@ def main(argv=None) -> int:
     from miita_edge.method import ann_index
     from miita_edge.runtime.engine import Engine, EngineConfig
 
+    if args.bits_front:
+        ann_index.BITS_FRONT = args.bits_front
     if args.candidates:
         ann_index.SEARCH = {kind: ((0, args.candidates, args.candidates),) for kind in ann_index.SEARCH}
     work = Path(tempfile.mkdtemp(prefix="miita-ann-bench-"))
@@ -640,7 +654,7 @@ def main(argv=None) -> int:
               f"graph: connectivity {ann_index.CONNECTIVITY}, expansion_add {ann_index.EXPANSION_ADD}, "
               f"(from rows, candidates, expansion_search) {ann_index.SEARCH}{f', ef override {args.ef}' if args.ef else ''}, "
               f"build threads {ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS} (float rows "
-              f"{ann_index.min_rows('f16')})")
+              f"{ann_index.min_rows('f16')}); 1-bit rows fronted by: {ann_index.BITS_FRONT}")
         for t in tm.values():
             pr, b = t.m.preset, t.m.bank
             print(f"# {pr.name}/{pr.version} preset: key layers {t.m.key_layers}, {b.key_dim} key coordinates "

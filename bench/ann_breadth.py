@@ -16,6 +16,7 @@ still re-scored with the whole key.
     python bench/ann_breadth.py                       # 100,000 rows, whole keys and 512/256-bit prefixes
     python bench/ann_breadth.py --rows 20000 --prefixes 0
     python bench/ann_breadth.py --prefixes 0 --settings 256:256 --ivf 256,1024    # and inverted files
+    python bench/ann_breadth.py --rows 1000000 --no-graph --ivf-native 4096 --nprobe 32,64 --ivf-candidates 512
 
 ``--ivf NLISTS``: the alternative a graph is usually compared with, an inverted file over binary
 centroids (``nlist`` rows drawn from the memory, two rounds of bitwise-majority k-means by Hamming
@@ -23,6 +24,10 @@ distance, every row in the list of its nearest centroid, lists stored contiguous
 the centroids with the native kernel, gathers the ``nprobe`` best lists' rows and scores them in one
 call; timed like the graph (right after a prompt pass), recall of the exact top-8 among the rows
 it scanned.
+
+``--ivf-native NLISTS``: the product's inverted file (method/ivf_index.py, the default preset's front
+since issue 15's fifth pass) with that many lists, probed through its native kernel (masked Hamming
+distance, top candidates in one call); recall of the exact top-8 among its ``--ivf-candidates``.
 """
 from __future__ import annotations
 
@@ -51,11 +56,16 @@ def main(argv=None) -> int:
     ap.add_argument("--timed", type=int, default=40, help="searches timed, each after a prompt pass")
     ap.add_argument("--threads", type=int, default=1, help="llama.cpp threads of the prompt pass")
     ap.add_argument("--ivf", default="", help="also inverted files with these list counts (comma list)")
-    ap.add_argument("--nprobe", default="8,16,32,64", help="lists probed (with --ivf)")
+    ap.add_argument("--nprobe", default="8,16,32,64", help="lists probed (with --ivf / --ivf-native)")
+    ap.add_argument("--ivf-native", default="", help="the product's inverted file (method/ivf_index.py: masked "
+                    "Hamming, contiguous lists, one native call each) with these list counts (comma list)")
+    ap.add_argument("--ivf-candidates", type=int, default=256, help="rows an --ivf-native probe proposes")
+    ap.add_argument("--no-graph", action="store_true", help="skip the usearch graphs")
     args = ap.parse_args(argv)
 
     from miita_edge import _native
     from miita_edge.method import ann_index
+    from miita_edge.method.ivf_index import IvfIndex
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     work = Path(tempfile.mkdtemp(prefix="miita-ann-breadth-"))
@@ -86,7 +96,7 @@ def main(argv=None) -> int:
               f"{ann_index.EXPANSION_ADD}; recall of the exact top-8 over {len(Q)} real test keys; search times: "
               f"medians of {len(prompts)}, each right after a prompt pass")
         settings = [tuple(int(v) for v in s.split(":")) for s in args.settings.split(",")]
-        widths = [bits] + [int(p) for p in args.prefixes.split(",") if 0 < int(p) < bits]
+        widths = [] if args.no_graph else [bits] + [int(p) for p in args.prefixes.split(",") if 0 < int(p) < bits]
         for width in widths:
             t0 = time.perf_counter()
             graph = ann_index.AnnIndex.build(np.ascontiguousarray(rows[:, : width // 8]), "bits")
@@ -117,6 +127,19 @@ def main(argv=None) -> int:
                 print(f"   inverted file  lists {nlist:5d}  probed {nprobe:3d} ({scanned:6.0f} rows scanned):  recall "
                       f"{recall:.4f} ({'>=' if recall >= 0.99 else '< '} 0.99)  centroids + lists {s:5.3f} ms = "
                       f"{100 * s / p:4.2f}% of the prompt pass ({p:5.1f} ms)  [built in {build:4.1f} s]", flush=True)
+        for nlist in [int(x) for x in args.ivf_native.split(",") if x]:
+            t0 = time.perf_counter()
+            ivf = IvfIndex.build(rows, threads=0, nlist=nlist)
+            build = time.perf_counter() - t0
+            for nprobe in [int(x) for x in args.nprobe.split(",")]:
+                found = [ivf.candidates(q, args.ivf_candidates, nprobe) for q in Q]
+                recall = float(np.mean([np.isin(top, f).mean() for top, f in zip(exact_top, found)]))
+                p, s = after_prompt_passes(eng, prompts, lambda i: ivf.candidates(Q[i % len(Q)], args.ivf_candidates,
+                                                                                nprobe))
+                print(f"   native inverted file  lists {nlist:5d}  probed {nprobe:3d} (~{nprobe * len(rows) / nlist:6.0f} "
+                      f"rows)  candidates {args.ivf_candidates}:  recall {recall:.4f} ({'>=' if recall >= 0.99 else '< '} "
+                      f"0.99)  probe {s:5.3f} ms = {100 * s / p:4.2f}% of the prompt pass ({p:5.1f} ms)  "
+                      f"[built in {build:5.1f} s]", flush=True)
     finally:
         eng.close()
         import shutil

@@ -305,6 +305,44 @@ py::tuple i8_recall_pair(const i8_rows & rows_a, const f32_in & scales_a, const 
     return py::make_tuple(py::array_t<int64_t>(m_a, out_a.data()), py::array_t<int64_t>(m_b, out_b.data()));
 }
 
+using u8_rows = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+py::array_t<int32_t> hamming_nearest(const u8_rows & rows, const u8_rows & cents, int n_threads) {
+    if (rows.ndim() != 2 || cents.ndim() != 2 || rows.shape(1) != cents.shape(1))
+        throw std::invalid_argument("rows and cents must be (n, B) and (m, B) uint8");
+    if (cents.shape(0) == 0) throw std::invalid_argument("cents must hold at least one row");
+    py::array_t<int32_t> out(rows.shape(0));
+    int rc;
+    {
+        py::gil_scoped_release nogil;
+        rc = miita_hamming_nearest(rows.data(), rows.shape(0), cents.data(), cents.shape(0), rows.shape(1),
+                                   out.mutable_data(), n_threads);
+    }
+    check(rc);
+    return out;
+}
+
+py::array_t<int64_t> masked_hamming_top(const u8_rows & rows, const i64_in & starts, const i64_in & ends,
+                                         const u8_rows & q, const u8_rows & mask, int64_t k) {
+    if (rows.ndim() != 2) throw std::invalid_argument("rows must be (n, B) uint8");
+    const int64_t B = rows.shape(1), n = rows.shape(0);
+    if (q.size() != B || mask.size() != B) throw std::invalid_argument("q and mask must have B bytes");
+    if (starts.size() != ends.size()) throw std::invalid_argument("starts and ends must have the same length");
+    for (int64_t i = 0; i < starts.size(); ++i)
+        if (starts.data()[i] < 0 || ends.data()[i] > n || ends.data()[i] < starts.data()[i])
+            throw std::invalid_argument("a range lies outside rows");
+    if (k < 0) throw std::invalid_argument("k must be >= 0");
+    py::array_t<int64_t> out(k);
+    int64_t m;
+    {
+        py::gil_scoped_release nogil;
+        m = miita_masked_hamming_top(rows.data(), B, starts.data(), ends.data(), starts.size(), q.data(), mask.data(),
+                                     k, out.mutable_data());
+    }
+    if (m < 0) check(-1);
+    return py::array_t<int64_t>(m, out.data());
+}
+
 py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
     if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
     if (k < 0 || k > x.size()) throw std::invalid_argument("k must be in 0..len(x)");
@@ -330,6 +368,12 @@ PYBIND11_MODULE(_native, m) {
     m.def("compiled_tensor_size", &miita_compiled_tensor_size);
     m.def("bit_scores", &bit_scores, py::arg("bits"), py::arg("q"),
           "q · s for every packed sign vector s (rows of np.packbits output), float32.");
+    m.def("hamming_nearest", &hamming_nearest, py::arg("rows"), py::arg("cents"), py::arg("n_threads") = 0,
+          "For each packed row, the index of the nearest packed centroid by Hamming distance (ties: lower).");
+    m.def("masked_hamming_top", &masked_hamming_top, py::arg("rows"), py::arg("starts"), py::arg("ends"),
+          py::arg("q"), py::arg("mask"), py::arg("k"),
+          "The k rows of the ranges [starts[i], ends[i]) nearest to q by popcount((row ^ q) & mask), "
+          "in (distance, row) order.");
     m.def("top_k", &top_k, py::arg("x"), py::arg("k"),
           "Indices of the k largest values, by value descending then index ascending (int32).");
     m.def("i8_recall_pair", &i8_recall_pair, py::arg("rows_a"), py::arg("scales_a"), py::arg("errs_a"),

@@ -178,6 +178,19 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
  * 8 dimensions, reading n * ceil(H/8) bytes instead of n * H floats. */
 int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out);
 
+/* For each of n packed rows (nbytes each), the index of the nearest of m packed centroids by
+ * Hamming distance (ties: the lower centroid): the assignment step of an inverted file over 1-bit
+ * keys. Runs on up to n_threads threads (0: all cores). */
+int miita_hamming_nearest(const uint8_t * rows, int64_t n, const uint8_t * cents, int64_t m, int64_t nbytes,
+                          int32_t * out, int n_threads);
+
+/* The k rows nearest to the packed query q among the rows of [starts[i], ends[i]) (i < n_ranges),
+ * by the Hamming distance restricted to the set bits of mask: popcount((row ^ q) & mask). Writes
+ * the row numbers to out in (distance, row) order, min(k, rows in the ranges) of them, and
+ * returns that count (-1 on bad arguments). The probe of an inverted file's lists. */
+int64_t miita_masked_hamming_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
+                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out);
+
 /* The indices of the k largest of n floats, ordered by value descending then index ascending
  * (the first k of a stable descending sort). Fails (-1, "values contain NaN") when any of the n
  * values is NaN, whatever k is: the pass tests every value on the way. */

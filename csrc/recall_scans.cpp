@@ -6,6 +6,11 @@ using namespace miita_internal;
 
 namespace {
 
+inline uint64_t load_u64(const uint8_t * p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
 
 // Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
 // scan goes to the pool whose workers are still spinning from llama.cpp's last parallel region,
@@ -298,5 +303,79 @@ int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const fl
         *m_b = i8_recall_scan(rows_b, scales_b, errs_b, n_b, H, seg_start_b, n_seg_b, q_b, R_b, out_b, scan_threads(n_b, H));
     }
     return 0;
+}
+int miita_hamming_nearest(const uint8_t * rows, int64_t n, const uint8_t * cents, int64_t m, int64_t nbytes,
+                          int32_t * out, int n_threads) {
+    if (n < 0 || m <= 0 || nbytes <= 0 || (n > 0 && (!rows || !cents || !out))) return fail("bad hamming_nearest arguments");
+    const int64_t nw = nbytes / 8;
+    parallel_for(clamp_threads(n_threads, n / 256 + 1), n, [&](int, int64_t b, int64_t e) {
+        for (int64_t a = b; a < e; ++a) {
+            const uint8_t * r = rows + a * nbytes;
+            int64_t best = INT64_MAX;
+            int32_t arg = 0;
+            for (int64_t c = 0; c < m; ++c) {
+                const uint8_t * s = cents + c * nbytes;
+                int64_t d = 0;
+                for (int64_t w = 0; w < nw; ++w) d += __builtin_popcountll(load_u64(r + 8 * w) ^ load_u64(s + 8 * w));
+                for (int64_t k = 8 * nw; k < nbytes; ++k) d += __builtin_popcount((unsigned) (r[k] ^ s[k]));
+                if (d < best) {
+                    best = d;
+                    arg = (int32_t) c;
+                }
+            }
+            out[a] = arg;
+        }
+    });
+    return 0;
+}
+
+int64_t miita_masked_hamming_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
+                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out) {
+    if (nbytes <= 0 || n_ranges < 0 || k < 0 || (n_ranges > 0 && (!rows || !starts || !ends || !q || !mask)) ||
+        (k > 0 && !out))
+        return fail("bad masked_hamming_top arguments"), -1;
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_ranges; ++i) {
+        if (ends[i] < starts[i] || starts[i] < 0) return fail("bad masked_hamming_top range"), -1;
+        total += ends[i] - starts[i];
+    }
+    const int64_t nw = nbytes / 8;
+    const int64_t max_d = 8 * nbytes;
+    std::vector<uint16_t> dist((size_t) total);
+    std::vector<uint32_t> hist((size_t) max_d + 1, 0);
+    int64_t at = 0;
+    for (int64_t i = 0; i < n_ranges; ++i) {
+        for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
+            const uint8_t * r = rows + a * nbytes;
+            int64_t d = 0;
+            for (int64_t w = 0; w < nw; ++w)
+                d += __builtin_popcountll((load_u64(r + 8 * w) ^ load_u64(q + 8 * w)) & load_u64(mask + 8 * w));
+            for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) ((r[j] ^ q[j]) & mask[j]));
+            dist[(size_t) at] = (uint16_t) d;
+            ++hist[(size_t) d];
+        }
+    }
+    const int64_t want = std::min(k, total);
+    if (want == 0) return 0;
+    // the distance below which every row is kept, and how many rows at exactly that distance fit
+    int64_t cut = 0, below = 0;
+    while (below + (int64_t) hist[(size_t) cut] < want) below += hist[(size_t) cut++];
+    int64_t room_at_cut = want - below;
+    // rows in (distance, row) order: those below the cut, then the lowest-numbered rows at the cut
+    std::vector<std::pair<uint32_t, int64_t>> kept;
+    kept.reserve((size_t) want);
+    at = 0;
+    std::vector<int64_t> at_cut;
+    for (int64_t i = 0; i < n_ranges; ++i)
+        for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
+            const int64_t d = dist[(size_t) at];
+            if (d < cut) kept.emplace_back((uint32_t) d, a);
+            else if (d == cut) at_cut.push_back(a);
+        }
+    std::sort(at_cut.begin(), at_cut.end());
+    for (int64_t i = 0; i < room_at_cut; ++i) kept.emplace_back((uint32_t) cut, at_cut[(size_t) i]);
+    std::sort(kept.begin(), kept.end());
+    for (int64_t i = 0; i < want; ++i) out[i] = kept[(size_t) i].second;
+    return want;
 }
 }  // extern "C"

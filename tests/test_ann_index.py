@@ -145,7 +145,8 @@ def test_default_preset_selection_equals_the_exact_path_above_the_threshold(monk
 def test_below_the_threshold_the_exact_scan_is_untouched(monkeypatch):
     bank, C = bit_bank(1500)
     assert bank.n_anchors < ann_index.MIN_ROWS
-    monkeypatch.setattr(AnnIndex, "candidates", lambda *a: pytest.fail("the graph was asked below the threshold"))
+    for cls in (AnnIndex, ann_index.index_class("bits")):
+        monkeypatch.setattr(cls, "candidates", lambda *a: pytest.fail("the front was asked below the threshold"))
     index = RetrievalIndex.build(bank)
     assert index.ann is None
     from miita_edge import _native
@@ -159,7 +160,11 @@ def test_below_the_threshold_the_exact_scan_is_untouched(monkeypatch):
             assert np.array_equal(x, y)
 
 
-def test_without_usearch_retrieval_is_the_exact_scan(monkeypatch):
+def test_without_usearch_bits_use_the_inverted_file_and_float_rows_the_exact_scan(monkeypatch):
+    """The default preset's front (packed bits) is the inverted file, which needs no optional
+    package; the paper preset's float rows need usearch and fall back to the exact scans."""
+    from miita_edge.method.ivf_index import IvfIndex
+
     bank, C = bit_bank(1500)
     exact = RetrievalIndex.build(bank)  # below the threshold: the exact scan
     monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
@@ -171,13 +176,20 @@ def test_without_usearch_retrieval_is_the_exact_scan(monkeypatch):
         return real_import(name, *args, **kw)
 
     monkeypatch.setattr(builtins, "__import__", no_usearch)
-    assert not ann_index.available()
-    assert "not installed" in ann_index.status(10**6)
+    assert ann_index.available("bits") and not ann_index.available("f16")
+    assert "not installed" in ann_index.status(10**6, "f16")
+    assert "inverted-file" in ann_index.status(10**6, "bits")
+    assert ann_index.front(np.zeros((10**5, 4), np.float32), "f16", None, "paper-anchors") is None
     index = RetrievalIndex.build(bank)
-    assert index.ann is None
-    for q in queries(C, 5, 0.6, 8):
-        for x, y in zip(plan(index, bank, q), plan(exact, bank, q)):
-            assert np.array_equal(x, y)
+    assert isinstance(index.ann.wait(), IvfIndex)
+    signs = np.where(np.unpackbits(exact.packed, axis=1) > 0, 1.0, -1.0)
+    compared = 0
+    for q in queries(C, 20, 0.6, 8):
+        if np.isin(ref_top(signs @ q, 8), index.ann.ready().propose(q, 8)).all():
+            compared += 1
+            for x, y in zip(plan(index, bank, q), plan(exact, bank, q)):
+                assert np.array_equal(x, y)
+    assert compared >= 18
 
 
 # ----------------------------------------------------------------------------- paper preset
@@ -279,7 +291,7 @@ def test_a_damaged_cache_file_is_rebuilt_with_the_same_answers(monkeypatch, dama
         path.write_bytes(b"")
     else:  # a valid file for other rows under this key (a key that lied): the sampled rows differ
         other, _, _ = rows_and_entries(16)
-        AnnIndex.build(other, "bits").save(path, good.key)
+        type(good.ready()).build(other, "bits").save(path, good.key)
     again = ann_index.front(packed, "bits", entries, "anchors", background=False)
     assert again.state == "built"
     signs = np.where(np.unpackbits(packed, axis=1) > 0, 1.0, -1.0)
@@ -309,13 +321,14 @@ def test_concurrent_builders_leave_a_valid_file(monkeypatch):
 def test_background_build_answers_with_the_exact_scan_meanwhile(monkeypatch):
     monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
     gate = threading.Event()
-    real_build = AnnIndex.build.__func__
+    front_cls = ann_index.index_class("bits")
+    real_build = front_cls.build.__func__
 
     def slow_build(cls, rows, kind, threads=1):
         gate.wait(10)
         return real_build(cls, rows, kind, threads)
 
-    monkeypatch.setattr(AnnIndex, "build", classmethod(slow_build))
+    monkeypatch.setattr(front_cls, "build", classmethod(slow_build))
     bank, C = bit_bank(1500)
     index = RetrievalIndex.build(bank)
     assert index.ann.state == "building" and index.ann.ready() is None
@@ -349,7 +362,7 @@ def test_float_rows_wait_for_their_own_threshold(monkeypatch):
     monkeypatch.setattr(ann_index, "MIN_ROWS", 100)
     assert ann_index.min_rows("bits") == 100 and ann_index.min_rows("f16") == ann_index.MIN_ROWS_FLOAT > 300
     assert ann_index.front(rows, "f16", None, "paper-anchors") is None
-    assert "exact scan" in ann_index.status(300, "f16") and "usearch" in ann_index.status(300)
+    assert "exact scan" in ann_index.status(300, "f16") and "inverted-file" in ann_index.status(300)
     monkeypatch.setattr(ann_index, "MIN_ROWS_FLOAT", 10)
     assert ann_index.min_rows("f16") == 100
 

@@ -92,6 +92,43 @@ def test_bit_scores_drive_the_same_vote_as_float_anchors():
     np.testing.assert_allclose(got[1], ref[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("B", [160, 80, 13, 1])
+def test_hamming_nearest_matches_brute_force(B):
+    """Each row's nearest centroid by Hamming distance, ties to the lower centroid (row bytes that
+    are not a multiple of 8 take the byte tail), against dense numpy; both thread counts agree."""
+    rng = np.random.default_rng(B)
+    rows = rng.integers(0, 256, (700, B), dtype=np.uint8)
+    cents = np.concatenate([rows[:5], rng.integers(0, 256, (40, B), dtype=np.uint8), rows[:5]])  # exact ties
+    D = (np.unpackbits(rows, axis=1)[:, None, :] != np.unpackbits(cents, axis=1)[None, :, :]).sum(-1)
+    want = D.argmin(axis=1)  # the first minimum: the lower centroid
+    np.testing.assert_array_equal(_native.hamming_nearest(rows, cents, 1), want)
+    np.testing.assert_array_equal(_native.hamming_nearest(rows, cents, 2), want)
+    with pytest.raises(ValueError):
+        _native.hamming_nearest(rows, cents[:, :-1] if B > 1 else cents[:0])
+
+
+@pytest.mark.parametrize("B", [160, 80, 13])
+def test_masked_hamming_top_matches_brute_force(B):
+    """The k rows of the ranges nearest to q under the mask, in (distance, row) order: ranges out of
+    order, an empty range, ties at the cut (duplicated rows), k beyond the rows in the ranges."""
+    rng = np.random.default_rng(B + 1)
+    rows = rng.integers(0, 256, (3000, B), dtype=np.uint8)
+    rows[2000:2100] = rows[100]  # a hundred rows at one distance: the cut falls among ties
+    q = rng.integers(0, 256, B, dtype=np.uint8)
+    mask = rng.integers(0, 256, B, dtype=np.uint8)
+    starts, ends = np.array([2500, 1900, 0, 700]), np.array([2900, 2200, 300, 700])
+    idx = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+    d = np.unpackbits((rows[idx] ^ q) & mask, axis=1).sum(axis=1)
+    order = idx[np.lexsort((idx, d))]
+    for k in (0, 1, 37, 256, len(idx), len(idx) + 50):
+        got = _native.masked_hamming_top(rows, starts, ends, q, mask, k)
+        np.testing.assert_array_equal(got, order[:k])
+    with pytest.raises(ValueError, match="outside"):
+        _native.masked_hamming_top(rows, np.array([0]), np.array([3001]), q, mask, 4)
+    with pytest.raises(ValueError):
+        _native.masked_hamming_top(rows, starts, ends, q[:-1], mask, 4)
+
+
 @pytest.mark.parametrize("n,H", [(1, 1), (3, 31), (5, 32), (4097, 64), (9000, 640), (17, 645)])
 def test_i8_scores_match_numpy(n, H):
     """Both SIMD widths, the scalar tail and the two-thread split against float64 numpy."""

@@ -12,6 +12,7 @@
 //   uncert    miita_restricted_uncertainty and miita_lm_weighted_sum vs double
 //   top-k     miita_top_k vs a stable sort, ties included, and its NaN refusal
 //   i8        miita_i8_scores, miita_i8_recall (rows and segments), miita_i8_recall_pair, miita_bit_scores
+//   hamming   miita_hamming_nearest, miita_masked_hamming_top (the inverted file) vs bit-by-bit counts
 //   callback  a small graph (l_out-0 -> result_norm -> result_output) on the CPU backend: key sum, captured
 //             rows, ungated and gated additions, the logits after the addition, vs scalar references
 //
@@ -392,6 +393,55 @@ void check_i8(Rng & rng) {
     report("bit scores", rcb == 0 && eb <= 1e-5, fmt("4000 packed sign rows: max rel err %.1e", eb));
 }
 
+// The inverted file's two kernels against a plain bit-by-bit count: nearest centroid (ties to the
+// lower) and the masked top-k over ranges (ties at the cut to the lower row); 13-byte rows take the
+// byte tail, duplicated rows put ties at the cut.
+void check_hamming(Rng & rng) {
+    for (int64_t nb : {160, 13}) {
+        const int64_t n = 900, m = 37;
+        std::vector<uint8_t> rows((size_t) (n * nb)), cents((size_t) (m * nb)), q(nb), mask(nb);
+        for (auto & v : rows) v = (uint8_t) (rng.next() >> 56);
+        for (int64_t a = 600; a < 700; ++a) std::copy_n(rows.begin(), nb, rows.begin() + a * nb);
+        for (auto & v : cents) v = (uint8_t) (rng.next() >> 56);
+        std::copy_n(rows.begin() + 5 * nb, nb, cents.begin() + 3 * nb);
+        std::copy_n(rows.begin() + 5 * nb, nb, cents.begin() + 9 * nb);  // an exact tie
+        for (auto & v : q) v = (uint8_t) (rng.next() >> 56);
+        for (auto & v : mask) v = (uint8_t) (rng.next() >> 56);
+        auto dist = [nb](const uint8_t * a, const uint8_t * b, const uint8_t * mk) {
+            int d = 0;
+            for (int64_t k = 0; k < nb; ++k)
+                for (int j = 0; j < 8; ++j) d += (((a[k] ^ b[k]) & (mk ? mk[k] : 0xff)) >> j) & 1;
+            return d;
+        };
+        std::vector<int32_t> near(n);
+        const int rc = miita_hamming_nearest(rows.data(), n, cents.data(), m, nb, near.data(), 2);
+        bool ok = rc == 0;
+        for (int64_t a = 0; a < n && ok; ++a) {
+            int best = 1 << 30, arg = 0;
+            for (int64_t c = 0; c < m; ++c) {
+                const int d = dist(rows.data() + a * nb, cents.data() + c * nb, nullptr);
+                if (d < best) best = d, arg = (int) c;
+            }
+            ok = near[a] == arg;
+        }
+        report(("hamming nearest, " + std::to_string(nb) + " B").c_str(), ok, "900 rows, 37 centroids, bit by bit");
+        const int64_t starts[3] = {650, 0, 300}, ends[3] = {800, 120, 300};
+        std::vector<std::pair<int, int64_t>> ref;
+        for (int i = 0; i < 3; ++i)
+            for (int64_t a = starts[i]; a < ends[i]; ++a) ref.emplace_back(dist(rows.data() + a * nb, q.data(), mask.data()), a);
+        std::sort(ref.begin(), ref.end());
+        bool okt = true;
+        for (int64_t k : {1, 40, 200, 400}) {
+            std::vector<int64_t> out(k);
+            const int64_t got = miita_masked_hamming_top(rows.data(), nb, starts, ends, 3, q.data(), mask.data(), k, out.data());
+            const int64_t want = std::min<int64_t>(k, (int64_t) ref.size());
+            okt = okt && got == want;
+            for (int64_t i = 0; i < want && okt; ++i) okt = out[i] == ref[(size_t) i].second;
+        }
+        report(("masked hamming top-k, " + std::to_string(nb) + " B").c_str(), okt, "3 ranges, k = 1/40/200/400, ties");
+    }
+}
+
 // A small graph on ggml's CPU backend with the eval callback installed, as llama.cpp runs it.
 void check_callback(Rng & rng) {
     const int H = 64, V = 96, R = 5;
@@ -521,6 +571,7 @@ int main(int argc, char ** argv) {
     }
     check_top_k(rng);
     check_i8(rng);
+    check_hamming(rng);
     check_callback(rng);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s: %d failure(s), %.1f s\n", g_failures ? "FAILED" : "passed", g_failures, s);

@@ -9,6 +9,14 @@ vote at 100,000 keys, 512 at 1,000,000), and the candidates are re-scored exactl
 then the exact scan's whenever the true top set is among the candidates (recall is measured by
 ``bench/ann.py``; docs/benchmarks.md).
 
+Which index: for packed 1-bit rows (the default preset's vote) the front is now an inverted file
+(``ivf_index.IvfIndex``, ``BITS_FRONT``): after a prompt pass has evicted the caches, a graph walk's
+dependent reads cost 3x more than reading a few contiguous lists at the same recall (the whole plan
+at 1,000,000 prototypes: 4.58 ms with the graph, 1.18 ms with the lists; docs/benchmarks.md, issue
+15 fifth pass). The usearch graph stays the front of float rows (the
+paper preset) and the measured alternative for bits (``BITS_FRONT = "graph"``). ``AnnFront``,
+the cache and ``front`` serve both.
+
 What the graph indexes (the re-score is always the exact scan's own score):
 
 * ``"bits"``: packed 1-bit rows (the default preset's vote: its anchors, then each answer's
@@ -60,6 +68,9 @@ from pathlib import Path
 import numpy as np
 
 from .exact_scores import ExactOnDemand
+from .index_files import HEADER as _HEADER
+from .index_files import DuplicateGroups, map_container, write_container
+from .index_files import duplicate_rows as _duplicates
 
 __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "SEARCH", "available", "cache_dir",
            "front", "min_rows", "search_params", "status"]
@@ -81,6 +92,10 @@ MIN_ROWS_FLOAT = 50_000
 #: (2,000,000 voter rows): breadth 1,024 found 0.984 of the exact top 8 whether 512 or 1,024
 #: candidates were kept, breadth 2,048 found 0.995 (docs/benchmarks.md)
 SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 2048)), "f16": ((0, 128, 128),)}
+#: the front of packed 1-bit rows (the default preset's vote): "ivf", the inverted file of
+#: method/ivf_index.py (the whole plan 1.5x cheaper than with the graph at 100,000 prototypes and
+#: 3.9x at 1,000,000; docs/benchmarks.md, issue 15 fifth pass), or "graph", the usearch graph it replaced
+BITS_FRONT = "ivf"
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
 CONNECTIVITY = 32
 EXPANSION_ADD = 128
@@ -94,7 +109,6 @@ KINDS = {"bits": ("hamming", "b1"), "f16": ("cos", "f16")}
 
 _MAGIC = b"MIITAANN"
 _FORMAT = 1  # bump when the container or the derivation of the indexed rows changes
-_HEADER = 4096  # fixed header size: magic, JSON, zero padding
 
 
 def search_params(kind: str, n_rows: int, k: int) -> tuple[int, int]:
@@ -104,8 +118,21 @@ def search_params(kind: str, n_rows: int, k: int) -> tuple[int, int]:
     return count, max(ef, count)
 
 
-def available() -> bool:
-    """Whether usearch can be imported (the optional ``index`` extra)."""
+def index_class(kind: str):
+    """The index that fronts rows of ``kind``: packed bits get the inverted file
+    (``BITS_FRONT = "ivf"``, method/ivf_index.py), float rows the usearch graph."""
+    if kind == "bits" and BITS_FRONT == "ivf":
+        from .ivf_index import IvfIndex
+
+        return IvfIndex
+    return AnnIndex
+
+
+def available(kind: str = "f16") -> bool:
+    """Whether a front for ``kind`` can be built: the inverted file always; the usearch graph when
+    usearch can be imported (the optional ``index`` extra)."""
+    if index_class(kind) is not AnnIndex:
+        return True
     try:
         import usearch.index  # noqa: F401
     except Exception:  # ImportError, or a broken binary wheel: either way, the exact scan
@@ -137,9 +164,10 @@ def status(n_rows: int, kind: str = "bits") -> str:
     limit = min_rows(kind)
     if n_rows < limit:
         return f"exact scan ({n_rows} rows < {limit})"
-    if not available():
+    if not available(kind):
         return 'exact scan (usearch not installed: pip install ".[index]")'
-    return f"usearch HNSW front, its candidates re-scored exactly ({n_rows} rows >= {limit})"
+    what = "usearch HNSW front" if index_class(kind) is AnnIndex else "inverted-file front"
+    return f"{what}, its candidates re-scored exactly ({n_rows} rows >= {limit})"
 
 
 # ----------------------------------------------------------------------------- rows
@@ -177,51 +205,6 @@ def _stored(rows: np.ndarray, kind: str) -> np.ndarray:
     return np.packbits(np.repeat(np.unpackbits(rows, axis=1), 2, axis=1), axis=1)  # every bit twice
 
 
-def _duplicates(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Groups of byte-identical rows: (representatives (lowest row of each group, all rows),
-    groups with more than one row as (rep, start, members)) — a 64-bit hash of each row, a sort,
-    and an exact comparison of neighbours; a hash collision only leaves two rows ungrouped."""
-    n = rows.shape[0]
-    if n == 0:
-        z = np.zeros(0, np.int64)
-        return z, z, np.zeros(1, np.int64), z
-    b = np.ascontiguousarray(rows).view(np.uint8).reshape(n, -1)
-    pad = (-b.shape[1]) % 8
-    if pad:
-        b = np.concatenate([b, np.zeros((n, pad), np.uint8)], axis=1)
-    w = b.view(np.uint64)
-    mult = (np.random.default_rng(0x5EED).integers(1, 2**63, w.shape[1], dtype=np.uint64) | np.uint64(1))
-    h = np.zeros(n, np.uint64)
-    with np.errstate(over="ignore"):
-        for s in range(0, n, 65536):
-            blk = w[s:s + 65536] * mult
-            hb = blk.sum(axis=1, dtype=np.uint64)
-            h[s:s + 65536] = hb ^ (hb >> np.uint64(29))
-    order = np.argsort(h, kind="stable")  # equal rows: ascending row id
-    same = np.zeros(n, bool)
-    eq_h = h[order[1:]] == h[order[:-1]]
-    if eq_h.any():
-        i = np.flatnonzero(eq_h)
-        same[i + 1] = (b[order[i + 1]] == b[order[i]]).all(axis=1)
-    first = np.flatnonzero(~same)
-    reps_sorted = order[first]
-    reps = np.sort(reps_sorted)
-    if not same.any():
-        z = np.zeros(0, np.int64)
-        return reps.astype(np.int64), z, np.zeros(1, np.int64), z
-    sizes = np.diff(np.append(first, n))
-    multi = np.flatnonzero(sizes > 1)
-    dup_rep = reps_sorted[multi]
-    by_rep = np.argsort(dup_rep)
-    members, start = [], [0]
-    for g in multi[by_rep]:
-        m = np.sort(order[first[g] + 1:first[g] + sizes[g]])
-        members.append(m)
-        start.append(start[-1] + m.size)
-    return (reps.astype(np.int64), dup_rep[by_rep].astype(np.int64), np.array(start, np.int64),
-            np.concatenate(members).astype(np.int64))
-
-
 # ----------------------------------------------------------------------------- index
 class AnnIndex:
     """A usearch graph over one matrix's distinct rows; ``candidates`` proposes row ids.
@@ -230,15 +213,12 @@ class AnnIndex:
     ``keep`` holds); ``dups`` = (rep, start, members): rows identical to a representative.
     """
 
+    kind_suffix = ".usearch"
+
     def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
         self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
+        self.dups = DuplicateGroups(*dups, n_rows=self.n_rows)
         self.dup_rep, self.dup_start, self.dup_members = dups
-        # each row's duplicate group (-1: none), so that a candidate finds its group in one read:
-        # binary-searching 256-512 candidates in dup_rep right after a prompt pass (caches cold)
-        # cost ~0.1 ms of retrieval at 100,000 prototypes and ~0.85 ms at 1,000,000
-        # (docs/benchmarks.md, issue 15 fourth pass); 4 bytes a row, derived, never stored
-        self.dup_group = np.full(self.n_rows if self.dup_rep.size else 0, -1, np.int32)
-        self.dup_group[self.dup_rep] = np.arange(self.dup_rep.size, dtype=np.int32)
         self.ef = 0  # search breadth override (benchmarks set it to show a miss); 0: search_params'
 
     def propose(self, q: np.ndarray, k: int) -> np.ndarray:
@@ -252,15 +232,7 @@ class AnnIndex:
         if self.graph.expansion_search != ef:
             self.graph.expansion_search = ef
         keys = self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
-        if self.dup_rep.size and keys.size:
-            pos = self.dup_group[keys]
-            pos = pos[pos >= 0].astype(np.int64)
-            if pos.size:  # every member of the matched groups, gathered without a Python loop
-                lo, hi = self.dup_start[pos], self.dup_start[pos + 1]
-                n = hi - lo
-                at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
-                keys = np.concatenate([keys, self.dup_members[at]])
-        return np.unique(keys)
+        return self.dups.expand(keys)
 
     # ------------------------------------------------------------------ build / file
     @classmethod
@@ -282,36 +254,13 @@ class AnnIndex:
                 "ndim": int(self.graph.ndim), "payload": len(payload),
                 "dups": [int(self.dup_rep.size), int(self.dup_start.size), int(self.dup_members.size)],
                 "body": len(body), "crc32": zlib.crc32(body)}
-        raw = _MAGIC + json.dumps(head, sort_keys=True).encode()
-        if len(raw) > _HEADER:  # pragma: no cover - the header is ~300 bytes
-            raise ValueError("ann cache header too long")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(raw.ljust(_HEADER, b"\0"))
-                fh.write(body)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_container(path, _MAGIC, head, [body])
 
     @classmethod
     def load(cls, path: Path, key: str, rows: np.ndarray, kind: str) -> "AnnIndex":
         """Map a cache file; raises ValueError (or OSError) on anything that does not match
         ``key`` and ``rows`` exactly — header, size, CRC32, counts, dimensions, sampled rows."""
-        import mmap
-
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < _HEADER:
-                raise ValueError("truncated header")
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        head_raw = bytes(mm[:_HEADER]).rstrip(b"\0")
-        if not head_raw.startswith(_MAGIC):
-            raise ValueError("not an ann cache file")
-        head = json.loads(head_raw[len(_MAGIC):].decode())
-        if head.get("format") != _FORMAT or head.get("key") != key or head.get("kind") != kind:
-            raise ValueError("another format, key or kind")
+        mm, head, size = map_container(path, _MAGIC, _FORMAT, key, kind)
         n_rep, n_start, n_mem = head["dups"]
         if size != _HEADER + head["body"] or head["body"] != head["payload"] + 8 * (n_rep + n_start + n_mem):
             raise ValueError(f"size {size} does not match its header")
@@ -358,7 +307,8 @@ class AnnFront:
 
     def __init__(self, rows: np.ndarray, kind: str, key: str | None, background: bool = True) -> None:
         self.rows, self.kind, self.key = rows, kind, key
-        self.path = None if key is None else cache_dir() / f"{key}.usearch"
+        self.index_cls = index_class(kind)
+        self.path = None if key is None else cache_dir() / f"{key}{self.index_cls.kind_suffix}"
         self._ann: AnnIndex | None = None
         self.state = "new"  # new | cached | building | built | failed: why
         self.open_s = self.build_s = float("nan")
@@ -390,7 +340,7 @@ class AnnFront:
             return
         t0 = time.perf_counter()
         try:
-            self._ann = AnnIndex.load(self.path, self.key, self.rows, self.kind)
+            self._ann = self.index_cls.load(self.path, self.key, self.rows, self.kind)
         except FileNotFoundError:
             return
         except Exception as exc:  # damaged, foreign or unreadable: rebuild; never trust it
@@ -407,7 +357,7 @@ class AnnFront:
     def _build(self) -> None:
         t0 = time.perf_counter()
         try:
-            ann = AnnIndex.build(self.rows, self.kind)
+            ann = self.index_cls.build(self.rows, self.kind)
         except Exception as exc:  # the exact scan stays in charge
             self.state = f"failed: {str(exc)[:120]}"
             log.warning("ann build failed (%s); the exact scan answers", str(exc)[:120])
@@ -436,7 +386,7 @@ def _prune(folder: Path, keep: Path) -> None:
         if p.name.endswith(".tmp"):
             if now - st.st_mtime > 86400:
                 p.unlink(missing_ok=True)
-        elif p.suffix == ".usearch":
+        elif p.suffix in (".usearch", ".ivf"):
             files.append((st.st_mtime, st.st_size, p))
     total = sum(s for _, s, _ in files)
     for _, s, p in sorted(files, key=lambda t: t[0]):
@@ -463,6 +413,11 @@ def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim
     ident = {"entries": {n: [e.get("dtype"), e.get("shape"), e.get("crc32")] for n, e in sorted(entries.items())},
              "channel": channel, "kind": kind, "rows": int(n_rows), "ndim": int(ndim), "format": _FORMAT,
              "usearch": uver, "graph": [CONNECTIVITY, EXPANSION_ADD]}
+    if index_class(kind) is not AnnIndex:
+        from . import ivf_index as ivf
+
+        del ident["usearch"], ident["graph"]
+        ident["ivf"] = [ivf._FORMAT, ivf.LISTS_PER_SQRT, ivf.SAMPLE_PER_LIST, ivf.ROUNDS]
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]
     return f"{channel}-{digest}"
 
@@ -470,9 +425,9 @@ def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim
 def front(rows: np.ndarray, kind: str, entries: dict | None, channel: str, background: bool = True
           ) -> AnnFront | None:
     """The graph front for ``rows``, or None when the exact scan should answer alone: fewer than
-    ``min_rows(kind)`` rows (then nothing changes), or usearch not installed."""
+    ``min_rows(kind)`` rows (then nothing changes), or (float rows) usearch not installed."""
     n = int(rows.shape[0])
-    if n < min_rows(kind) or not available():
+    if n < min_rows(kind) or not available(kind):
         log.debug("recall: %s", status(n, kind))
         return None
     ndim = _ndim(rows, kind)
