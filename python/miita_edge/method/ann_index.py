@@ -68,9 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from .exact_scores import ExactOnDemand
-from .index_files import HEADER as _HEADER
-from .index_files import DuplicateGroups, map_container, write_container
-from .index_files import duplicate_rows as _duplicates
+from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, strong_half, write_container
 
 __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "SEARCH", "available", "cache_dir",
            "front", "min_rows", "search_params", "status"]
@@ -128,7 +126,7 @@ def index_class(kind: str):
     return AnnIndex
 
 
-def available(kind: str = "f16") -> bool:
+def available(kind: str) -> bool:
     """Whether a front for ``kind`` can be built: the inverted file always; the usearch graph when
     usearch can be imported (the optional ``index`` extra)."""
     if index_class(kind) is not AnnIndex:
@@ -176,12 +174,7 @@ def _query_vector(q: np.ndarray, kind: str) -> np.ndarray:
     q = np.asarray(q, np.float32).reshape(-1)
     if kind != "bits":
         return q
-    s = q >= 0  # as codecs.encode(..., "bit")
-    a = np.abs(q)
-    h = a.size // 2  # the median by one partition (np.median's own machinery costs more right after a decode)
-    part = np.partition(a, [h - 1, h] if a.size % 2 == 0 and a.size > 1 else [h])
-    med = (part[h - 1] + part[h]) / 2 if a.size % 2 == 0 and a.size > 1 else part[h]
-    strong = a >= med
+    s, strong = strong_half(q)
     return np.packbits(np.stack([s, np.where(strong, s, ~s)], axis=1).reshape(-1))
 
 
@@ -218,7 +211,6 @@ class AnnIndex:
     def __init__(self, graph, n_rows: int, kind: str, dups, keep=None) -> None:
         self.graph, self.n_rows, self.kind, self.keep = graph, int(n_rows), kind, keep
         self.dups = DuplicateGroups(*dups, n_rows=self.n_rows)
-        self.dup_rep, self.dup_start, self.dup_members = dups
         self.ef = 0  # search breadth override (benchmarks set it to show a miss); 0: search_params'
 
     def propose(self, q: np.ndarray, k: int) -> np.ndarray:
@@ -238,7 +230,7 @@ class AnnIndex:
     @classmethod
     def build(cls, rows: np.ndarray, kind: str, threads: int = BUILD_THREADS) -> "AnnIndex":
         """A graph over ``rows``: (n, ndim/8) uint8 packed bits, or (n, ndim) float."""
-        reps, *dups = _duplicates(rows)
+        reps, *dups = duplicate_rows(rows)
         graph = _graph(kind, _ndim(rows, kind), connectivity=CONNECTIVITY, expansion_add=EXPANSION_ADD)
         for i in range(0, reps.size, 65536):  # in slices: the stored form of 1M rows would be a copy
             r = reps[i:i + 65536]
@@ -248,11 +240,12 @@ class AnnIndex:
     def save(self, path: Path, key: str) -> None:
         """Write the container to ``path`` atomically (temporary file + os.replace)."""
         payload = bytes(self.graph.save())
-        dups = b"".join(a.astype("<i8").tobytes() for a in (self.dup_rep, self.dup_start, self.dup_members))
+        d = self.dups
+        dups = b"".join(a.astype("<i8").tobytes() for a in (d.rep, d.start, d.members))
         body = payload + dups
         head = {"format": _FORMAT, "key": key, "kind": self.kind, "rows": self.n_rows, "nodes": int(self.graph.size),
                 "ndim": int(self.graph.ndim), "payload": len(payload),
-                "dups": [int(self.dup_rep.size), int(self.dup_start.size), int(self.dup_members.size)],
+                "dups": [int(d.rep.size), int(d.start.size), int(d.members.size)],
                 "body": len(body), "crc32": zlib.crc32(body)}
         write_container(path, _MAGIC, head, [body])
 
@@ -262,9 +255,9 @@ class AnnIndex:
         ``key`` and ``rows`` exactly — header, size, CRC32, counts, dimensions, sampled rows."""
         mm, head, size = map_container(path, _MAGIC, _FORMAT, key, kind)
         n_rep, n_start, n_mem = head["dups"]
-        if size != _HEADER + head["body"] or head["body"] != head["payload"] + 8 * (n_rep + n_start + n_mem):
+        if size != HEADER + head["body"] or head["body"] != head["payload"] + 8 * (n_rep + n_start + n_mem):
             raise ValueError(f"size {size} does not match its header")
-        body = memoryview(mm)[_HEADER:]
+        body = memoryview(mm)[HEADER:]
         if zlib.crc32(body) != head["crc32"]:
             raise ValueError("CRC32 mismatch")
         ndim = _ndim(rows, kind)

@@ -18,9 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["HEADER", "DuplicateGroups", "duplicate_rows", "map_container", "write_container"]
+__all__ = ["HEADER", "DuplicateGroups", "duplicate_rows", "map_container", "strong_half", "write_container"]
 
 HEADER = 4096  # fixed header size of a cache file: magic, JSON, zero padding
+
+
+def strong_half(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(signs, stronger half) of a float query as both fronts code it: ``q_i >= 0`` (as
+    ``codecs.encode(..., "bit")``), and ``|q_i|`` at or above the median. The Hamming distance over
+    the stronger half counts disagreements where the query is sure (ann_index's module docstring)."""
+    q = np.asarray(q, np.float32).reshape(-1)
+    s = q >= 0
+    a = np.abs(q)
+    h = a.size // 2  # the median by one partition (np.median's own machinery costs more right after a decode)
+    part = np.partition(a, [h - 1, h] if a.size % 2 == 0 and a.size > 1 else [h])
+    med = (part[h - 1] + part[h]) / 2 if a.size % 2 == 0 and a.size > 1 else part[h]
+    return s, a >= med
 
 
 def duplicate_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, write_container
+from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, strong_half, write_container
 
 __all__ = ["IvfIndex", "SCAN_ROWS", "list_count", "probe_count"]
 
@@ -68,11 +68,8 @@ def probe_count(n: int, nlist: int) -> int:
 
 def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed signs, packed mask of the stronger half of the coordinates) of a float query."""
-    q = np.asarray(q, np.float32).reshape(-1)
-    a = np.abs(q)
-    h = a.size // 2
-    med = np.partition(a, h)[h] if a.size > 1 else a[0]
-    return np.packbits(q >= 0), np.packbits(a >= med)
+    s, strong = strong_half(q)
+    return np.packbits(s), np.packbits(strong)
 
 
 class IvfIndex:

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import MiitaError
 from .gguf_model import ModelInfo
+from .key_pooling import key_mean
 
 # Architectures whose llama.cpp graph cannot be steered this way, by name (the header is read
 # before llama.cpp loads anything; llama.cpp's own flags are checked after loading as well).
@@ -355,8 +356,6 @@ def self_test(engine, seed: int = 0) -> list[CheckItem]:
     logits0 = engine.decode(toks[m:], "last", key_mask=mask[m:])[0]
     h_q = engine.native.captured()[0].copy()
     engine.native.set_capture(False, 0)
-    from .key_pooling import key_mean
-
     ksum, krows = engine.native.key()
     key = key_mean(ksum, engine.native.key_rows()[0])
     ek = _rel(key.astype(np.float64), ref_key)
