@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.method import ivf_index
 from miita_edge.method.ivf_index import IvfIndex, list_count, probe_count, query_code
 
 B = 80  # bytes per row: 640-bit keys
@@ -146,4 +145,3 @@ def test_the_front_of_bits_is_the_inverted_file(monkeypatch, tmp_path):
     first = ann_index.front(rows, "bits", entries, "anchors", background=False)
     assert isinstance(first.ready(), IvfIndex) and first.path.suffix == ".ivf" and first.state == "built"
     assert ann_index.front(rows, "bits", entries, "anchors", background=False).state == "cached"
-    assert ivf_index.SCAN_ROWS > 0
