@@ -47,6 +47,7 @@ Key distributions:
     python bench/ann.py --crossover 10000,20000,40000    # prototypes (voter rows: twice as many)
     python bench/ann.py --paper-fit 300000,500000,1000000
     python bench/ann.py --sizes 100000 --paper-sizes 0 --ef 16 --candidates 8   # a run that misses
+    python bench/ann.py --sizes 100000 --modes clustered --paper-sizes 0 --nprobe 1024   # reads every list: misses
     python bench/ann.py --sizes 100000 --modes clustered --paper-sizes 0 --steps 80   # and where plan's time goes
 """
 from __future__ import annotations
@@ -293,10 +294,12 @@ def indexed(front) -> int:
     return int(ix.graph.size) if hasattr(ix, "graph") else int(ix.lists.shape[0])
 
 
-def apply_overrides(m, ef: int | None) -> None:
+def apply_overrides(m, ef: int | None, nprobe: int | None = None) -> None:
     for f in fronts(m):
-        if f.ready() is not None and ef:
+        if f.ready() is not None and ef and hasattr(f.ready(), "ef"):
             f.ready().ef = ef  # the graph's search breadth, instead of the candidate count
+        if f.ready() is not None and nprobe and hasattr(f.ready(), "nprobe"):
+            f.ready().nprobe = nprobe  # the inverted file's probed lists, instead of SCAN_ROWS' share
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -352,7 +355,8 @@ def plan_steps(m, eng, prompts: list, reps: int) -> dict:
     """Where ``Miita.plan`` spends its time on the graph path (default preset): each step's median
     over ``reps`` plans, each right after its own prompt pass. The steps are wrapped for the
     measurement and restored after; ``graph search`` is usearch's own call, ``candidates`` includes
-    it (and the duplicate groups), ``plan`` is the whole call."""
+    it (and the exact re-score and the cut with duplicate groups; for the inverted file all of it
+    is one native call), ``plan`` is the whole call."""
     import usearch.index as uindex
 
     from miita_edge.memory.bank import MemoryBank
@@ -360,9 +364,9 @@ def plan_steps(m, eng, prompts: list, reps: int) -> dict:
 
     from miita_edge.method.ivf_index import IvfIndex
 
-    spots = [(uindex.Index, "search", "graph search"), (ann_index.AnnIndex, "candidates", "candidates"),
-             (IvfIndex, "candidates", "candidates (inverted file)"),
-             (MemoryBank, "prepare_key", "prepare key"), (plan_mod, "knn_prototypes", "vote"),
+    spots = [(uindex.Index, "search", "graph search"), (ann_index.AnnIndex, "scored_top", "candidates (graph)"),
+             (IvfIndex, "scored_top", "candidates (inverted file)"),
+             (MemoryBank, "prepare_query", "prepare key"), (plan_mod, "knn_prototypes", "vote"),
              (plan_mod, "_relevance", "relevance gate")]
     times: dict[str, list] = {label: [] for *_, label in spots}
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in spots]
@@ -493,7 +497,7 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
     gc.collect()
     m, warm = open_memory(eng, path, prompts[0])
     states = ",".join(f.state for f in fronts(m))
-    apply_overrides(m, args.ef)
+    apply_overrides(m, args.ef, args.nprobe)
     if preset == "default":
         k = m.preset.k_anchors
         count = ann_index.search_params("bits", rows[0], k)[0]
@@ -616,6 +620,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="also time the steps of Miita.plan over this many "
                     "plans, each after a prompt pass (default preset, graph path)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--nprobe", type=int, default=None, help="override the inverted file's probed lists (default: "
+                    "as many as hold ivf_index.SCAN_ROWS rows; all lists make a run that misses its time target)")
     ap.add_argument("--ef", type=int, default=None, help="override the graph's search breadth (default: the "
                     "candidate count)")
     ap.add_argument("--candidates", type=int, default=None, help="override the candidate count (ann_index.SEARCH)")

@@ -323,7 +323,7 @@ py::array_t<int32_t> hamming_nearest(const u8_rows & rows, const u8_rows & cents
 }
 
 py::array_t<int64_t> masked_hamming_top(const u8_rows & rows, const i64_in & starts, const i64_in & ends,
-                                         const u8_rows & q, const u8_rows & mask, int64_t k) {
+                                         const u8_rows & q, const u8_rows & mask, int64_t k, int n_threads) {
     if (rows.ndim() != 2) throw std::invalid_argument("rows must be (n, B) uint8");
     const int64_t B = rows.shape(1), n = rows.shape(0);
     if (q.size() != B || mask.size() != B) throw std::invalid_argument("q and mask must have B bytes");
@@ -337,11 +337,125 @@ py::array_t<int64_t> masked_hamming_top(const u8_rows & rows, const i64_in & sta
     {
         py::gil_scoped_release nogil;
         m = miita_masked_hamming_top(rows.data(), B, starts.data(), ends.data(), starts.size(), q.data(), mask.data(),
-                                     k, out.mutable_data());
+                                     k, out.mutable_data(), n_threads);
     }
     if (m < 0) check(-1);
     return py::array_t<int64_t>(m, out.data());
 }
+
+py::array_t<int64_t> range_min_hamming(const u8_rows & rows, const i64_in & starts, const i64_in & ends,
+                                       const u8_rows & q) {
+    if (rows.ndim() != 2) throw std::invalid_argument("rows must be (n, B) uint8");
+    const int64_t B = rows.shape(1), n = rows.shape(0);
+    if (q.size() != B) throw std::invalid_argument("q must have B bytes");
+    if (starts.size() != ends.size()) throw std::invalid_argument("starts and ends must have the same length");
+    for (int64_t i = 0; i < starts.size(); ++i)
+        if (starts.data()[i] < 0 || ends.data()[i] > n || ends.data()[i] < starts.data()[i])
+            throw std::invalid_argument("a range lies outside rows");
+    py::array_t<int64_t> out(starts.size());
+    check(miita_range_min_hamming(rows.data(), B, starts.data(), ends.data(), starts.size(), q.data(),
+                                  out.mutable_data()));
+    return out;
+}
+
+py::array_t<float> prepare_query(const f32_in & key, int64_t parts, const py::object & mean, const py::object & order,
+                                 int64_t key_dim, const py::object & rows) {
+    if (key.ndim() != 1 || parts <= 0 || key.size() % parts != 0)
+        throw std::invalid_argument("key must be 1-D float32 of parts blocks");
+    const int64_t full = key.size();
+    f32_in m;
+    i64_in o;
+    if (!mean.is_none()) {
+        m = mean.cast<f32_in>();
+        if (m.size() != full) throw std::invalid_argument("mean must have the key's length");
+    }
+    if (!order.is_none()) {
+        o = order.cast<i64_in>();
+        if (o.size() != full) throw std::invalid_argument("order must have the key's length");
+    }
+    if (key_dim <= 0 || key_dim > full) throw std::invalid_argument("key_dim must be in 1..len(key)");
+    std::vector<float> r;
+    if (!rows.is_none()) {  // key_pooling.key_mean's divisors: 0 counts as 1; one count for every block
+        const auto c = rows.cast<i64_in>();
+        if (c.size() != parts && c.size() != 1) throw std::invalid_argument("rows must hold one count per block, or one");
+        for (int64_t p = 0; p < parts; ++p) r.push_back((float) std::max<int64_t>(1, c.data()[c.size() == 1 ? 0 : p]));
+    }
+    py::array_t<float> out(key_dim);
+    check(miita_prepare_query(key.data(), rows.is_none() ? nullptr : r.data(), parts, full / parts,
+                              mean.is_none() ? nullptr : m.data(),
+                              order.is_none() ? nullptr : o.data(), key_dim, out.mutable_data()));
+    return out;
+}
+
+py::tuple sign_code(const f32_in & q) {
+    if (q.ndim() != 1 || q.size() == 0) throw std::invalid_argument("q must be a non-empty 1-D float32 array");
+    const int64_t nb = (q.size() + 7) / 8;
+    py::array_t<uint8_t> code(nb), mask(nb);
+    check(miita_sign_code(q.data(), q.size(), code.mutable_data(), mask.mutable_data()));
+    return py::make_tuple(code, mask);
+}
+
+using i32_in = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+// An inverted file's arrays, checked once and kept alive, with the miita_ivf view the kernel reads:
+// a search passes only the query (converting and checking ten arrays on every call cost more than
+// the probe's own bookkeeping right after a prompt pass).
+class IvfSearch {
+public:
+    IvfSearch(u8_rows cent, i64_in starts, u8_rows lists, i64_in order, i32_in twin_group, i32_in twin_count,
+              i64_in group_start, i64_in members)
+        : cent_(std::move(cent)), lists_(std::move(lists)), starts_(std::move(starts)), order_(std::move(order)),
+          group_start_(std::move(group_start)), members_(std::move(members)), twin_group_(std::move(twin_group)),
+          twin_count_(std::move(twin_count)) {
+        if (cent_.ndim() != 2 || lists_.ndim() != 2 || cent_.shape(1) != lists_.shape(1) || cent_.shape(1) == 0)
+            throw std::invalid_argument("cent and lists must be (m, B) and (n, B) uint8");
+        const int64_t nlist = cent_.shape(0), n = lists_.shape(0);
+        const int64_t * st = starts_.data();
+        if (starts_.size() != nlist + 1 || st[0] != 0 || st[nlist] != n)
+            throw std::invalid_argument("starts must bound the lists: nlist + 1 values from 0 to len(lists)");
+        for (int64_t i = 0; i < nlist; ++i)
+            if (st[i + 1] < st[i]) throw std::invalid_argument("starts must not decrease");
+        if (order_.size() != n || twin_group_.size() != n || twin_count_.size() != n)
+            throw std::invalid_argument("order, twin_group and twin_count need one value per listed row");
+        const int64_t n_groups = std::max<int64_t>(0, group_start_.size() - 1);
+        for (int64_t i = 0; i < n; ++i) {
+            const int32_t g = twin_group_.data()[i];
+            const int32_t c = twin_count_.data()[i];
+            if (g >= 0 && (g >= n_groups || c < 0 || group_start_.data()[g] < 0 ||
+                           group_start_.data()[g] + c > members_.size()))
+                throw std::invalid_argument("a twin group lies outside members");
+        }
+        ivf_ = miita_ivf{cent_.data(), nlist, st, lists_.data(), order_.data(), lists_.shape(1), twin_group_.data(),
+                         twin_count_.data(), group_start_.data(), n_groups, members_.data(), members_.size()};
+    }
+
+    py::tuple search(const f32_in & q, double root, int64_t nprobe, int64_t count, int64_t k, int n_threads) const {
+        if (q.ndim() != 1 || (q.size() + 7) / 8 != ivf_.nbytes)
+            throw std::invalid_argument("q must have one float per key bit");
+        int64_t cap = std::max<int64_t>(4 * k, 16), m;
+        std::vector<int64_t> rows;
+        std::vector<double> scores;
+        for (;;) {
+            rows.resize((size_t) cap);
+            scores.resize((size_t) cap);
+            {
+                py::gil_scoped_release nogil;
+                m = miita_ivf_search(&ivf_, q.data(), q.size(), root, nprobe, count, k, n_threads, rows.data(),
+                                     scores.data(), cap);
+            }
+            if (m < 0) check(-1);
+            if (m <= cap) break;
+            cap = m;  // rare: many ties or large twin groups at the k-th score
+        }
+        return py::make_tuple(py::array_t<int64_t>(m, rows.data()), py::array_t<double>(m, scores.data()));
+    }
+
+private:
+    u8_rows cent_, lists_;
+    i64_in starts_, order_, group_start_, members_;
+    i32_in twin_group_, twin_count_;
+    miita_ivf ivf_{};
+};
 
 py::array_t<int32_t> top_k(const f32_in & x, int64_t k) {
     if (x.ndim() != 1) throw std::invalid_argument("x must be 1-D float32");
@@ -371,9 +485,25 @@ PYBIND11_MODULE(_native, m) {
     m.def("hamming_nearest", &hamming_nearest, py::arg("rows"), py::arg("cents"), py::arg("n_threads") = 0,
           "For each packed row, the index of the nearest packed centroid by Hamming distance (ties: lower).");
     m.def("masked_hamming_top", &masked_hamming_top, py::arg("rows"), py::arg("starts"), py::arg("ends"),
-          py::arg("q"), py::arg("mask"), py::arg("k"),
+          py::arg("q"), py::arg("mask"), py::arg("k"), py::arg("n_threads") = 1,
           "The k rows of the ranges [starts[i], ends[i]) nearest to q by popcount((row ^ q) & mask), "
           "in (distance, row) order.");
+    m.def("range_min_hamming", &range_min_hamming, py::arg("rows"), py::arg("starts"), py::arg("ends"), py::arg("q"),
+          "For each range [starts[i], ends[i]) of packed rows, the smallest Hamming distance to q (-1: empty).");
+    m.def("prepare_query", &prepare_query, py::arg("key"), py::arg("parts"), py::arg("mean"), py::arg("order"),
+          py::arg("key_dim"), py::arg("rows") = py::none(),
+          "A raw pooled key (rows: each block's row count, still to divide by) centred (mean), each of its parts blocks at unit norm, gathered by order, "
+          "cut to key_dim and at unit norm: MemoryBank.prepare_key in one call (float32).");
+    m.def("sign_code", &sign_code, py::arg("q"),
+          "(packed q >= 0, packed |q| >= median |q|): the recall fronts' code of a query.");
+    py::class_<IvfSearch>(m, "IvfSearch",
+                          "An inverted file's arrays, checked once, for miita_ivf_search (method/ivf_index.py).")
+        .def(py::init<u8_rows, i64_in, u8_rows, i64_in, i32_in, i32_in, i64_in, i64_in>(), py::arg("cent"),
+             py::arg("starts"), py::arg("lists"), py::arg("order"), py::arg("twin_group"), py::arg("twin_count"),
+             py::arg("group_start"), py::arg("members"))
+        .def("search", &IvfSearch::search, py::arg("q"), py::arg("root"), py::arg("nprobe"), py::arg("count"),
+             py::arg("k"), py::arg("n_threads") = 1,
+             "Probe, exact re-score and top-k cut with twins in one call: (rows ascending, scores).");
     m.def("top_k", &top_k, py::arg("x"), py::arg("k"),
           "Indices of the k largest values, by value descending then index ascending (int32).");
     m.def("i8_recall_pair", &i8_recall_pair, py::arg("rows_a"), py::arg("scales_a"), py::arg("errs_a"),

@@ -174,8 +174,9 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
 
 /* Dot products of one float query with sign vectors stored as packed bits
  * (np.packbits order: bit 7 of byte 0 is dimension 0): out[a] = sum_i q_i * s_{a,i},
- * s = +1 for a set bit, -1 otherwise. A per-byte lookup table makes it 1 add per
- * 8 dimensions, reading n * ceil(H/8) bytes instead of n * H floats. */
+ * s = +1 for a set bit, -1 otherwise. Tables of per-nibble sums make it 1-2 adds per
+ * 8 dimensions, reading n * ceil(H/8) bytes instead of n * H floats; the sum order is fixed, so
+ * a row's score is bitwise the same whatever n is (and in miita_ivf_search). */
 int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out);
 
 /* For each of n packed rows (nbytes each), the index of the nearest of m packed centroids by
@@ -187,9 +188,66 @@ int miita_hamming_nearest(const uint8_t * rows, int64_t n, const uint8_t * cents
 /* The k rows nearest to the packed query q among the rows of [starts[i], ends[i]) (i < n_ranges),
  * by the Hamming distance restricted to the set bits of mask: popcount((row ^ q) & mask). Writes
  * the row numbers to out in (distance, row) order, min(k, rows in the ranges) of them, and
- * returns that count (-1 on bad arguments). The probe of an inverted file's lists. */
+ * returns that count (-1 on bad arguments). The probe of an inverted file's lists. The distance
+ * pass runs on up to n_threads threads (one per 2,048 rows at most); the result does not depend
+ * on it. */
 int64_t miita_masked_hamming_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
-                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out);
+                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out,
+                                 int n_threads);
+
+/* For each range [starts[i], ends[i]) of packed rows (nbytes each), the smallest Hamming distance
+ * of its rows to the packed q (-1 for an empty range): the relevance gate's nearest anchor of each
+ * retrieved prototype, whose sign cosine is (K - 2 d) / K. Returns 0, -1 on bad arguments. */
+int miita_range_min_hamming(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
+                            int64_t n_ranges, const uint8_t * q, int64_t * out);
+
+/* A raw pooled key (parts blocks of n_embd floats; rows != NULL: block p still to be divided by
+ * rows[p], in float32, as key_pooling.key_mean divides the callback's sums) as a 1-bit memory
+ * compares it: minus mean (NULL: none; in float32, so signs and zeros are those of numpy's
+ * subtraction), each block at unit
+ * norm when parts > 1, coordinates gathered by order (NULL: as they are), the first key_dim kept,
+ * the whole at unit norm (norms in double). MemoryBank.prepare_key's arithmetic in one call: right
+ * after a prompt pass its eight numpy steps cost ~0.1 ms of a retrieval budget of ~0.6 ms. */
+int miita_prepare_query(const float * key, const float * rows, int64_t parts, int64_t n_embd, const float * mean,
+                        const int64_t * order, int64_t key_dim, float * out);
+
+/* The recall fronts' code of a float query of n coordinates, np.packbits order: code bit i is
+ * q_i >= 0, mask bit i is |q_i| >= the median of |q| (the mean of the two middle values for an even
+ * n, in float32), i.e. index_files.strong_half. ceil(n/8) bytes each. */
+int miita_sign_code(const float * q, int64_t n, uint8_t * code, uint8_t * mask);
+
+/* An inverted file over packed 1-bit rows (method/ivf_index.py), as the Python side holds it:
+ * nlist centroids (nlist x nbytes), list bounds starts (nlist + 1), the distinct rows in list
+ * order (lists, starts[nlist] x nbytes) with their row ids (order), and for each list position the
+ * group of rows identical to it (twin_group, -1: none) and how many they are (twin_count); a
+ * group g's rows are members[group_start[g] .. group_start[g] + twin_count). */
+typedef struct miita_ivf {
+    const uint8_t * cent;
+    int64_t nlist;
+    const int64_t * starts;
+    const uint8_t * lists;
+    const int64_t * order;
+    int64_t nbytes;
+    const int32_t * twin_group;
+    const int32_t * twin_count;
+    const int64_t * group_start;  /* n_groups + 1 values */
+    int64_t n_groups;
+    const int64_t * members;      /* n_members values */
+    int64_t n_members;
+} miita_ivf;
+
+/* Retrieval's recall through the inverted file in one call (the default preset's vote, issue 15):
+ * codes the float query q (key_dim coordinates, unit) as miita_sign_code does, takes the nprobe
+ * nearest centroids and the count nearest distinct rows of their lists (miita_masked_hamming_top,
+ * the list pass on up to n_threads threads), scores those exactly as miita_bit_scores does (the
+ * same table and sum, so bitwise the exact scan's score) divided by root, and keeps every row,
+ * twins included, whose score reaches the k-th best of that set with twins counted. Writes up to
+ * cap of them by row ascending (rows, scores) and returns how many there are (more than cap: call
+ * again with room), -1 on bad arguments (a twin group the kernel reads is checked against
+ * n_groups and n_members; the rest of the arrays are trusted as their shapes say). Each of these steps from Python cost ~5-30 microseconds
+ * right after a prompt pass, when the caches hold the model, not the interpreter. */
+int64_t miita_ivf_search(const miita_ivf * ivf, const float * q, int64_t key_dim, double root, int64_t nprobe,
+                         int64_t count, int64_t k, int n_threads, int64_t * out_rows, double * out_scores, int64_t cap);
 
 /* The indices of the k largest of n floats, ordered by value descending then index ascending
  * (the first k of a stable descending sort). Fails (-1, "values contain NaN") when any of the n

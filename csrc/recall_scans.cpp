@@ -12,6 +12,76 @@ inline uint64_t load_u64(const uint8_t * p) {
     return v;
 }
 
+// Per byte of the packed rows, the sum of +-q over each of its two nibbles' 4 dimensions (16
+// values a nibble): 32 floats a byte, 20 KB for 1,280 bits. A byte's score is the sum of its two
+// nibbles' entries, always added in that order, and a row's score four running sums of those
+// (bytes b = 0, 1, 2, 3 mod 4, so consecutive adds do not wait on each other): every caller
+// (full scan, re-score, the inverted file's search) gets bitwise the same score for the same
+// row. A full table of 256 byte values (160 KB for 1,280 bits) was faster per row, but building
+// it, and the allocation itself (past malloc's mmap threshold: 40 fresh pages a call), cost more
+// than the few hundred rows a re-score reads right after a prompt pass; the full scan still
+// builds it (bit_byte_lut), from these same nibble sums.
+struct BitNibbles {
+    std::vector<float> t;  // (nb, 2, 16)
+    int64_t nb;
+};
+
+BitNibbles bit_nibbles(const float * q, int64_t H) {
+    const int64_t nb = (H + 7) / 8;
+    BitNibbles out{std::vector<float>((size_t) (nb * 32)), nb};
+    for (int64_t b = 0; b < nb; ++b)
+        for (int h = 0; h < 2; ++h)
+            for (int v = 0; v < 16; ++v) {
+                float acc = 0.0f;
+                for (int j = 0; j < 4; ++j) {
+                    const int64_t dim = 8 * b + 4 * h + j;
+                    if (dim >= H) break;
+                    acc += ((v >> (3 - j)) & 1) ? q[dim] : -q[dim];
+                }
+                out.t[(size_t) (b * 32 + h * 16 + v)] = acc;
+            }
+    return out;
+}
+
+inline float nib(const float * t, int64_t b, uint8_t v) { return t[b * 32 + (v >> 4)] + t[b * 32 + 16 + (v & 15)]; }
+
+// q . s for one packed row through the nibble sums.
+inline float bit_row_score(const BitNibbles & n, const uint8_t * row) {
+    const float * t = n.t.data();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t b = 0;
+    for (; b + 4 <= n.nb; b += 4) {
+        acc[0] += nib(t, b, row[b]);
+        acc[1] += nib(t, b + 1, row[b + 1]);
+        acc[2] += nib(t, b + 2, row[b + 2]);
+        acc[3] += nib(t, b + 3, row[b + 3]);
+    }
+    for (; b < n.nb; ++b) acc[b & 3] += nib(t, b, row[b]);
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+// The same score through a table of every byte value (entry = the two nibble sums added, the
+// same float add): one load a byte instead of two and an add, for scans of many rows.
+std::vector<float> bit_byte_lut(const BitNibbles & n) {
+    std::vector<float> lut((size_t) (n.nb * 256));
+    for (int64_t b = 0; b < n.nb; ++b)
+        for (int v = 0; v < 256; ++v) lut[(size_t) (b * 256 + v)] = nib(n.t.data(), b, (uint8_t) v);
+    return lut;
+}
+
+inline float bit_row_score_lut(const float * lut, const uint8_t * row, int64_t nb) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        acc[0] += lut[b * 256 + row[b]];
+        acc[1] += lut[(b + 1) * 256 + row[b + 1]];
+        acc[2] += lut[(b + 2) * 256 + row[b + 2]];
+        acc[3] += lut[(b + 3) * 256 + row[b + 3]];
+    }
+    for (; b < nb; ++b) acc[b & 3] += lut[b * 256 + row[b]];
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
 // Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
 // scan goes to the pool whose workers are still spinning from llama.cpp's last parallel region,
 // one thread per 512 KiB of rows. Without OpenMP a std::thread of ours would compete with those
@@ -199,49 +269,74 @@ int64_t i8_recall_scan(const int8_t * rows, const float * scales, const float * 
     return m;
 }
 
+// The k rows of the ranges nearest to q by popcount((row ^ q) & mask), in (distance, row)
+// order (miita_masked_hamming_top without the argument checks).
+int64_t masked_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
+                   int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out,
+                   int n_threads) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < n_ranges; ++i) total += ends[i] - starts[i];
+    const int64_t nw = nbytes / 8;
+    const int64_t max_d = 8 * nbytes;
+    std::vector<uint16_t> dist((size_t) total);
+    std::vector<int64_t> first((size_t) n_ranges + 1, 0);  // where each range's distances go in dist
+    for (int64_t i = 0; i < n_ranges; ++i) first[(size_t) i + 1] = first[(size_t) i] + ends[i] - starts[i];
+    // The distance pass reads every row of the ranges (1.3 MB at 100,000 prototypes, from memory a
+    // prompt pass has just evicted): split by ranges over n_threads; each thread writes its own
+    // slots of dist, so the result does not depend on the split.
+    const int nt = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, total / 2048));
+    parallel_for(nt, n_ranges, [&](int, int64_t ib, int64_t ie) {
+        for (int64_t i = ib; i < ie; ++i) {
+            int64_t at = first[(size_t) i];
+            for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
+                const uint8_t * r = rows + a * nbytes;
+                int64_t d = 0;
+                for (int64_t w = 0; w < nw; ++w)
+                    d += __builtin_popcountll((load_u64(r + 8 * w) ^ load_u64(q + 8 * w)) & load_u64(mask + 8 * w));
+                for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) ((r[j] ^ q[j]) & mask[j]));
+                dist[(size_t) at] = (uint16_t) d;
+            }
+        }
+    });
+    std::vector<uint32_t> hist((size_t) max_d + 1, 0);
+    for (const uint16_t d : dist) ++hist[d];
+    int64_t at = 0;
+    const int64_t want = std::min(k, total);
+    if (want == 0) return 0;
+    // the distance below which every row is kept, and how many rows at exactly that distance fit
+    int64_t cut = 0, below = 0;
+    while (below + (int64_t) hist[(size_t) cut] < want) below += hist[(size_t) cut++];
+    int64_t room_at_cut = want - below;
+    // rows in (distance, row) order: those below the cut, then the lowest-numbered rows at the cut
+    std::vector<std::pair<uint32_t, int64_t>> kept;
+    kept.reserve((size_t) want);
+    std::vector<int64_t> at_cut;
+    for (int64_t i = 0; i < n_ranges; ++i)
+        for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
+            const int64_t d = dist[(size_t) at];
+            if (d < cut) kept.emplace_back((uint32_t) d, a);
+            else if (d == cut) at_cut.push_back(a);
+        }
+    std::sort(at_cut.begin(), at_cut.end());
+    for (int64_t i = 0; i < room_at_cut; ++i) kept.emplace_back((uint32_t) cut, at_cut[(size_t) i]);
+    std::sort(kept.begin(), kept.end());
+    for (int64_t i = 0; i < want; ++i) out[i] = kept[(size_t) i].second;
+    return want;
+}
+
 }  // namespace
 
 extern "C" {
 
 int miita_bit_scores(const uint8_t * bits, int64_t n, int64_t H, const float * q, float * out) {
     if (n < 0 || H <= 0 || (n > 0 && (!bits || !q || !out))) return fail("bad bit_scores arguments");
-    const int64_t nb = (H + 7) / 8;
-    // One float per (byte, value): the sum of +-q over that byte's 8 dimensions. Each entry is the
-    // sum of its two nibbles' sums (32 nibble sums + 256 adds per byte instead of 256 x 8 adds):
-    // retrieval calls this for a few hundred candidate rows per query, where building the table
-    // was most of the cost. Every caller (full scan, re-score, gate) sees the same table, so the
-    // same row scores bitwise the same whichever path asks.
-    std::vector<float> lut(nb * 256);
-    for (int64_t b = 0; b < nb; ++b) {
-        float half[2][16];
-        for (int h = 0; h < 2; ++h) {
-            for (int v = 0; v < 16; ++v) {
-                float acc = 0.0f;
-                for (int j = 0; j < 4; ++j) {
-                    const int64_t dim = 8 * b + 4 * h + j;
-                    if (dim >= H) break;
-                    acc += ((v >> (3 - j)) & 1) ? q[dim] : -q[dim];
-                }
-                half[h][v] = acc;
-            }
-        }
-        float * row = lut.data() + b * 256;
-        for (int v = 0; v < 256; ++v) row[v] = half[0][v >> 4] + half[1][v & 15];
+    const BitNibbles nibs = bit_nibbles(q, H);
+    if (n < 1024) {  // a re-score of a few hundred rows: the byte table would cost more than it saves
+        for (int64_t a = 0; a < n; ++a) out[a] = bit_row_score(nibs, bits + a * nibs.nb);
+        return 0;
     }
-    // Four running sums (bytes b = 0, 1, 2, 3 mod 4), so consecutive adds do not wait on each other.
-    for (int64_t a = 0; a < n; ++a) {
-        const uint8_t * row = bits + a * nb;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t b = 0;
-        for (; b + 4 <= nb; b += 4) {
-            acc[0] += lut[b * 256 + row[b]];
-            acc[1] += lut[(b + 1) * 256 + row[b + 1]];
-            acc[2] += lut[(b + 2) * 256 + row[b + 2]];
-            acc[3] += lut[(b + 3) * 256 + row[b + 3]];
-        }
-        for (; b < nb; ++b) acc[b & 3] += lut[b * 256 + row[b]];
-        out[a] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    }
+    const std::vector<float> lut = bit_byte_lut(nibs);
+    for (int64_t a = 0; a < n; ++a) out[a] = bit_row_score_lut(lut.data(), bits + a * nibs.nb, nibs.nb);
     return 0;
 }
 
@@ -330,52 +425,152 @@ int miita_hamming_nearest(const uint8_t * rows, int64_t n, const uint8_t * cents
 }
 
 int64_t miita_masked_hamming_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
-                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out) {
+                                 int64_t n_ranges, const uint8_t * q, const uint8_t * mask, int64_t k, int64_t * out,
+                                 int n_threads) {
     if (nbytes <= 0 || n_ranges < 0 || k < 0 || (n_ranges > 0 && (!rows || !starts || !ends || !q || !mask)) ||
         (k > 0 && !out))
         return fail("bad masked_hamming_top arguments"), -1;
-    int64_t total = 0;
-    for (int64_t i = 0; i < n_ranges; ++i) {
+    for (int64_t i = 0; i < n_ranges; ++i)
         if (ends[i] < starts[i] || starts[i] < 0) return fail("bad masked_hamming_top range"), -1;
-        total += ends[i] - starts[i];
+    return masked_top(rows, nbytes, starts, ends, n_ranges, q, mask, k, out, n_threads);
+}
+
+int miita_prepare_query(const float * key, const float * rows, int64_t parts, int64_t n_embd, const float * mean,
+                        const int64_t * order, int64_t key_dim, float * out) {
+    const int64_t full = parts * n_embd;
+    if (parts <= 0 || n_embd <= 0 || key_dim <= 0 || key_dim > full || !key || !out)
+        return fail("bad prepare_query arguments");
+    if (order)
+        for (int64_t i = 0; i < key_dim; ++i)
+            if (order[i] < 0 || order[i] >= full) return fail("prepare_query: order out of range");
+    // Divided and centred in float32, as numpy divides (key_pooling.key_mean) and subtracts (so
+    // every sign, and a coordinate that is exactly 0, is the one bank.prepare_key gives: signs are
+    // what 1-bit keys store); norms in double.
+    std::vector<float> c((size_t) full);
+    std::vector<double> inv((size_t) parts);
+    for (int64_t p = 0; p < parts; ++p) {
+        double ss = 0.0;
+        const float r = rows ? rows[p] : 1.0f;
+        for (int64_t h = p * n_embd; h < (p + 1) * n_embd; ++h) {
+            const float v = rows ? key[h] / r : key[h];
+            c[(size_t) h] = mean ? v - mean[h] : v;
+            ss += (double) c[(size_t) h] * (double) c[(size_t) h];
+        }
+        inv[(size_t) p] = parts > 1 ? 1.0 / std::max(std::sqrt(ss), 1e-12) : 1.0;
     }
+    std::vector<double> x((size_t) key_dim);
+    double ss = 0.0;
+    for (int64_t i = 0; i < key_dim; ++i) {
+        const int64_t src = order ? order[i] : i;
+        x[(size_t) i] = (double) c[(size_t) src] * inv[(size_t) (src / n_embd)];
+        ss += x[(size_t) i] * x[(size_t) i];
+    }
+    const double n = std::sqrt(ss);
+    for (int64_t i = 0; i < key_dim; ++i) out[i] = n > 0.0 ? (float) (x[(size_t) i] / n) : (float) x[(size_t) i];
+    return 0;
+}
+
+int miita_sign_code(const float * q, int64_t n, uint8_t * code, uint8_t * mask) {
+    if (n <= 0 || !q || !code || !mask) return fail("bad sign_code arguments");
+    // The median of |q| as numpy takes it from one partition: the middle value, or for an even
+    // count the float32 mean of the two middle values.
+    std::vector<float> a((size_t) n);
+    for (int64_t i = 0; i < n; ++i) a[(size_t) i] = std::fabs(q[i]);
+    const int64_t h = n / 2;
+    std::nth_element(a.begin(), a.begin() + h, a.end());
+    float med = a[(size_t) h];
+    if (n % 2 == 0) {
+        const float lo = *std::max_element(a.begin(), a.begin() + h);
+        med = (lo + med) / 2.0f;
+    }
+    const int64_t nb = (n + 7) / 8;
+    std::fill(code, code + nb, (uint8_t) 0);
+    std::fill(mask, mask + nb, (uint8_t) 0);
+    for (int64_t i = 0; i < n; ++i) {
+        const uint8_t bit = (uint8_t) (0x80u >> (i & 7));
+        if (q[i] >= 0.0f) code[i >> 3] |= bit;
+        if (std::fabs(q[i]) >= med) mask[i >> 3] |= bit;
+    }
+    return 0;
+}
+int64_t miita_ivf_search(const miita_ivf * ivf, const float * q, int64_t key_dim, double root, int64_t nprobe,
+                         int64_t count, int64_t k, int n_threads, int64_t * out_rows, double * out_scores, int64_t cap) {
+    if (!ivf || !q || key_dim <= 0 || ivf->nbytes != (key_dim + 7) / 8 || ivf->nlist < 0 || nprobe < 0 ||
+        count < 0 || k < 0 || cap < 0 || !(root > 0.0) || (cap > 0 && (!out_rows || !out_scores)) ||
+        (ivf->nlist > 0 && (!ivf->cent || !ivf->starts || !ivf->lists || !ivf->order || !ivf->twin_group ||
+                            !ivf->twin_count)))
+        return fail("bad ivf_search arguments"), -1;
+    const int64_t nb = ivf->nbytes;
+    if (ivf->nlist == 0 || ivf->starts[ivf->nlist] == 0 || k == 0 || count == 0) return 0;
+    // 1. the query's code (miita_sign_code), 2. the nearest lists, 3. their nearest rows, as
+    // index_files/ivf_index do it in Python with the two kernels above
+    std::vector<uint8_t> code((size_t) nb), mask((size_t) nb);
+    miita_sign_code(q, key_dim, code.data(), mask.data());
+    const int64_t zero = 0, np_ = std::min(nprobe, ivf->nlist);
+    std::vector<int64_t> best((size_t) np_);
+    const int64_t nbest = masked_top(ivf->cent, nb, &zero, &ivf->nlist, 1, code.data(), mask.data(), np_, best.data(), 1);
+    std::vector<int64_t> lo((size_t) nbest), hi((size_t) nbest);
+    for (int64_t i = 0; i < nbest; ++i) {
+        lo[(size_t) i] = ivf->starts[best[(size_t) i]];
+        hi[(size_t) i] = ivf->starts[best[(size_t) i] + 1];
+    }
+    std::vector<int64_t> pos((size_t) count);
+    const int64_t m = masked_top(ivf->lists, nb, lo.data(), hi.data(), nbest, code.data(), mask.data(), count,
+                                 pos.data(), n_threads);
+    // 4. exact scores of the distinct rows, by miita_bit_scores' table and sum (bitwise the exact
+    // scan's), read from the lists just scanned (the same bytes as the memory's rows)
+    const BitNibbles nibs = bit_nibbles(q, key_dim);
+    std::vector<double> sc((size_t) m);
+    for (int64_t i = 0; i < m; ++i) sc[(size_t) i] = (double) bit_row_score(nibs, ivf->lists + pos[(size_t) i] * nb) / root;
+    // 5. the k-th best score of the set with every twin counted (a twin scores as its row), and
+    // every row at or above it, twins included, by row ascending (DuplicateGroups.top_rows)
+    std::vector<int64_t> by((size_t) m);
+    for (int64_t i = 0; i < m; ++i) by[(size_t) i] = i;
+    std::stable_sort(by.begin(), by.end(), [&](int64_t a, int64_t b) { return sc[(size_t) a] > sc[(size_t) b]; });
+    int64_t reach = 0, at = 0;
+    for (; at < m; ++at) {
+        reach += 1 + ivf->twin_count[pos[(size_t) by[(size_t) at]]];
+        if (reach >= k) break;
+    }
+    const double kth = sc[(size_t) by[(size_t) std::min(at, m - 1)]];
+    std::vector<std::pair<int64_t, double>> rows;
+    for (int64_t i = 0; i < m; ++i) {
+        if (!(sc[(size_t) i] >= kth)) continue;
+        const int64_t p = pos[(size_t) i];
+        rows.emplace_back(ivf->order[p], sc[(size_t) i]);
+        const int32_t g = ivf->twin_group[p];
+        if (g >= 0 && (g >= ivf->n_groups || ivf->twin_count[p] < 0 ||
+                       ivf->group_start[g] < 0 || ivf->group_start[g] + ivf->twin_count[p] > ivf->n_members))
+            return fail("ivf_search: a twin group lies outside members"), -1;
+        if (g >= 0)
+            for (int64_t j = 0; j < ivf->twin_count[p]; ++j)
+                rows.emplace_back(ivf->members[ivf->group_start[g] + j], sc[(size_t) i]);
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto & a, const auto & b) { return a.first < b.first; });
+    const int64_t n_out = (int64_t) rows.size();
+    for (int64_t i = 0; i < std::min(n_out, cap); ++i) {
+        out_rows[i] = rows[(size_t) i].first;
+        out_scores[i] = rows[(size_t) i].second;
+    }
+    return n_out;
+}
+int miita_range_min_hamming(const uint8_t * rows, int64_t nbytes, const int64_t * starts, const int64_t * ends,
+                            int64_t n_ranges, const uint8_t * q, int64_t * out) {
+    if (nbytes <= 0 || n_ranges < 0 || (n_ranges > 0 && (!rows || !starts || !ends || !q || !out)))
+        return fail("bad range_min_hamming arguments");
     const int64_t nw = nbytes / 8;
-    const int64_t max_d = 8 * nbytes;
-    std::vector<uint16_t> dist((size_t) total);
-    std::vector<uint32_t> hist((size_t) max_d + 1, 0);
-    int64_t at = 0;
     for (int64_t i = 0; i < n_ranges; ++i) {
-        for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
+        if (ends[i] < starts[i] || starts[i] < 0) return fail("bad range_min_hamming range");
+        int64_t best = -1;
+        for (int64_t a = starts[i]; a < ends[i]; ++a) {
             const uint8_t * r = rows + a * nbytes;
             int64_t d = 0;
-            for (int64_t w = 0; w < nw; ++w)
-                d += __builtin_popcountll((load_u64(r + 8 * w) ^ load_u64(q + 8 * w)) & load_u64(mask + 8 * w));
-            for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) ((r[j] ^ q[j]) & mask[j]));
-            dist[(size_t) at] = (uint16_t) d;
-            ++hist[(size_t) d];
+            for (int64_t w = 0; w < nw; ++w) d += __builtin_popcountll(load_u64(r + 8 * w) ^ load_u64(q + 8 * w));
+            for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) (r[j] ^ q[j]));
+            if (best < 0 || d < best) best = d;
         }
+        out[i] = best;
     }
-    const int64_t want = std::min(k, total);
-    if (want == 0) return 0;
-    // the distance below which every row is kept, and how many rows at exactly that distance fit
-    int64_t cut = 0, below = 0;
-    while (below + (int64_t) hist[(size_t) cut] < want) below += hist[(size_t) cut++];
-    int64_t room_at_cut = want - below;
-    // rows in (distance, row) order: those below the cut, then the lowest-numbered rows at the cut
-    std::vector<std::pair<uint32_t, int64_t>> kept;
-    kept.reserve((size_t) want);
-    at = 0;
-    std::vector<int64_t> at_cut;
-    for (int64_t i = 0; i < n_ranges; ++i)
-        for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
-            const int64_t d = dist[(size_t) at];
-            if (d < cut) kept.emplace_back((uint32_t) d, a);
-            else if (d == cut) at_cut.push_back(a);
-        }
-    std::sort(at_cut.begin(), at_cut.end());
-    for (int64_t i = 0; i < room_at_cut; ++i) kept.emplace_back((uint32_t) cut, at_cut[(size_t) i]);
-    std::sort(kept.begin(), kept.end());
-    for (int64_t i = 0; i < want; ++i) out[i] = kept[(size_t) i].second;
-    return want;
+    return 0;
 }
 }  // extern "C"

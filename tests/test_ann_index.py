@@ -153,7 +153,7 @@ def test_below_the_threshold_the_exact_scan_is_untouched(monkeypatch):
     from miita_edge.method.steering import knn_prototypes
 
     for q in queries(C, 5, 0.6, 7):
-        u = (q / np.linalg.norm(q)).astype(np.float32)
+        u = bank.prepare_query(q)  # the query as retrieval reads it (tests/test_native_types.py checks it)
         ref = knn_prototypes(q, None, index.owner, 8, default_preset().retrieval.T_agg, unit_anchors=True,
                              scores=_native.bit_scores(index.packed, u) / np.sqrt(H))
         for x, y in zip(plan(index, bank, q), (ref[0], ref[2], ref[1])):  # plan: ids, scores, weights

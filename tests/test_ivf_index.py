@@ -93,6 +93,87 @@ def test_default_parameters_keep_the_exact_top_8_on_clustered_keys():
     assert np.mean(found) >= 0.99, np.mean(found)
 
 
+def _twinned_rows(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rows, C = sign_rows(6000, 40, 0.12, seed)
+    rows[5000:5600] = rows[:600]  # twins, as a one-anchor prototype's centroid is its anchor
+    rows[5600:5700] = rows[3]  # and one large group of identical rows
+    return rows, C
+
+
+@pytest.mark.parametrize("k", [1, 8, 40, 300])
+def test_native_search_equals_its_python_steps_and_a_brute_force_cut(k):
+    """``scored_top`` (one native call) against ``scored_top_steps`` (probe, bit_scores, top_rows in
+    Python) bitwise, and against a brute-force cut of every proposed row, twins included: the rows
+    scoring at least the k-th best, by row; the scores against a dense float64 dot."""
+    from miita_edge import _native
+
+    rows, C = _twinned_rows(12)
+    ivf = IvfIndex.build(rows)
+    root = float(np.sqrt(8 * B))
+    S = np.where(np.unpackbits(rows, axis=1) > 0, 1.0, -1.0)
+    rng = np.random.default_rng(13)
+    queries = [(C[c] + 0.7 * rng.standard_normal(C.shape[1])).astype(np.float32) for c in rng.integers(0, 40, 8)]
+    queries.append(np.where(np.unpackbits(rows[3]) > 0, 1.0, -1.0).astype(np.float32))  # the large group on top
+    for q in queries:
+        q = q / np.linalg.norm(q)
+        got = ivf.scored_top(q, k, rows, root)
+        for x, y in zip(got, ivf.scored_top_steps(q, k, rows, root)):
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(ivf.scored_top(q, k, rows, root, threads=2)[0], got[0])
+        cand = ivf.propose(q, k)
+        s = _native.bit_scores(rows[cand], q).astype(np.float64) / root
+        kth = np.sort(s)[::-1][min(k, len(s)) - 1]
+        np.testing.assert_array_equal(got[0], cand[s >= kth])
+        np.testing.assert_array_equal(got[1], s[s >= kth])
+        np.testing.assert_allclose(got[1], S[got[0]] @ q.astype(np.float64) / root, rtol=0, atol=1e-6)
+        assert len(got[0]) >= min(k, len(cand))
+
+
+def test_top_rows_is_the_cut_of_the_expanded_set():
+    """DuplicateGroups.top_rows on random scores with exact ties and groups of twins, against
+    expanding every key and cutting at the k-th best score."""
+    from miita_edge.method.index_files import DuplicateGroups, duplicate_rows
+
+    rng = np.random.default_rng(14)
+    rows = rng.integers(0, 256, (400, 2), dtype=np.uint8)
+    rows[300:] = rows[:100]
+    reps, *dups = duplicate_rows(rows)
+    groups = DuplicateGroups(*dups, n_rows=len(rows))
+    for _ in range(30):
+        keys = rng.choice(reps, 60, replace=False)
+        scores = np.round(rng.random(60), 1)  # many exact ties
+        k = int(rng.integers(1, 100))
+        full = groups.expand(keys)
+        score_of = {int(r): sc for r, sc in zip(keys, scores)}
+        rep_of = {int(m): int(r) for r in keys for m in groups.expand(np.array([r]))}
+        fs = np.array([score_of[rep_of[int(r)]] for r in full])
+        kth = np.sort(fs)[::-1][min(k, len(fs)) - 1]
+        got_rows, got_scores = groups.top_rows(keys, scores, k)
+        np.testing.assert_array_equal(got_rows, full[fs >= kth])
+        np.testing.assert_array_equal(got_scores, fs[fs >= kth])
+        for x, y in zip(groups.top_rows(keys, scores, k, groups.twins(keys)), (got_rows, got_scores)):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_the_native_search_refuses_arrays_that_do_not_fit():
+    from miita_edge import _native
+
+    rows, _ = _twinned_rows(15)
+    ivf = IvfIndex.build(rows)
+    g, n = ivf.list_twins
+    d = ivf.dups
+    args = [ivf.cent, ivf.starts, ivf.lists, ivf.order, g, n, d.start, d.members]
+    _native.IvfSearch(*args)
+    bad = n.copy()
+    bad[np.flatnonzero(g >= 0)[0]] = len(d.members) + 1
+    with pytest.raises(ValueError, match="outside members"):
+        _native.IvfSearch(*args[:5], bad, *args[6:])
+    with pytest.raises(ValueError, match="bound"):
+        _native.IvfSearch(ivf.cent, ivf.starts[:-1], *args[2:])
+    with pytest.raises(ValueError, match="one float per key bit"):
+        _native.IvfSearch(*args).search(np.ones(8 * B + 8, np.float32), 1.0, 4, 16, 8)
+
+
 def test_counts_follow_the_rows():
     assert list_count(100_000) == 1024 and list_count(1_000_000) == 4096 and list_count(10) == 10
     assert probe_count(100_000, 1024) == 84 and probe_count(1_000_000, 4096) == 34
@@ -129,6 +210,7 @@ def test_save_load_round_trip_and_damage(tmp_path):
 def test_empty_and_tiny_memories():
     empty = IvfIndex.build(np.zeros((0, B), np.uint8))
     assert empty.candidates(np.ones(8 * B, np.float32), 10).size == 0
+    assert all(x.size == 0 for x in empty.scored_top(np.ones(8 * B, np.float32), 8, np.zeros((0, B), np.uint8), 1.0))
     rows, C = sign_rows(5, 2, 0.1, 8)
     np.testing.assert_array_equal(IvfIndex.build(rows).candidates(C[0].astype(np.float32), 256), np.arange(5))
     with pytest.raises(ValueError, match="1-bit"):

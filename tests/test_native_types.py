@@ -129,6 +129,107 @@ def test_masked_hamming_top_matches_brute_force(B):
         _native.masked_hamming_top(rows, starts, ends, q[:-1], mask, 4)
 
 
+@pytest.mark.parametrize("B", [160, 13])
+def test_masked_hamming_top_on_two_threads_is_the_one_thread_result(B):
+    """The distance pass splits by ranges over threads (one per 2,048 rows at most): the same rows
+    in the same order whatever the thread count, against dense numpy."""
+    rng = np.random.default_rng(B + 2)
+    rows = rng.integers(0, 256, (12000, B), dtype=np.uint8)
+    rows[5000:5300] = rows[7]  # ties at the cut
+    q, mask = rng.integers(0, 256, B, dtype=np.uint8), rng.integers(0, 256, B, dtype=np.uint8)
+    starts, ends = np.arange(0, 12000, 400)[::-1].copy(), np.arange(300, 12001, 400)[::-1].copy()
+    idx = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+    d = np.unpackbits((rows[idx] ^ q) & mask, axis=1).sum(axis=1)
+    order = idx[np.lexsort((idx, d))]
+    for k in (1, 256, 5000):
+        for threads in (1, 2, 3):
+            np.testing.assert_array_equal(_native.masked_hamming_top(rows, starts, ends, q, mask, k, threads), order[:k])
+
+
+def test_bit_scores_of_a_row_do_not_depend_on_how_many_rows_are_scored():
+    """Few rows are scored through per-nibble sums, many through a per-byte table built from them:
+    a row's score must be bitwise the same either way (the recall front re-scores a few hundred
+    rows, the exact scan all of them, and their selections are compared bitwise)."""
+    rng = np.random.default_rng(11)
+    for H in (1280, 645):
+        rows = rng.integers(0, 256, (3000, (H + 7) // 8), dtype=np.uint8)
+        q = rng.standard_normal(H).astype(np.float32)
+        full = _native.bit_scores(rows, q)
+        for a, b in ((0, 10), (100, 1123), (2990, 3000)):
+            np.testing.assert_array_equal(_native.bit_scores(rows[a:b], q), full[a:b])
+
+
+@pytest.mark.parametrize("n", [1280, 1279, 8, 7, 1])
+def test_sign_code_is_strong_half_packed(n):
+    """The native code of a query equals index_files.strong_half packed (the reference in numpy),
+    with ties at the median, zeros and negative zeros."""
+    from miita_edge.method.index_files import strong_half
+
+    rng = np.random.default_rng(n)
+    for q in (rng.standard_normal(n).astype(np.float32),
+              np.round(rng.standard_normal(n), 1).astype(np.float32),  # many equal magnitudes
+              np.where(rng.random(n) < 0.3, np.float32(-0.0), rng.standard_normal(n)).astype(np.float32)):
+        s, strong = strong_half(q)
+        code, mask = _native.sign_code(q)
+        np.testing.assert_array_equal(code, np.packbits(s))
+        np.testing.assert_array_equal(mask, np.packbits(strong))
+    with pytest.raises(ValueError):
+        _native.sign_code(np.zeros(0, np.float32))
+
+
+@pytest.mark.parametrize("B", [160, 13])
+def test_range_min_hamming_matches_brute_force(B):
+    rng = np.random.default_rng(B + 3)
+    rows = rng.integers(0, 256, (500, B), dtype=np.uint8)
+    q = rng.integers(0, 256, B, dtype=np.uint8)
+    rows[40] = q  # distance 0
+    starts, ends = np.array([30, 0, 200, 450, 7]), np.array([60, 1, 200, 500, 8])
+    d = np.unpackbits(rows ^ q, axis=1).sum(axis=1)
+    want = [d[s:e].min() if e > s else -1 for s, e in zip(starts, ends)]
+    np.testing.assert_array_equal(_native.range_min_hamming(rows, starts, ends, q), want)
+    with pytest.raises(ValueError, match="outside"):
+        _native.range_min_hamming(rows, np.array([0]), np.array([501]), q)
+
+
+@pytest.mark.parametrize("parts,mean,order,key_dim", [(1, False, False, 640), (2, True, True, 1280),
+                                                      (2, True, True, 1000), (3, True, False, 1920)])
+def test_prepare_query_is_prepare_key_as_float32(parts, mean, order, key_dim):
+    """MemoryBank.prepare_query (native) against prepare_key (numpy): equal to float32 rounding,
+    the same sign on every coordinate (what 1-bit keys compare), exactly 0 where prepare_key is;
+    from the callback's sums and row counts it divides as key_pooling.key_mean does."""
+    from miita_edge.memory.bank import MemoryBank
+    from miita_edge.method.presets import default_preset
+    from miita_edge.runtime.key_pooling import key_mean
+
+    H = 640
+    rng = np.random.default_rng(parts * 7 + key_dim)
+    full = parts * H
+    m = rng.standard_normal(full).astype(np.float32) if mean else None
+    o = rng.permutation(full) if order else None
+    bank = MemoryBank(default_preset().bank, H, m, key_parts=parts, key_order=o, key_dim=key_dim)
+    for _ in range(5):
+        raw = rng.standard_normal(full).astype(np.float32) * 3
+        if mean:
+            raw[:50] = bank.key_mean[:50]  # centred to exactly 0
+        ref = bank.prepare_key(raw)
+        got = bank.prepare_query(raw)
+        assert got.dtype == np.float32 and got.shape == (key_dim,)
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-7)
+        np.testing.assert_array_equal(got >= 0, ref >= 0)
+        np.testing.assert_array_equal(got == 0, ref == 0)
+        sums, rows = raw * 7, rng.integers(0, 9, parts)
+        np.testing.assert_array_equal(bank.prepare_query(sums, rows) >= 0, bank.prepare_key(key_mean(sums, rows)) >= 0)
+        np.testing.assert_allclose(bank.prepare_query(sums, rows), bank.prepare_key(key_mean(sums, rows)),
+                                   rtol=0, atol=2e-7)
+        np.testing.assert_allclose(bank.prepare_query(sums, [5]), bank.prepare_key(key_mean(sums, 5)), rtol=0, atol=2e-7)
+    np.testing.assert_array_equal(bank.prepare_query(np.zeros(full, np.float32) if not mean else bank.key_mean.copy()),
+                                  np.zeros(key_dim, np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        bank.prepare_query(np.zeros(full + 1, np.float32))
+    with pytest.raises(ValueError):
+        _native.prepare_query(np.zeros(full, np.float32), parts, m, o, key_dim, np.ones(parts + 1, np.int64))
+
+
 @pytest.mark.parametrize("n,H", [(1, 1), (3, 31), (5, 32), (4097, 64), (9000, 640), (17, 645)])
 def test_i8_scores_match_numpy(n, H):
     """Both SIMD widths, the scalar tail and the two-thread split against float64 numpy."""

@@ -13,6 +13,8 @@
 //   top-k     miita_top_k vs a stable sort, ties included, and its NaN refusal
 //   i8        miita_i8_scores, miita_i8_recall (rows and segments), miita_i8_recall_pair, miita_bit_scores
 //   hamming   miita_hamming_nearest, miita_masked_hamming_top (the inverted file) vs bit-by-bit counts
+//   query     miita_sign_code, miita_range_min_hamming, miita_prepare_query, miita_ivf_search (retrieval's query
+//             side) vs plain references and the kernels the search is made of
 //   callback  a small graph (l_out-0 -> result_norm -> result_output) on the CPU backend: key sum, captured
 //             rows, ungated and gated additions, the logits after the addition, vs scalar references
 //
@@ -398,8 +400,8 @@ void check_i8(Rng & rng) {
 // byte tail, duplicated rows put ties at the cut.
 void check_hamming(Rng & rng) {
     for (int64_t nb : {160, 13}) {
-        const int64_t n = 900, m = 37;
-        std::vector<uint8_t> rows((size_t) (n * nb)), cents((size_t) (m * nb)), q(nb), mask(nb);
+        const int64_t n = 900, m = 37, n_top = 6000;  // top-k ranges over 4,096 rows: two threads
+        std::vector<uint8_t> rows((size_t) (n_top * nb)), cents((size_t) (m * nb)), q(nb), mask(nb);
         for (auto & v : rows) v = (uint8_t) (rng.next() >> 56);
         for (int64_t a = 600; a < 700; ++a) std::copy_n(rows.begin(), nb, rows.begin() + a * nb);
         for (auto & v : cents) v = (uint8_t) (rng.next() >> 56);
@@ -425,21 +427,149 @@ void check_hamming(Rng & rng) {
             ok = near[a] == arg;
         }
         report(("hamming nearest, " + std::to_string(nb) + " B").c_str(), ok, "900 rows, 37 centroids, bit by bit");
-        const int64_t starts[3] = {650, 0, 300}, ends[3] = {800, 120, 300};
+        const int64_t starts[3] = {3650, 0, 300}, ends[3] = {5900, 2120, 300};
         std::vector<std::pair<int, int64_t>> ref;
         for (int i = 0; i < 3; ++i)
             for (int64_t a = starts[i]; a < ends[i]; ++a) ref.emplace_back(dist(rows.data() + a * nb, q.data(), mask.data()), a);
         std::sort(ref.begin(), ref.end());
         bool okt = true;
-        for (int64_t k : {1, 40, 200, 400}) {
-            std::vector<int64_t> out(k);
-            const int64_t got = miita_masked_hamming_top(rows.data(), nb, starts, ends, 3, q.data(), mask.data(), k, out.data());
-            const int64_t want = std::min<int64_t>(k, (int64_t) ref.size());
-            okt = okt && got == want;
-            for (int64_t i = 0; i < want && okt; ++i) okt = out[i] == ref[(size_t) i].second;
-        }
-        report(("masked hamming top-k, " + std::to_string(nb) + " B").c_str(), okt, "3 ranges, k = 1/40/200/400, ties");
+        for (int threads : {1, 2})
+            for (int64_t k : {1, 40, 200, 400, 5000}) {
+                std::vector<int64_t> out(k);
+                const int64_t got = miita_masked_hamming_top(rows.data(), nb, starts, ends, 3, q.data(), mask.data(), k,
+                                                             out.data(), threads);
+                const int64_t want = std::min<int64_t>(k, (int64_t) ref.size());
+                okt = okt && got == want;
+                for (int64_t i = 0; i < want && okt; ++i) okt = out[i] == ref[(size_t) i].second;
+            }
+        report(("masked hamming top-k, " + std::to_string(nb) + " B").c_str(), okt,
+               "3 ranges (4,370 rows), k = 1/40/200/400/5000, ties, 1 and 2 threads");
     }
+}
+
+// The query side of retrieval: miita_sign_code (signs, |q| at or above the median), miita_range_min_hamming,
+// miita_prepare_query (vs double), and miita_ivf_search against the kernels it is made of
+// (miita_masked_hamming_top and miita_bit_scores, checked above) and a plain cut with twins.
+void check_query(Rng & rng) {
+    const int64_t H = 1280, nb = H / 8;
+    std::vector<float> q(H);
+    for (auto & v : q) v = (float) rng.normal();
+    q[5] = 0.0f;
+    q[6] = -0.0f;
+    std::vector<uint8_t> code(nb), mask(nb);
+    bool ok = miita_sign_code(q.data(), H, code.data(), mask.data()) == 0;
+    std::vector<float> a(H);
+    for (int64_t i = 0; i < H; ++i) a[i] = std::fabs(q[i]);
+    std::sort(a.begin(), a.end());
+    const float med = (a[H / 2 - 1] + a[H / 2]) / 2.0f;
+    for (int64_t i = 0; i < H && ok; ++i) {
+        const int bit = 7 - (int) (i & 7);
+        ok = ((code[i >> 3] >> bit) & 1) == (q[i] >= 0.0f) && ((mask[i >> 3] >> bit) & 1) == (std::fabs(q[i]) >= med);
+    }
+    report("sign code", ok, "1280 coordinates, zeros, median of |q|");
+
+    const int64_t n = 3000;
+    std::vector<uint8_t> rows((size_t) (n * nb));
+    for (auto & v : rows) v = (uint8_t) (rng.next() >> 56);
+    for (int64_t r = 2000; r < 2400; ++r) std::copy_n(rows.begin() + (r - 2000) * nb, nb, rows.begin() + r * nb);
+    auto ham = [&](int64_t r, const uint8_t * c) {
+        int d = 0;
+        for (int64_t k = 0; k < nb; ++k) d += __builtin_popcount((unsigned) (rows[r * nb + k] ^ c[k]));
+        return d;
+    };
+    const int64_t rs[3] = {10, 500, 700}, re[3] = {40, 500, 1300};
+    int64_t mins[3];
+    ok = miita_range_min_hamming(rows.data(), nb, rs, re, 3, code.data(), mins) == 0;
+    for (int i = 0; i < 3 && ok; ++i) {
+        int64_t best = -1;
+        for (int64_t r = rs[i]; r < re[i]; ++r) best = best < 0 ? ham(r, code.data()) : std::min<int64_t>(best, ham(r, code.data()));
+        ok = mins[i] == best;
+    }
+    report("range min hamming", ok, "3 ranges, one empty");
+
+    const int64_t parts = 2, E = 640;
+    std::vector<float> raw(parts * E), mean(parts * E), out(1000);
+    std::vector<int64_t> order(parts * E);
+    for (auto & v : raw) v = (float) rng.normal();
+    for (auto & v : mean) v = (float) (0.3 * rng.normal());
+    for (int64_t i = 0; i < parts * E; ++i) order[i] = (i * 397) % (parts * E);
+    const float cnt[2] = {3.0f, 1.0f};
+    ok = miita_prepare_query(raw.data(), cnt, parts, E, mean.data(), order.data(), 1000, out.data()) == 0;
+    std::vector<double> c(parts * E), x(1000);
+    double ss = 0.0;
+    for (int64_t p = 0; p < parts; ++p) {
+        double bs = 0.0;
+        for (int64_t h = p * E; h < (p + 1) * E; ++h) {
+            c[h] = (double) (raw[h] / cnt[p] - mean[h]);
+            bs += c[h] * c[h];
+        }
+        for (int64_t h = p * E; h < (p + 1) * E; ++h) c[h] /= std::sqrt(bs);
+    }
+    for (int64_t i = 0; i < 1000; ++i) ss += (x[i] = c[order[i]]) * c[order[i]];
+    double err = 0.0;
+    for (int64_t i = 0; i < 1000 && ok; ++i) {
+        err = std::max(err, std::fabs(out[i] - x[i] / std::sqrt(ss)));
+        ok = (out[i] >= 0.0f) == (x[i] >= 0.0);
+    }
+    ok = ok && err < 1e-6;
+    report("prepare query", ok, "2 blocks, divided, centred, ordered, cut; max error " + std::to_string(err));
+
+    // an inverted file by hand: 16 lists of 120 rows, the rows 2000-2399 as twins of 0-399
+    const int64_t nlist = 16, per = 120, m = nlist * per;
+    std::vector<uint8_t> cent((size_t) (nlist * nb));
+    for (auto & v : cent) v = (uint8_t) (rng.next() >> 56);
+    std::vector<int64_t> starts(nlist + 1), ord(m), gstart, members;
+    std::vector<int32_t> tg(m, -1), tc(m, 0);
+    std::vector<uint8_t> lists((size_t) (m * nb));
+    for (int64_t i = 0; i <= nlist; ++i) starts[i] = i * per;
+    gstart.push_back(0);
+    for (int64_t p = 0; p < m; ++p) {
+        ord[p] = p < 400 ? p : p + 600;  // listed rows 0-399 and 1000-2519 (2000-2399 are twins, not listed)
+        if (ord[p] >= 2000 && ord[p] < 2400) ord[p] += 400;
+        std::copy_n(rows.begin() + (ord[p] % n) * nb, nb, lists.begin() + p * nb);
+        if (ord[p] < 400) {
+            tg[p] = (int32_t) (gstart.size() - 1);
+            tc[p] = 1;
+            members.push_back(ord[p] + 2000);
+            gstart.push_back((int64_t) members.size());
+        }
+    }
+    for (int64_t p = 0; p < m; ++p) ord[p] %= n;
+    const miita_ivf ivf{cent.data(), nlist, starts.data(), lists.data(), ord.data(), nb, tg.data(), tc.data(),
+                        gstart.data(), (int64_t) gstart.size() - 1, members.data(), (int64_t) members.size()};
+    bool oki = true;
+    for (int64_t k : {1, 8, 60}) {
+        std::vector<int64_t> got_rows(4096);
+        std::vector<double> got_sc(4096);
+        const double root = std::sqrt((double) H);
+        const int64_t got = miita_ivf_search(&ivf, q.data(), H, root, 5, 100, k, 2, got_rows.data(), got_sc.data(), 4096);
+        // the same steps through the checked kernels
+        std::vector<int64_t> best(5), pos(100);
+        const int64_t zero = 0;
+        miita_masked_hamming_top(cent.data(), nb, &zero, &nlist, 1, code.data(), mask.data(), 5, best.data(), 1);
+        std::vector<int64_t> lo(5), hi(5);
+        for (int i = 0; i < 5; ++i) lo[i] = starts[best[i]], hi[i] = starts[best[i] + 1];
+        const int64_t np_ = miita_masked_hamming_top(lists.data(), nb, lo.data(), hi.data(), 5, code.data(), mask.data(), 100, pos.data(), 1);
+        std::vector<float> sc(np_);
+        std::vector<uint8_t> sel((size_t) (np_ * nb));
+        for (int64_t i = 0; i < np_; ++i) std::copy_n(lists.begin() + pos[i] * nb, nb, sel.begin() + i * nb);
+        miita_bit_scores(sel.data(), np_, H, q.data(), sc.data());
+        std::vector<std::pair<double, int64_t>> all;  // (score, row), twins expanded
+        for (int64_t i = 0; i < np_; ++i) {
+            all.emplace_back((double) sc[i] / root, ord[pos[i]]);
+            for (int32_t t = 0; t < tc[pos[i]]; ++t) all.emplace_back((double) sc[i] / root, members[gstart[tg[pos[i]]] + t]);
+        }
+        std::vector<double> desc;
+        for (auto & e : all) desc.push_back(e.first);
+        std::sort(desc.begin(), desc.end(), std::greater<double>());
+        const double kth = desc[std::min<size_t>(k, desc.size()) - 1];
+        std::vector<std::pair<int64_t, double>> want;
+        for (auto & e : all) if (e.first >= kth) want.emplace_back(e.second, e.first);
+        std::sort(want.begin(), want.end());
+        oki = oki && got == (int64_t) want.size();
+        for (int64_t i = 0; i < got && oki; ++i) oki = got_rows[i] == want[i].first && got_sc[i] == want[i].second;
+    }
+    report("ivf search", oki, "16 lists, twins, k = 1/8/60, vs the kernels it is made of");
 }
 
 // A small graph on ggml's CPU backend with the eval callback installed, as llama.cpp runs it.
@@ -572,6 +702,7 @@ int main(int argc, char ** argv) {
     check_top_k(rng);
     check_i8(rng);
     check_hamming(rng);
+    check_query(rng);
     check_callback(rng);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%s: %d failure(s), %.1f s\n", g_failures ? "FAILED" : "passed", g_failures, s);

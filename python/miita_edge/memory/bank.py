@@ -336,6 +336,22 @@ class MemoryBank:
         n = np.linalg.norm(k)
         return k / n if n > 0 else k
 
+    def prepare_query(self, key: np.ndarray, rows=None) -> np.ndarray:
+        """``prepare_key`` for a query, as float32, in one native call: the same centring (float32,
+        so the signs a 1-bit memory compares are those ``prepare_key`` gives), block norms, order
+        and cut, with the norms taken in double (agrees with ``prepare_key`` to float32 rounding).
+        ``rows``: ``key`` is the callback's sums (``QueryState.key_sum``) and ``rows`` each block's
+        row count (``pooled_rows``; one count for all blocks, 0 as 1), divided as
+        ``key_pooling.key_mean`` divides, bitwise.
+        Retrieval calls it once per answer, right after a prompt pass, when each numpy step costs
+        several microseconds of cold caches (issue 15)."""
+        from .. import _native
+
+        k = np.asarray(key, np.float32)
+        if k.shape != (self.n_embd * self.key_parts,):
+            raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
+        return _native.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
+
     def store_key(self, key: np.ndarray) -> np.ndarray:
         """What a prepared key becomes on disk (decoded), shape (1, H)."""
         return codecs.roundtrip(key[None], self.config.key_precision)

@@ -220,11 +220,25 @@ class AnnIndex:
     def candidates(self, q: np.ndarray, count: int, ef: int = 0) -> np.ndarray:
         """Row ids near ``q`` (float, shape (ndim,)): about ``count`` distinct rows and every row
         identical to one of them, as sorted int64; ``ef``: the search breadth (default ``count``)."""
+        return self.dups.expand(self._search(q, count, ef))
+
+    def scored_top(self, q: np.ndarray, k: int, rows: np.ndarray, root: float, threads: int = 1
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows ``propose`` would give, scored exactly (``bit_scores(rows, q) / root``)
+        and cut to the rows a top-``k`` vote can use, twins included (``DuplicateGroups.top_rows``):
+        (rows ascending, scores). Packed 1-bit rows only (the recall front of the vote); the graph
+        searches on one thread whatever ``threads`` is."""
+        from .. import _native
+
+        keys = self._search(q, *search_params(self.kind, self.n_rows, k))
+        scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
+        return self.dups.top_rows(keys, scores, k)
+
+    def _search(self, q: np.ndarray, count: int, ef: int = 0) -> np.ndarray:
         ef = self.ef or max(int(ef), int(count))
         if self.graph.expansion_search != ef:
             self.graph.expansion_search = ef
-        keys = self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
-        return self.dups.expand(keys)
+        return self.graph.search(_query_vector(q, self.kind), int(count), threads=1).keys.astype(np.int64)
 
     # ------------------------------------------------------------------ build / file
     @classmethod

@@ -105,6 +105,51 @@ class DuplicateGroups:
                 keys = np.concatenate([keys, self.members[at]])
         return np.unique(keys)
 
+    def twins(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(group of each key (-1: none), how many rows are identical to it besides itself)."""
+        keys = np.asarray(keys, np.int64)
+        n = np.zeros(keys.size, np.int32)
+        if not self.rep.size:
+            return np.full(keys.size, -1, np.int32), n
+        g = self.group[keys]
+        has = g >= 0
+        gi = g[has].astype(np.int64)
+        n[has] = self.start[gi + 1] - self.start[gi]
+        return g, n
+
+    def top_rows(self, keys: np.ndarray, scores: np.ndarray, k: int,
+                 twins: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Of distinct ``keys`` scored ``scores`` (each row of a group scores as its representative:
+        the rows are identical), every row, twins included, scoring at least the ``k``-th best
+        score of the expanded set: (rows sorted ascending, their scores). ``twins``:
+        ``self.twins(keys)`` when the caller has it at hand (the inverted file keeps it in list
+        order, read where the lists were read, not at random rows of a 4-byte-a-row table).
+
+        Why not expand first and score every row: at 100,000 one-anchor prototypes nearly every
+        candidate has a twin, so expanding doubled the rows gathered and re-scored right after a
+        prompt pass, and the expansion itself cost ~0.17 ms (issue 15, sixth pass). A top-k vote
+        reads only the rows at or above its k-th score (all of them, ties included, so the lower
+        row still wins a tie), and those are found from the representatives' scores and the group
+        sizes alone; only the few groups at the top are expanded."""
+        keys = np.asarray(keys, np.int64)
+        scores = np.asarray(scores)
+        if keys.size == 0 or k <= 0:
+            return np.zeros(0, np.int64), scores[:0]
+        g, extra = self.twins(keys) if twins is None else twins
+        order = np.argsort(-scores, kind="stable")
+        reach = np.cumsum(extra[order] + 1)
+        kth = scores[order[min(int(np.searchsorted(reach, k)), keys.size - 1)]]
+        sel = np.flatnonzero(scores >= kth)
+        rows, sc = keys[sel], scores[sel]
+        twin = sel[extra[sel] > 0]
+        if twin.size:
+            lo, n = self.start[g[twin].astype(np.int64)], extra[twin].astype(np.int64)
+            at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
+            rows = np.concatenate([rows, self.members[at]])
+            sc = np.concatenate([sc, np.repeat(scores[twin], n)])
+        o = np.argsort(rows, kind="stable")
+        return rows[o], sc[o]
+
 
 def write_container(path: Path, magic: bytes, head: dict, chunks) -> None:
     """A cache file: ``magic`` and the JSON ``head`` padded to ``HEADER`` bytes, then ``chunks``

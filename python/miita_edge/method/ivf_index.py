@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, strong_half, write_container
+from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, write_container
 
 __all__ = ["IvfIndex", "SCAN_ROWS", "list_count", "probe_count"]
 
@@ -67,9 +67,12 @@ def probe_count(n: int, nlist: int) -> int:
 
 
 def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(packed signs, packed mask of the stronger half of the coordinates) of a float query."""
-    s, strong = strong_half(q)
-    return np.packbits(s), np.packbits(strong)
+    """(packed signs, packed mask of the stronger half of the coordinates) of a float query:
+    ``index_files.strong_half`` packed, in one native call (its numpy steps cost ~0.05 ms right
+    after a prompt pass)."""
+    from .. import _native
+
+    return _native.sign_code(np.asarray(q, np.float32).reshape(-1))
 
 
 class IvfIndex:
@@ -84,6 +87,8 @@ class IvfIndex:
         self.n_rows, self.kind, self.keep = int(n_rows), kind, keep
         self.dups = DuplicateGroups(*dups, n_rows=self.n_rows)
         self.nprobe = 0  # override (benchmarks); 0: probe_count's
+        self.list_twins = self.dups.twins(order)  # in list order: read beside the probed lists
+        self._search = None  # the native view (_native.IvfSearch), made on the first scored_top
         self._all_cent = (np.zeros(1, np.int64), np.array([len(cent)], np.int64))
 
     # ------------------------------------------------------------------ search
@@ -97,6 +102,43 @@ class IvfIndex:
         """Row ids near ``q``: the ``count`` distinct rows of the probed lists nearest by the masked
         Hamming distance (ties: the earlier row in list order; the nearest ``nprobe`` centroids,
         ties to the lower), and every row identical to one of them, as sorted int64."""
+        return self.dups.expand(self.order[self._probe(q, count, nprobe)])
+
+    def scored_top(self, q: np.ndarray, k: int, rows: np.ndarray, root: float, threads: int = 1
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct rows ``propose`` would give, scored exactly (``bit_scores(rows, q) / root``:
+        the table and sum of the exact scan, so bitwise its scores) and cut to the rows a top-``k``
+        vote can use, twins included (``DuplicateGroups.top_rows``): (rows ascending, scores).
+
+        One native call (``_native.ivf_search``); the lists hold the same bytes as ``rows``, so
+        ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
+        ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
+        workers are still spinning from the prompt pass and take the work at once (0.34 -> 0.25 ms
+        at 100,000 prototypes with 2 threads); with a single llama.cpp thread a second one would
+        have to be woken, which cost more than it saved (docs/benchmarks.md, issue 15)."""
+        from .. import _native
+
+        if self._search is None:
+            d = self.dups
+            self._search = _native.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
+                                             d.start, d.members)
+            self._count = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
+        nprobe = self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
+        return self._search.search(q, root, nprobe, max(self._count, 16 * k), k, threads)
+
+    def scored_top_steps(self, q: np.ndarray, k: int, rows: np.ndarray, root: float) -> tuple[np.ndarray, np.ndarray]:
+        """``scored_top`` by its Python steps (probe, ``bit_scores``, ``DuplicateGroups.top_rows``):
+        the reference the native call is tested against."""
+        from .. import _native
+
+        count = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
+        pos = self._probe(q, max(count, 16 * int(k)))
+        keys = self.order[pos]
+        scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
+        return self.dups.top_rows(keys, scores, k, (self.list_twins[0][pos], self.list_twins[1][pos]))
+
+    def _probe(self, q: np.ndarray, count: int, nprobe: int = 0) -> np.ndarray:
+        """Positions in ``lists`` of the ``count`` nearest distinct rows of the probed lists."""
         from .. import _native
 
         if self.lists.shape[0] == 0:
@@ -104,8 +146,7 @@ class IvfIndex:
         code, mask = query_code(q)
         nprobe = nprobe or self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
         best = _native.masked_hamming_top(self.cent, *self._all_cent, code, mask, min(nprobe, len(self.cent)))
-        pos = _native.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
-        return self.dups.expand(self.order[pos])
+        return _native.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
 
     # ------------------------------------------------------------------ build / file
     @classmethod

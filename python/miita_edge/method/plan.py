@@ -7,6 +7,7 @@ query would cost more than the prompt pass.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -114,6 +115,7 @@ class RetrievalIndex:
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
+    anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
 
     @classmethod
     def build(cls, bank: MemoryBank, entries: dict | None = None, centroids: bool = False) -> "RetrievalIndex":
@@ -126,12 +128,14 @@ class RetrievalIndex:
             n = np.linalg.norm(A, axis=1, keepdims=True)
             A_unit = (A / np.maximum(n, 1e-12)).astype(np.float32)
             packed = None
+        J = bank.n_prototypes
+        start = np.zeros(J + 1, np.int64)  # the anchors are grouped by owner, owners ascending
+        np.cumsum(np.bincount(np.asarray(owner, np.int64), minlength=J)[:J], out=start[1:])
         index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries,
-                    counts=bank.counts(), radius=bank.radii(), key_dim=bank.key_dim)
+                    counts=bank.counts(), radius=bank.radii(), key_dim=bank.key_dim, anchor_start=start)
         if packed is not None:
             index.voters, index.voter_owner = packed, owner
             if centroids and len(packed):
-                J = bank.n_prototypes
                 cent = centroid_bits(packed, owner, bank.anchor_counts(), J, bank.key_dim)
                 index.voters = np.concatenate([packed, cent])
                 index.voter_owner = np.concatenate([owner, np.arange(J, dtype=owner.dtype)])
@@ -139,18 +143,19 @@ class RetrievalIndex:
                                         "anchors+centroids" if centroids else "anchors")
         return index
 
-    def anchor_rows(self, j: int) -> slice:
-        """The rows of prototype ``j``'s anchors in ``packed`` (the anchors are grouped by owner)."""
-        lo = int(np.searchsorted(self.owner, j, "left"))
-        return slice(lo, int(np.searchsorted(self.owner, j, "right")))
-
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
                mode: str | None = None, oracle_dir=None, rng=None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
     ``plan(step, generated)`` and, for a preset with the relevance gate, its decision."""
     pr = preset
-    k_q = bank.prepare_key(state.key)
+    bits_vote = pr.aggregation != "paper" and index.packed is not None
+    # the 1-bit vote reads the query as unit float32 (one native call); the float paths as before
+    if bits_vote:
+        rows = getattr(state, "pooled_rows", None)  # an engine's QueryState: its sums, divided natively
+        k_q = bank.prepare_query(state.key_sum, rows) if rows is not None else bank.prepare_query(state.key)
+    else:
+        k_q = bank.prepare_key(state.key)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
     if A_unit is None and (pr.aggregation == "paper" or index.packed is None):  # a preset mixing 1-bit keys
         A, _ = bank.anchor_matrix()                                           # with float scoring
@@ -168,16 +173,16 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     if index.packed is not None:
         from .. import _native
 
-        q = (k_q / max(float(np.linalg.norm(k_q)), 1e-12)).astype(np.float32)
-        root = np.sqrt(index.key_dim)  # cos: stored keys are ±1/√K
+        q = k_q  # unit float32 (MemoryBank.prepare_query)
+        root = math.sqrt(index.key_dim)  # cos: stored keys are ±1/√K (scores divide in float64)
         rows, owner = index.voters, index.voter_owner
         ann = index.ann.ready() if index.ann is not None else None
-        if ann is not None:  # a large memory: the graph proposes rows, the same kernel re-scores them
-            cand = ann.propose(q, pr.k_anchors)
+        if ann is not None:  # a large memory: the front proposes rows, the same kernel re-scores them
+            threads = engine.n_threads if engine is not None else 1
+            cand, scores = ann.scored_top(q, pr.k_anchors, rows, root, threads)
             owner = owner[cand]
-            scores = _native.bit_scores(rows[cand], q) / root
         else:
-            scores = _native.bit_scores(rows, q) / root if len(rows) else np.zeros(0)
+            scores = _native.bit_scores(rows, q).astype(np.float64) / root if len(rows) else np.zeros(0)
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     decision = None
@@ -206,16 +211,17 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
 
 def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
-    form (its sign bits) against each one's anchors, as the radius was measured."""
+    form (its sign bits) against each one's anchors, as the radius was measured.
+
+    The cosine of two sign vectors of K bits at Hamming distance d is exactly (K - 2d) / K, so each
+    prototype's nearest anchor is found by popcount, in one native call over its anchor rows: the
+    float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
+    more than the few rows the gate reads right after a prompt pass (issue 15, sixth pass)."""
     from .. import _native
 
-    q_sign = np.where(k_q >= 0, 1.0, -1.0).astype(np.float32) / np.float32(index.key_dim)
-    best = np.full(len(ids), -np.inf)
-    spans = [index.anchor_rows(int(j)) for j in ids]
-    have = [i for i, r in enumerate(spans) if r.stop > r.start]
-    if have:  # one kernel call for every retrieved prototype's anchors (the call builds a table per query)
-        rows = np.concatenate([np.arange(spans[i].start, spans[i].stop) for i in have])
-        s = _native.bit_scores(index.packed[rows], q_sign)
-        starts = np.cumsum([0] + [spans[i].stop - spans[i].start for i in have[:-1]])
-        best[have] = np.maximum.reduceat(s, starts).astype(np.float64)
-    return gate(ids, best, index.counts, index.radius)
+    ids = np.asarray(ids, np.int64)
+    K = index.key_dim
+    d = _native.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
+                                  np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
+    best = [(K - 2 * x) / K if x >= 0 else -math.inf for x in d]
+    return gate(ids, np.array(best, np.float64), index.counts, index.radius)

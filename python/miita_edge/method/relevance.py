@@ -60,22 +60,23 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
     ``counts`` (J,): every prototype's n; ``radius`` (J,): every prototype's radius."""
-    ids = np.asarray(ids, np.int64)
-    best = np.asarray(best, np.float64)
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
         return GateDecision(np.zeros(0, bool), "the memory retrieved nothing")
-    n = np.asarray(counts)[ids]
-    r = np.asarray(radius, np.float64)[ids]
-    repeat = best >= EXACT_REPEAT
-    recurring = n >= 2
-    near = best >= r
-    keep = repeat | (recurring & near)
-    if keep.any():
-        return GateDecision(keep, None)
-    if not recurring.any():
+    # a handful of retrieved prototypes: plain Python (each numpy call on them costs more than
+    # the comparisons right after a prompt pass; issue 15)
+    n = np.asarray(counts)[ids].tolist()
+    r = np.asarray(radius, np.float64)[ids].tolist()
+    b = best.tolist()
+    recurring = [x >= 2 for x in n]
+    keep = [bj >= EXACT_REPEAT or (rec and bj >= rj) for bj, rec, rj in zip(b, recurring, r)]
+    if any(keep):
+        return GateDecision(np.array(keep, bool), None)
+    if not any(recurring):
         why = "no recurring answer: each retrieved answer was taught by one example only"
     else:
-        j = int(np.argmax(np.where(recurring, best - r, -np.inf)))
+        j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - r[i], -i))
         why = (f"not relevant: the query is farther from the retrieved answers' examples (best cosine "
-               f"{best[j]:.3f}) than they are from each other (radius {r[j]:.3f})")
-    return GateDecision(keep, why)
+               f"{b[j]:.3f}) than they are from each other (radius {r[j]:.3f})")
+    return GateDecision(np.array(keep, bool), why)

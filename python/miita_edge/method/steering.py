@@ -17,6 +17,7 @@ docs/method.md:
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -63,19 +64,28 @@ def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: i
     if len(s) > 4 * k:  # only rows scoring at least the k-th best can be chosen; keep ties
         kth = np.partition(s, len(s) - k)[len(s) - k]
         cand = np.flatnonzero(s >= kth)
-        order = cand[np.lexsort((cand, -s[cand]))][:k]
-    else:
-        order = np.lexsort((np.arange(len(s)), -s))[:k]
-    z = s[order] / T
-    w = np.exp(z - z.max())
-    w /= w.sum()
-    owners = np.asarray(owner)[order]
-    ids = np.unique(owners)
-    so = s[order]
-    weight = np.array([w[owners == j].sum() for j in ids])
-    best = np.array([so[owners == j].max() for j in ids])
-    rank = np.lexsort((ids, -weight))
-    return ids[rank].astype(np.int64), weight[rank], best[rank]
+        order = cand[np.lexsort((cand, -s[cand]))][:k].tolist()
+        top = s[order].tolist()
+    else:  # a few rows (a recall front's cut): plain Python
+        sl = s.tolist()
+        order = sorted(range(len(sl)), key=lambda i: (-sl[i], i))[:k]
+        top = [sl[i] for i in order]
+    # The vote over the k chosen rows in plain Python floats: right after a prompt pass a numpy
+    # call on k = 8 values costs several microseconds of cold caches, the arithmetic nothing
+    # (issue 15); both retrieval paths (exact scan, recall front) share it, so they agree bitwise.
+    owners = np.asarray(owner)[order].tolist()
+    z = [x / T for x in top]
+    zmax = max(z)
+    e = [math.exp(x - zmax) for x in z]
+    total = sum(e)
+    weight: dict[int, float] = {}
+    best: dict[int, float] = {}
+    for j, ej, sj in zip(owners, e, top):
+        weight[j] = weight.get(j, 0.0) + ej / total
+        best[j] = max(best.get(j, -math.inf), sj)
+    ids = sorted(weight, key=lambda j: (-weight[j], j))
+    return (np.array(ids, np.int64), np.array([weight[j] for j in ids], np.float64),
+            np.array([best[j] for j in ids], np.float64))
 
 
 def vote(ids: np.ndarray, weights: np.ndarray, labels: Sequence[object]):
