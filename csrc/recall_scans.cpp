@@ -45,23 +45,31 @@ BitNibbles bit_nibbles(const float * q, int64_t H) {
 
 inline float nib(const float * t, int64_t b, uint8_t v) { return t[b * 32 + (v >> 4)] + t[b * 32 + 16 + (v & 15)]; }
 
-// q . s for one packed row through the nibble sums.
-inline float bit_row_score(const BitNibbles & n, const uint8_t * row) {
-    const float * t = n.t.data();
+// q . s for one packed row: byte b contributes byte_sum(b, row[b]), added into four running sums
+// (bytes b = 0, 1, 2, 3 mod 4, so consecutive adds do not wait on each other). Both lookups below
+// go through this one order of additions, which is what makes their scores bitwise equal.
+template <class ByteSum>
+inline float four_sums(const uint8_t * row, int64_t nb, ByteSum byte_sum) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int64_t b = 0;
-    for (; b + 4 <= n.nb; b += 4) {
-        acc[0] += nib(t, b, row[b]);
-        acc[1] += nib(t, b + 1, row[b + 1]);
-        acc[2] += nib(t, b + 2, row[b + 2]);
-        acc[3] += nib(t, b + 3, row[b + 3]);
+    for (; b + 4 <= nb; b += 4) {
+        acc[0] += byte_sum(b, row[b]);
+        acc[1] += byte_sum(b + 1, row[b + 1]);
+        acc[2] += byte_sum(b + 2, row[b + 2]);
+        acc[3] += byte_sum(b + 3, row[b + 3]);
     }
-    for (; b < n.nb; ++b) acc[b & 3] += nib(t, b, row[b]);
+    for (; b < nb; ++b) acc[b & 3] += byte_sum(b, row[b]);
     return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// Through the nibble sums: two loads and an add a byte.
+inline float bit_row_score(const BitNibbles & n, const uint8_t * row) {
+    const float * t = n.t.data();
+    return four_sums(row, n.nb, [t](int64_t b, uint8_t v) { return nib(t, b, v); });
+}
+
 // The same score through a table of every byte value (entry = the two nibble sums added, the
-// same float add): one load a byte instead of two and an add, for scans of many rows.
+// same float add): one load a byte, for scans of many rows.
 std::vector<float> bit_byte_lut(const BitNibbles & n) {
     std::vector<float> lut((size_t) (n.nb * 256));
     for (int64_t b = 0; b < n.nb; ++b)
@@ -70,16 +78,22 @@ std::vector<float> bit_byte_lut(const BitNibbles & n) {
 }
 
 inline float bit_row_score_lut(const float * lut, const uint8_t * row, int64_t nb) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        acc[0] += lut[b * 256 + row[b]];
-        acc[1] += lut[(b + 1) * 256 + row[b + 1]];
-        acc[2] += lut[(b + 2) * 256 + row[b + 2]];
-        acc[3] += lut[(b + 3) * 256 + row[b + 3]];
+    return four_sums(row, nb, [lut](int64_t b, uint8_t v) { return lut[b * 256 + v]; });
+}
+
+// Hamming distance of two packed rows of nbytes, restricted to the set bits of mask (NULL: all).
+inline int64_t hamming(const uint8_t * a, const uint8_t * b, const uint8_t * mask, int64_t nbytes) {
+    const int64_t nw = nbytes / 8;
+    int64_t d = 0;
+    if (mask) {
+        for (int64_t w = 0; w < nw; ++w)
+            d += __builtin_popcountll((load_u64(a + 8 * w) ^ load_u64(b + 8 * w)) & load_u64(mask + 8 * w));
+        for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) ((a[j] ^ b[j]) & mask[j]));
+    } else {
+        for (int64_t w = 0; w < nw; ++w) d += __builtin_popcountll(load_u64(a + 8 * w) ^ load_u64(b + 8 * w));
+        for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) (a[j] ^ b[j]));
     }
-    for (; b < nb; ++b) acc[b & 3] += lut[b * 256 + row[b]];
-    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    return d;
 }
 
 // Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
@@ -276,7 +290,6 @@ int64_t masked_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts,
                    int n_threads) {
     int64_t total = 0;
     for (int64_t i = 0; i < n_ranges; ++i) total += ends[i] - starts[i];
-    const int64_t nw = nbytes / 8;
     const int64_t max_d = 8 * nbytes;
     std::vector<uint16_t> dist((size_t) total);
     std::vector<int64_t> first((size_t) n_ranges + 1, 0);  // where each range's distances go in dist
@@ -288,14 +301,8 @@ int64_t masked_top(const uint8_t * rows, int64_t nbytes, const int64_t * starts,
     parallel_for(nt, n_ranges, [&](int, int64_t ib, int64_t ie) {
         for (int64_t i = ib; i < ie; ++i) {
             int64_t at = first[(size_t) i];
-            for (int64_t a = starts[i]; a < ends[i]; ++a, ++at) {
-                const uint8_t * r = rows + a * nbytes;
-                int64_t d = 0;
-                for (int64_t w = 0; w < nw; ++w)
-                    d += __builtin_popcountll((load_u64(r + 8 * w) ^ load_u64(q + 8 * w)) & load_u64(mask + 8 * w));
-                for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) ((r[j] ^ q[j]) & mask[j]));
-                dist[(size_t) at] = (uint16_t) d;
-            }
+            for (int64_t a = starts[i]; a < ends[i]; ++a, ++at)
+                dist[(size_t) at] = (uint16_t) hamming(rows + a * nbytes, q, mask, nbytes);
         }
     });
     std::vector<uint32_t> hist((size_t) max_d + 1, 0);
@@ -402,17 +409,13 @@ int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const fl
 int miita_hamming_nearest(const uint8_t * rows, int64_t n, const uint8_t * cents, int64_t m, int64_t nbytes,
                           int32_t * out, int n_threads) {
     if (n < 0 || m <= 0 || nbytes <= 0 || (n > 0 && (!rows || !cents || !out))) return fail("bad hamming_nearest arguments");
-    const int64_t nw = nbytes / 8;
     parallel_for(clamp_threads(n_threads, n / 256 + 1), n, [&](int, int64_t b, int64_t e) {
         for (int64_t a = b; a < e; ++a) {
             const uint8_t * r = rows + a * nbytes;
             int64_t best = INT64_MAX;
             int32_t arg = 0;
             for (int64_t c = 0; c < m; ++c) {
-                const uint8_t * s = cents + c * nbytes;
-                int64_t d = 0;
-                for (int64_t w = 0; w < nw; ++w) d += __builtin_popcountll(load_u64(r + 8 * w) ^ load_u64(s + 8 * w));
-                for (int64_t k = 8 * nw; k < nbytes; ++k) d += __builtin_popcount((unsigned) (r[k] ^ s[k]));
+                const int64_t d = hamming(r, cents + c * nbytes, nullptr, nbytes);
                 if (d < best) {
                     best = d;
                     arg = (int32_t) c;
@@ -558,15 +561,11 @@ int miita_range_min_hamming(const uint8_t * rows, int64_t nbytes, const int64_t 
                             int64_t n_ranges, const uint8_t * q, int64_t * out) {
     if (nbytes <= 0 || n_ranges < 0 || (n_ranges > 0 && (!rows || !starts || !ends || !q || !out)))
         return fail("bad range_min_hamming arguments");
-    const int64_t nw = nbytes / 8;
     for (int64_t i = 0; i < n_ranges; ++i) {
         if (ends[i] < starts[i] || starts[i] < 0) return fail("bad range_min_hamming range");
         int64_t best = -1;
         for (int64_t a = starts[i]; a < ends[i]; ++a) {
-            const uint8_t * r = rows + a * nbytes;
-            int64_t d = 0;
-            for (int64_t w = 0; w < nw; ++w) d += __builtin_popcountll(load_u64(r + 8 * w) ^ load_u64(q + 8 * w));
-            for (int64_t j = 8 * nw; j < nbytes; ++j) d += __builtin_popcount((unsigned) (r[j] ^ q[j]));
+            const int64_t d = hamming(rows + a * nbytes, q, nullptr, nbytes);
             if (best < 0 || d < best) best = d;
         }
         out[i] = best;

@@ -99,10 +99,8 @@ class DuplicateGroups:
             pos = self.group[keys]
             pos = pos[pos >= 0].astype(np.int64)
             if pos.size:  # every member of the matched groups, gathered without a Python loop
-                lo, hi = self.start[pos], self.start[pos + 1]
-                n = hi - lo
-                at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
-                keys = np.concatenate([keys, self.members[at]])
+                lo = self.start[pos]
+                keys = np.concatenate([keys, self.members[_ranges(lo, self.start[pos + 1] - lo)]])
         return np.unique(keys)
 
     def twins(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -143,12 +141,16 @@ class DuplicateGroups:
         rows, sc = keys[sel], scores[sel]
         twin = sel[extra[sel] > 0]
         if twin.size:
-            lo, n = self.start[g[twin].astype(np.int64)], extra[twin].astype(np.int64)
-            at = np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
-            rows = np.concatenate([rows, self.members[at]])
+            n = extra[twin].astype(np.int64)
+            rows = np.concatenate([rows, self.members[_ranges(self.start[g[twin].astype(np.int64)], n)]])
             sc = np.concatenate([sc, np.repeat(scores[twin], n)])
         o = np.argsort(rows, kind="stable")
         return rows[o], sc[o]
+
+
+def _ranges(lo: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The indices lo[0] .. lo[0] + n[0] - 1, then lo[1] .., concatenated, without a Python loop."""
+    return np.repeat(lo - np.cumsum(n) + n, n) + np.arange(int(n.sum()))
 
 
 def write_container(path: Path, magic: bytes, head: dict, chunks) -> None:

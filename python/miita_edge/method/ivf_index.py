@@ -89,14 +89,14 @@ class IvfIndex:
         self.nprobe = 0  # override (benchmarks); 0: probe_count's
         self.list_twins = self.dups.twins(order)  # in list order: read beside the probed lists
         self._search = None  # the native view (_native.IvfSearch), made on the first scored_top
+        self._candidates = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
         self._all_cent = (np.zeros(1, np.int64), np.array([len(cent)], np.int64))
 
     # ------------------------------------------------------------------ search
     def propose(self, q: np.ndarray, k: int) -> np.ndarray:
         """Candidates for a top ``k``: 256 rows below 500,000 rows, 512 from there (at least 16 per
         wanted row), as the graph proposed."""
-        count = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
-        return self.candidates(q, max(count, 16 * int(k)))
+        return self.candidates(q, self._count(k))
 
     def candidates(self, q: np.ndarray, count: int, nprobe: int = 0) -> np.ndarray:
         """Row ids near ``q``: the ``count`` distinct rows of the probed lists nearest by the masked
@@ -122,20 +122,22 @@ class IvfIndex:
             d = self.dups
             self._search = _native.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
                                              d.start, d.members)
-            self._count = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
         nprobe = self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
-        return self._search.search(q, root, nprobe, max(self._count, 16 * k), k, threads)
+        return self._search.search(q, root, nprobe, self._count(k), k, threads)
 
     def scored_top_steps(self, q: np.ndarray, k: int, rows: np.ndarray, root: float) -> tuple[np.ndarray, np.ndarray]:
         """``scored_top`` by its Python steps (probe, ``bit_scores``, ``DuplicateGroups.top_rows``):
         the reference the native call is tested against."""
         from .. import _native
 
-        count = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
-        pos = self._probe(q, max(count, 16 * int(k)))
+        pos = self._probe(q, self._count(k))
         keys = self.order[pos]
         scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
         return self.dups.top_rows(keys, scores, k, (self.list_twins[0][pos], self.list_twins[1][pos]))
+
+    def _count(self, k: int) -> int:
+        """Candidates for a top ``k`` (``CANDIDATES`` by the rows indexed, at least 16 per wanted row)."""
+        return max(self._candidates, 16 * int(k))
 
     def _probe(self, q: np.ndarray, count: int, nprobe: int = 0) -> np.ndarray:
         """Positions in ``lists`` of the ``count`` nearest distinct rows of the probed lists."""

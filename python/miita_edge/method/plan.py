@@ -173,7 +173,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     if index.packed is not None:
         from .. import _native
 
-        q = k_q  # unit float32 (MemoryBank.prepare_query)
+        q = k_q  # unit float32 (MemoryBank.prepare_query): scored as it is
         root = math.sqrt(index.key_dim)  # cos: stored keys are ±1/√K (scores divide in float64)
         rows, owner = index.voters, index.voter_owner
         ann = index.ann.ready() if index.ann is not None else None
