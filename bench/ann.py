@@ -579,6 +579,34 @@ def paper_fit(tm, sizes, args, work: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def real_memory(eng, args, k: dict, work: Path) -> None:
+    """The inverted file on a real memory far below ``MIN_ROWS``: what a user's memory looks like,
+    not synthetic clusters. Every training row ingested, then the front forced on."""
+    from miita_edge.method import ann_index
+    from miita_edge.miita import Miita
+    from miita_edge.streams import read_examples
+
+    path = work / "real"
+    train = read_examples(args.data / "train.jsonl")
+    t0 = time.perf_counter()
+    Miita(engine=eng, memory=path, template="banking77").ingest(train, budget="none", progress=False)
+    made = time.perf_counter() - t0
+    saved = ann_index.MIN_ROWS
+    ann_index.MIN_ROWS = 0
+    try:
+        m = Miita(engine=eng, memory=path, template="banking77")
+        fr = fronts(m)
+        for f in fr:
+            f.wait()
+        q = default_quality(m, k["test_raw"][: args.queries])
+    finally:
+        ann_index.MIN_ROWS = saved
+    print(f"\nreal memory: {len(train):,} Banking77 training rows (ingested in {made:.0f} s) = {fr[0].rows.shape[0]:,} "
+          f"voter rows, front {type(fr[0].ready()).__name__} forced on\n   recall@{ann_index.search_params('bits', fr[0].rows.shape[0], m.preset.k_anchors)[0]} "
+          f"{q['recall']:.5f}, same selection {q['agree']}/{q['n']} (vote alone {q['agree_vote']}/{q['n']}; gate let "
+          f"{q['steer']}/{q['n']} steer)", flush=True)
+
+
 def crossover(eng, tm, sizes, centres, noise, radius, prompts, args, work: Path) -> None:
     """Exact scan vs the graph (clustered keys) by size, to set MIN_ROWS (MIN_ROWS_FLOAT), which
     counts the rows a graph indexes: voter rows (default preset), rows per channel (paper preset)."""
@@ -629,6 +657,11 @@ def main(argv=None) -> int:
                     "1-bit rows (ann_index.BITS_FRONT; default: as shipped)")
     ap.add_argument("--spread", choices=("nn", "pairs"), default="nn", help="the same-label spread the clustered keys "
                     "copy: to the nearest same-label key (default) or between all same-label pairs (wider)")
+    ap.add_argument("--min-rows", type=int, default=None, help="override ann_index.MIN_ROWS (voter rows from which "
+                    "the front is used), to measure the front's recall below the shipped threshold")
+    ap.add_argument("--real-memory", action="store_true", help="only the front against the exact scan on a real "
+                    "memory: every Banking77 training row ingested (default preset), the front used whatever the "
+                    "size (--min-rows 0), recall and same selections over the real test keys (--queries)")
     ap.add_argument("--crossover", default=None, help="only the crossover: comma list of sizes (prototypes)")
     ap.add_argument("--crossover-preset", choices=("default", "paper"), default="default")
     ap.add_argument("--paper-fit", default=None, help="only whether paper-preset memories of these sizes open "
@@ -643,6 +676,8 @@ def main(argv=None) -> int:
 
     if args.bits_front:
         ann_index.BITS_FRONT = args.bits_front
+    if args.min_rows is not None:
+        ann_index.MIN_ROWS = args.min_rows
     if args.candidates:
         ann_index.SEARCH = {kind: ((0, args.candidates, args.candidates),) for kind in ann_index.SEARCH}
     work = Path(tempfile.mkdtemp(prefix="miita-ann-bench-"))
@@ -673,7 +708,7 @@ def main(argv=None) -> int:
             return 0
 
         # real keys: the spread of same-label keys sets the synthetic clusters
-        k, test_texts = real_keys(eng, tm["default"].m, args.data, 500)
+        k, test_texts = real_keys(eng, tm["default"].m, args.data, max(500, args.queries))
         bank = tm["default"].m.bank
         B = np.packbits(np.stack([bank.prepare_key(x) for x in k["train_raw"]]) >= 0, axis=1)
         bits = bank.key_dim
@@ -705,6 +740,9 @@ def main(argv=None) -> int:
 
         tpl = tm["default"].m.template
         prompts = [eng.tokenize(tpl.render_prompt(t)) for t in test_texts[:max(args.reps, args.paper_queries)]]
+        if args.real_memory:
+            real_memory(eng, args, k, work)
+            return 0
         if args.crossover:
             cp = args.crossover_preset
             print(f"\ncrossover: retrieval after a prompt pass, {cp} preset, clustered keys (medians of {args.reps})")
