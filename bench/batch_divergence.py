@@ -19,7 +19,7 @@ import ctypes
 
 import numpy as np
 
-P_TEXT = "Classify the banking customer query into an intent.\nQuery: I lost my card\nIntent:"
+P_INPUT = "I lost my card"  # in the banking77 template
 LEAD_TEXT = ("The quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill in the "
              "afternoon sun and birds sing in the old oak tree by the river bank")
 
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
 
     import llama_cpp as L
 
+    from miita_edge.method.templates import get_template
     from miita_edge.runtime.default_model import resolve_model_path
     from miita_edge.runtime.engine import cpu_has_amx
 
@@ -120,7 +121,7 @@ def main(argv=None) -> int:
             return arr.reshape(n_rows, -1)[off:off + n]
         return None
 
-    P = tokenize(P_TEXT)
+    P = tokenize(get_template("banking77").render_prompt(P_INPUT))
     P = P + [P[-1]] * ((-len(P)) % max(1, args.pad))
     lead_all = tokenize(LEAD_TEXT)
     print(f"# bench/batch_divergence.py  P = {len(P)} tokens (padded to a multiple of {args.pad}), layers 0..{args.layers}")

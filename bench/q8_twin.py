@@ -6,7 +6,7 @@ f16 scale, 32 integers in [-16, 15]) is exactly a Q8_0 block with the same scale
 tinyBLAS runs Q8_0 through the same template (the same integer dot products, the same float
 multiply-adds in the same order), only without the unpacking. This script writes such a twin GGUF
 to a temporary directory, loads it with the re-encoded tensors kept in plain CPU buffers (so they
-go through tinyBLAS, not ggml's repacked Q8_0 kernels, which round differently), checks that keys,
+go through tinyBLAS like the originals; ``--repacked`` lets ggml repack them instead), checks that keys,
 ``h_q`` and logits are bitwise those of the original, and times key extraction one prompt per
 decode (what ships) and batched (``Engine.prompt_keys``), rounds alternating.
 
@@ -27,9 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-BANKING = "Classify the banking customer query into an intent.\nQuery: {x}\nIntent:"
-
-
 def q5_0_as_q8_0(raw: np.ndarray) -> np.ndarray:
     """Q5_0 blocks (22 bytes: f16 d, u32 high bits, 16 bytes of low nibbles) as Q8_0 blocks
     (34 bytes: the same d, 32 int8 = the 5-bit integers minus 16): the same weights."""
@@ -42,8 +39,9 @@ def q5_0_as_q8_0(raw: np.ndarray) -> np.ndarray:
     return np.concatenate([b[:, :2], q.astype(np.int8).view(np.uint8)], axis=1).reshape(-1)
 
 
-def write_twin(src: Path, dst: Path) -> list[str]:
-    """Copy ``src`` to ``dst`` with every Q5_0 tensor re-encoded as Q8_0; returns their names."""
+def write_twin(src: Path, dst: Path, perturb: bool = False) -> list[str]:
+    """Copy ``src`` to ``dst`` with every Q5_0 tensor re-encoded as Q8_0; returns their names.
+    ``perturb``: one integer of the first such tensor moved by one (a twin that is *not* lossless)."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
@@ -68,6 +66,8 @@ def write_twin(src: Path, dst: Path) -> list[str]:
         if t.tensor_type == gguf.GGMLQuantizationType.Q5_0:
             shape = list(reversed([int(x) for x in t.shape]))
             q = q5_0_as_q8_0(data.reshape(-1).view(np.uint8)).reshape(shape[:-1] + [shape[-1] // 32 * 34])
+            if perturb and not names:
+                q.reshape(-1)[2] = np.uint8((int(q.reshape(-1)[2].view(np.int8)) + 1) % 16)  # 1st weight: in range
             w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             names.append(t.name)
         else:
@@ -86,10 +86,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seqs", type=int, default=16, help="prompts per decode for the batched rows")
+    ap.add_argument("--repacked", action="store_true", help="let ggml repack the Q8_0 copies (its own Q8_0 kernels) "
+                    "instead of keeping them on tinyBLAS")
+    ap.add_argument("--perturb", action="store_true", help="move one weight of the twin by one step: shows that the "
+                    "bitwise check can fail")
     args = ap.parse_args(argv)
 
     import llama_cpp as L
 
+    from miita_edge.method.templates import get_template
     from miita_edge.runtime.default_model import resolve_model_path
     from miita_edge.runtime.engine import Engine, EngineConfig
 
@@ -97,11 +102,11 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="miita-q8-twin-"))
     twin = work / "twin.gguf"
     t0 = time.perf_counter()
-    names = write_twin(src, twin)
+    names = write_twin(src, twin, args.perturb)
     made = time.perf_counter() - t0
 
     # Keep the re-encoded tensors out of ggml's repacked ("extra") buffers: plain CPU buffers send
-    # them through tinyBLAS, as the Q5_0 originals go.
+    # them through tinyBLAS, as the Q5_0 originals go (the equivalence argued in the docstring).
     lib = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-cpu.so"))
     lib.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
 
@@ -113,7 +118,7 @@ def main(argv=None) -> int:
     load = L.llama_model_load_from_file
 
     def load_with_override(path, mparams):
-        if path == str(twin).encode():
+        if path == str(twin).encode() and not args.repacked:
             mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         return load(path, mparams)
 
@@ -126,13 +131,15 @@ def main(argv=None) -> int:
             engines[name, n] = e
     rows = [json.loads(line) for line in open(args.data / "train.jsonl")][: args.prompts]
     eo, et = engines["original", 1], engines["Q8_0 twin", 1]
-    prompts = [eo.tokenize(BANKING.replace("{x}", r["input"])) for r in rows]
+    banking = get_template("banking77")
+    prompts = [eo.tokenize(banking.render_prompt(r["input"])) for r in rows]
     masks = [eo.key_mask(p, True) for p in prompts]
     same = sum(np.array_equal(eo.prompt_key(p, m)[0], et.prompt_key(p, m)[0]) for p, m in zip(prompts, masks))
     qo, qt = eo.query(prompts[0]), et.query(prompts[0])
     print(f"# bench/q8_twin.py  {len(names)} Q5_0 tensors re-encoded as Q8_0 ({twin.stat().st_size / 2**20:.0f} MiB "
           f"twin, {src.stat().st_size / 2**20:.0f} MiB original, written in {made:.1f} s); {len(prompts)} Banking77 "
-          f"prompts, threads={args.threads}")
+          f"prompts, threads={args.threads}{', Q8_0 copies repacked' if args.repacked else ''}"
+          f"{', one weight perturbed' if args.perturb else ''}")
     print(f"   keys bitwise equal to the original's: {same}/{len(prompts)};  query h_q {np.array_equal(qo.h_q, qt.h_q)}, "
           f"logits {np.array_equal(qo.logits, qt.logits)}")
     rates: dict[tuple[str, int], list[float]] = {k: [] for k in engines}
