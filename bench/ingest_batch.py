@@ -5,7 +5,8 @@ One process, all rows alternating in rounds (medians): the engine as it was befo
 the deepest key layer (one prompt per decode: the default; and batched keys with 8, 16 and 32
 sequences per decode: ``Miita.batch_keys``), and ``--contexts 2``: two one-thread contexts side by
 side, 32 prompts per decode (``method.thread_ingest``; the contexts are made inside the first
-timed call).
+timed call), and the same two contexts decoding one prompt each per call (keys bitwise: every output
+element is computed on one thread, whatever the thread count).
 
     python bench/ingest_batch.py [--examples 120] [--rounds 3] [--threads 2]
 """
@@ -35,7 +36,10 @@ def main(argv=None) -> int:
     rows = [("before issue 15 (full depth, KV zeroed, one per decode)", 1, True),
             ("default (stop after the key layers, one per decode)", 1, False)]
     rows += [(f"one context, batched keys, {n} per decode", n, False) for n in map(int, args.seqs.split(","))]
-    rows += [("--contexts 2: two 1-thread contexts, 32 per decode", 0, False)]
+    rows += [("--contexts 2: two 1-thread contexts, 32 per decode", 0, False),
+             ("two 1-thread contexts, one per decode each (bitwise)", -1, False)]
+    import miita_edge.method.thread_ingest as thread_ingest
+
     engines = {n: Engine(None, EngineConfig(n_threads=args.threads, n_seq_max=max(n, 1))) for _, n, _ in rows}
     rates: dict[str, list[float]] = {label: [] for label, _, _ in rows}
     for _ in range(args.rounds):
@@ -44,7 +48,8 @@ def main(argv=None) -> int:
             eng.config.keys_stop_early, eng.config.clear_kv_data = not before, before
             m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
             m.batch_keys = n > 1
-            m.key_contexts = 2 if n == 0 else 1
+            m.key_contexts = 2 if n <= 0 else 1
+            thread_ingest.KEY_SEQS_PER_DECODE = 1 if n < 0 else 32  # the siblings' sequences per decode
             t0 = time.perf_counter()
             m.ingest(train, budget="none", progress=False)
             rates[label].append(len(train) / (time.perf_counter() - t0))

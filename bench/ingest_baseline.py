@@ -1,0 +1,113 @@
+"""Issue 15's ingest baseline, measured on the pre-issue code itself rather than emulated.
+
+``bench/memory.py`` and ``bench/ingest_batch.py`` stand for "ingest before issue 15" with today's
+engine configured as it was then (every layer, KV buffers zeroed at each reset, one prompt per
+decode). This script checks that stand-in against the real thing: it builds the commit before
+issue 15 (``--commit``, default c8e0a89) from this repository into a private directory, then
+times, in alternating child processes on the same demo rows (model load excluded, 3 ingests per
+child, rounds interleaved):
+
+* ``pre-issue code``: that commit's package, its default preset;
+* ``stand-in``: today's code, full depth, KV zeroed (the baseline of the other two scripts);
+* ``default``: today's code as shipped (stop after the key layers, one prompt per decode);
+* ``batched``: today's code, ``Miita.batch_keys`` with 16 prompts per decode (opt-in).
+
+    python bench/ingest_baseline.py [--examples 120] [--rounds 3] [--threads 2] [--old-site DIR]
+
+Building the old package takes about a minute (``pip install --target``; needs git, cmake and the
+build dependencies, as ``.ci/run`` installs them).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("pre-issue code", "stand-in", "default", "batched")
+
+
+def child(mode: str, n: int, reps: int, threads: int) -> None:
+    """Time ``reps`` ingests of ``n`` demo rows with whichever miita_edge is importable."""
+    from miita_edge.demo.run import demo_stream
+    from miita_edge.miita import Miita
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    train, _ = demo_stream()
+    train = (train * (n // len(train) + 1))[:n]
+    eng = Engine(None, EngineConfig(n_threads=threads, n_seq_max=16) if mode == "batched"
+                 else EngineConfig(n_threads=threads))
+    if mode == "stand-in":
+        eng.config.keys_stop_early, eng.config.clear_kv_data = False, True
+    Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain").ingest(train[:8], budget="none", progress=False)
+    for _ in range(reps):
+        m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
+        m.batch_keys = mode == "batched"
+        t0 = time.perf_counter()
+        m.ingest(train, budget="none", progress=False)
+        print(f"RATE {n / (time.perf_counter() - t0):.3f}", flush=True)
+    eng.close()
+
+
+def build_old(commit: str, site: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(src), commit],
+                       check=True, capture_output=True)
+        try:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                            "--target", str(site), str(src)], check=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(src)], capture_output=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--examples", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--commit", default="c8e0a89", help="the last commit before issue 15")
+    ap.add_argument("--old-site", type=Path, help="an already built package of --commit (pip install --target DIR)")
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, args.examples, 3, args.threads)
+        return 0
+
+    site = args.old_site
+    if site is None:
+        site = Path(tempfile.mkdtemp(prefix="miita-pre-issue-"))
+        print(f"building {args.commit} into {site} ...", flush=True)
+        build_old(args.commit, site)
+    if not (site / "miita_edge").is_dir():
+        raise SystemExit(f"{site}: no miita_edge package there")
+    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(args.rounds):
+        for mode in MODES:
+            env = dict(os.environ, PYTHONPATH=str(site if mode == "pre-issue code" else ROOT / "python"))
+            # the child is this script run from outside the repository, so the old package's
+            # import is not shadowed by the working tree
+            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", mode,
+                                  "--examples", str(args.examples), "--threads", str(args.threads)],
+                                 env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+            got = [float(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("RATE ")]
+            if out.returncode != 0 or not got:
+                raise SystemExit(f"{mode}: child failed\n{out.stderr[-2000:]}")
+            rates[mode] += got
+    base = statistics.median(rates["pre-issue code"])
+    print(f"# bench/ingest_baseline.py  {args.examples} demo rows, threads={args.threads}, "
+          f"{args.rounds} rounds x 3 ingests (medians), pre-issue = {args.commit}")
+    for mode in MODES:
+        r = statistics.median(rates[mode])
+        lo, hi = min(rates[mode]), max(rates[mode])
+        print(f"   {mode:15s} {r:6.1f} examples/s  [{lo:5.1f}, {hi:5.1f}]   {r / base:5.2f}x the pre-issue code")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
