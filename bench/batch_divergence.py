@@ -16,19 +16,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
+import sys
 
 import numpy as np
 
 P_INPUT = "I lost my card"  # in the banking77 template
 LEAD_TEXT = ("The quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill in the "
              "afternoon sun and birds sing in the old oak tree by the river bank")
-
-
-class _Tensor(ctypes.Structure):  # the leading fields of ggml.h's struct ggml_tensor
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
-                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
-                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
-                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64)]
 
 
 def main(argv=None) -> int:
@@ -41,22 +36,18 @@ def main(argv=None) -> int:
 
     import llama_cpp as L
 
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _raw_llama import ggml_base, open_context, tensor  # bench/_raw_llama.py
+
     from miita_edge.method.templates import get_template
-    from miita_edge.runtime.default_model import resolve_model_path
-    from miita_edge.runtime.engine import cpu_has_amx
 
-    import os
-
-    base = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-base.so"))
-    base.ggml_op_desc.restype = base.ggml_type_name.restype = ctypes.c_char_p
-    base.ggml_op_desc.argtypes = [ctypes.c_void_p]
-    base.ggml_type_name.argtypes = [ctypes.c_int]
+    base = ggml_base()
 
     def describe(t, tt) -> str:
         """The op, and the first operand's type when it is a weight (a matmul's quantisation)."""
         what = base.ggml_op_desc(t).decode()
         if tt.src[0]:
-            src = ctypes.cast(tt.src[0], ctypes.POINTER(_Tensor)).contents
+            src = tensor(tt.src[0])
             what += f" of {src.name.decode()} ({base.ggml_type_name(src.type).decode()})"
         return f"{tt.name.decode()} = {what}"
 
@@ -64,7 +55,7 @@ def main(argv=None) -> int:
 
     @L.ggml_backend_sched_eval_callback
     def cb(t, ask, ud):
-        tt = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
+        tt = tensor(t)
         name = tt.name.decode()
         layer = name.rsplit("-", 1)[1] if "-" in name else ""
         if layer.split(" ")[0].isdigit() and int(layer.split(" ")[0]) > args.layers:
@@ -79,37 +70,14 @@ def main(argv=None) -> int:
         rec.append((describe(t, tt), arr, ne))
         return True
 
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.use_extra_bufts = not cpu_has_amx()  # as the engine loads it
-    model = L.llama_model_load_from_file(str(resolve_model_path()).encode(), mp)
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = 1024, 512, 512
-    cp.n_seq_max, cp.kv_unified = 2, True
-    cp.n_threads = cp.n_threads_batch = args.threads
-    cp.cb_eval = cb
-    ctx = L.llama_init_from_model(model, cp)
-    vocab = L.llama_model_get_vocab(model)
-    mem = L.llama_get_memory(ctx)
-    batch = L.llama_batch_init(512, 0, 1)
-
-    def tokenize(text: str) -> list[int]:
-        buf = (L.llama_token * 512)()
-        n = L.llama_tokenize(vocab, text.encode(), len(text.encode()), buf, 512, True, True)
-        return list(buf[:n])
+    rc = open_context(cb, n_ctx=1024, n_batch=512, n_seq_max=2, threads=args.threads)
 
     def run(seqs: list[list[int]]) -> list:
         rec.clear()
-        L.llama_memory_clear(mem, True)
-        r = 0
-        for s, toks in enumerate(seqs):
-            for i, t in enumerate(toks):
-                batch.token[r], batch.pos[r], batch.n_seq_id[r], batch.logits[r] = t, i, 1, 0
-                batch.seq_id[r][0] = s
-                r += 1
-        batch.logits[r - 1] = 1
-        batch.n_tokens = r
-        if L.llama_decode(ctx, batch) != 0:
+        L.llama_memory_clear(rc.mem, True)
+        r = rc.fill(seqs)
+        rc.batch.logits[r - 1] = 1
+        if L.llama_decode(rc.ctx, rc.batch) != 0:
             raise SystemExit("llama_decode failed")
         return list(rec)
 
@@ -121,9 +89,9 @@ def main(argv=None) -> int:
             return arr.reshape(n_rows, -1)[off:off + n]
         return None
 
-    P = tokenize(get_template("banking77").render_prompt(P_INPUT))
+    P = rc.tokenize(get_template("banking77").render_prompt(P_INPUT))
     P = P + [P[-1]] * ((-len(P)) % max(1, args.pad))
-    lead_all = tokenize(LEAD_TEXT)
+    lead_all = rc.tokenize(LEAD_TEXT)
     print(f"# bench/batch_divergence.py  P = {len(P)} tokens (padded to a multiple of {args.pad}), layers 0..{args.layers}")
     alone = run([P])
     for n in map(int, args.leads.split(",")):
@@ -135,9 +103,7 @@ def main(argv=None) -> int:
         got = _first_diff(alone, run([lead, P]), len(P), ubatch, n, len(P), p_rows)
         where = "bitwise equal through every watched tensor" if got is None else f"first differs at {got}"
         print(f"   lead-in {n:2d}: ubatch {ubatch:3d} rows (mod 4 = {ubatch % 4}, {'>=' if ubatch >= 64 else '< '} 64) -> {where}")
-    L.llama_batch_free(batch)
-    L.llama_free(ctx)
-    L.llama_model_free(model)
+    rc.close()
     return 0
 
 

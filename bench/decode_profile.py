@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import os
 import sys
 import time
@@ -35,17 +34,12 @@ def main(argv=None) -> int:
     import llama_cpp as L
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from batch_divergence import _Tensor  # bench/batch_divergence.py: ggml_tensor's leading fields
+    from _raw_llama import ggml_base, open_context, tensor  # bench/_raw_llama.py
 
     from miita_edge.demo.run import demo_stream
     from miita_edge.method.templates import get_template
-    from miita_edge.runtime.default_model import resolve_model_path
-    from miita_edge.runtime.engine import cpu_has_amx
 
-    base = ctypes.CDLL(os.path.join(os.path.dirname(L.__file__), "lib", "libggml-base.so"))
-    base.ggml_op_desc.restype = base.ggml_type_name.restype = ctypes.c_char_p
-    base.ggml_op_desc.argtypes = [ctypes.c_void_p]
-    base.ggml_type_name.argtypes = [ctypes.c_int]
+    base = ggml_base()
     stop_name = f"l_out-{args.stop_layer}".encode()
     rec: list[tuple[str, float]] = []
     last = [0.0]
@@ -55,57 +49,33 @@ def main(argv=None) -> int:
         if ask:
             return True
         now = time.perf_counter()
-        tt = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
+        tt = tensor(t)
         what = base.ggml_op_desc(t).decode()
         if what == "MUL_MAT" and tt.src[0]:
-            src = ctypes.cast(tt.src[0], ctypes.POINTER(_Tensor)).contents
+            src = tensor(tt.src[0])
             parts = src.name.decode().split(".")
             what += f" {base.ggml_type_name(src.type).decode()} {parts[-2] if len(parts) > 2 else parts[0]}"
         rec.append((what, now - last[0]))
         last[0] = time.perf_counter()
         return tt.name != stop_name  # False ends the graph here, as the engine's early stop does
 
-    L.llama_backend_init()
-    mp = L.llama_model_default_params()
-    mp.use_extra_bufts = not cpu_has_amx()  # as the engine loads it
-    model = L.llama_model_load_from_file(str(resolve_model_path()).encode(), mp)
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 1024, 1024
-    if args.seqs > 1:
-        cp.n_seq_max, cp.kv_unified = args.seqs, not args.per_sequence_kv
-    cp.n_threads = cp.n_threads_batch = args.threads
-    cp.flash_attn_type = {"auto": -1, "off": 0, "on": 1}[args.flash]
-    cp.cb_eval = cb
-    ctx = L.llama_init_from_model(model, cp)
-    vocab = L.llama_model_get_vocab(model)
-    mem = L.llama_get_memory(ctx)
-    batch = L.llama_batch_init(1024, 0, 1)
-
-    def tokenize(text: str) -> list[int]:
-        buf = (L.llama_token * 512)()
-        n = L.llama_tokenize(vocab, text.encode(), len(text.encode()), buf, 512, True, True)
-        return list(buf[:n])
+    rc = open_context(cb, n_ctx=4096, n_batch=1024, n_seq_max=args.seqs, threads=args.threads,
+                      kv_unified=not args.per_sequence_kv, flash={"auto": -1, "off": 0, "on": 1}[args.flash])
 
     train, _ = demo_stream()
     tpl = get_template("plain")
-    prompts = [tokenize(tpl.render_prompt(e.input)) for e in (train * 4)[:args.prompts]]
+    prompts = [rc.tokenize(tpl.render_prompt(e.input)) for e in (train * 4)[:args.prompts]]
     if args.sort:
         prompts.sort(key=len)
     per_op: collections.Counter = collections.Counter()
     wall, tokens = 0.0, 0
     for rnd in range(args.rounds + 1):
         for g in range(0, len(prompts), args.seqs):
-            L.llama_memory_clear(mem, False)
-            r = 0
-            for s, toks in enumerate(prompts[g:g + args.seqs]):
-                for i, t in enumerate(toks):
-                    batch.token[r], batch.pos[r], batch.n_seq_id[r], batch.logits[r] = t, i, 1, 0
-                    batch.seq_id[r][0] = s
-                    r += 1
-            batch.n_tokens = r
+            L.llama_memory_clear(rc.mem, False)
+            r = rc.fill(prompts[g:g + args.seqs])
             rec.clear()
             last[0] = t0 = time.perf_counter()
-            L.llama_decode(ctx, batch)  # stopped by the callback: not an error here
+            L.llama_decode(rc.ctx, rc.batch)  # stopped by the callback: not an error here
             if rnd:
                 wall += time.perf_counter() - t0
                 tokens += r
@@ -121,9 +91,7 @@ def main(argv=None) -> int:
     for w, d in per_op.items():
         kinds[" ".join(w.split()[:2]) if w.startswith("MUL_MAT") else w] += d
     print("   by kind: " + ", ".join(f"{w} {100 * d / wall:.1f}%" for w, d in kinds.most_common(6)))
-    L.llama_batch_free(batch)
-    L.llama_free(ctx)
-    L.llama_model_free(model)
+    rc.close()
     return 0
 
 
