@@ -170,8 +170,10 @@ class Miita:
         # Optional extract_cache.ExtractCache: reuse decode passes across memories (sweeps).
         self.extract_cache = None
         # Decode several prompts per llama_decode when only keys are needed (method.ingest). Off by
-        # default: on a quiet 2-core AVX2 machine it was no faster (0.89x, docs/benchmarks.md), and
-        # its keys differ from one-by-one extraction by rounding; on a busy machine it was 1.7-5.9x.
+        # default: ~1.2x the default's rate on 2 cores (16 per decode; 0.89x on an earlier AVX2
+        # machine), but its keys differ from one-by-one extraction by rounding, ~3% of a version-4
+        # key's stored bits (docs/benchmarks.md, "Issue 15, eighth pass"), so an input taught once
+        # and asked verbatim is no longer an exact repeat for the relevance gate.
         # Needs an engine made with EngineConfig(n_seq_max=8); with one sequence it changes nothing.
         self.batch_keys = False
         # Contexts that extract keys side by side during ingest (method.thread_ingest), for presets

@@ -13,8 +13,8 @@ shards are still decoding, so the caller writes the bank as they arrive. A shard
 the same whichever context runs it (same sequences per decode, same grouping), and llama.cpp's CPU
 kernels compute each output element on one thread, so the keys do not depend on which context or
 how many contexts ran it: bitwise equal to a one-context batched extraction of the same shards
-(tested), and equal to the one-prompt-per-decode keys within rounding (batch shapes change the
-summation order inside attention; tested within 1e-4 relative).
+(tested), and equal to the one-prompt-per-decode keys within rounding (batch shapes decide which
+kernel path a row takes; the tolerance is :func:`.extract.extract_keys`'s).
 """
 from __future__ import annotations
 

@@ -420,8 +420,10 @@ class Engine:
         ``n_seq_max`` prompts and ``n_batch`` tokens each), with no output rows: a 30-token prompt
         alone leaves the CPU waiting on weight reads, several at once use them ``n`` times per
         read (issue 15). The callback sums each sequence's rows separately. Each sequence attends
-        only to itself (llama.cpp's mask), so a key equals the one-prompt decode up to the
-        summation order inside attention (tested: within 1e-4 relative). A prompt longer than
+        only to itself (llama.cpp's mask), so a key equals the one-prompt decode up to rounding
+        (which rows take the repacked matmuls' one-row path, flash attention's tiled path from 64
+        rows: docs/benchmarks.md, issue 15 seventh pass); tested: cosine > 0.9999 for a mean of
+        rows, > 0.999 for a last row. A prompt longer than
         ``n_batch`` is decoded alone, as ``decode`` does. Leaves the sequence reset."""
         if len(prompts) != len(masks):
             raise ValueError("one mask per prompt")
