@@ -14,7 +14,7 @@ gate compare, though, is the default preset's stored form: the sign bits of the 
    exact repeat: how many are steered).
 
     python bench/batched_bits.py [--data ../shared/data/banking77] [--rows 600] [--seqs 2,16,32]
-                                 [--answers 600] [--train 0 (all)] [--threads 2]
+                                 [--answers 600] [--train 0 (all)] [--threads 2] [--preset default]
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", type=Path, default=Path("../shared/data/banking77"),
                     help="a benchmark directory (meta.json, train.jsonl, test.jsonl)")
     ap.add_argument("--template", default=None, help="prompt template (default: the directory's name)")
+    ap.add_argument("--preset", default="default", help="a keys-only preset, e.g. default/1 (mean-pooled keys)")
     ap.add_argument("--rows", type=int, default=600, help="training inputs for part 1")
     ap.add_argument("--seqs", default="2,16,32", help="prompts per decode to compare")
     ap.add_argument("--answers", type=int, default=0, help="test rows to ask in part 2 (0: skip part 2)")
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     train = _rows(args.data / "train.jsonl", None)
     ex = [Example(r["input"], r["output"], i + 1) for i, r in enumerate(train)]
     eng = Engine(None, EngineConfig(n_threads=args.threads, n_seq_max=max(seqs), n_batch=1024))
-    m = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template)
+    m = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, preset=args.preset)
     m.ingest(ex[:2], budget="none", progress=False)  # makes the bank: centring vector, key order
     print(f"# bench/batched_bits.py  data={args.data}  template={template}  preset={m.preset.name} "
           f"v{m.preset.version}  threads={args.threads}")
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
           f"{len(repeats)} training inputs asked again verbatim")
     answers = {}
     for mode in ("one per decode", f"{max(seqs)} per decode"):
-        mm = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template)
+        mm = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, preset=args.preset)
         mm.batch_keys = mode != "one per decode"
         t0 = time.perf_counter()
         mm.ingest(learn, budget="none", progress=False)

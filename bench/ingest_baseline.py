@@ -10,7 +10,10 @@ child, rounds interleaved):
 * ``pre-issue code``: that commit's package, its default preset;
 * ``stand-in``: today's code, full depth, KV zeroed (the baseline of the other two scripts);
 * ``default``: today's code as shipped (stop after the key layers, one prompt per decode);
-* ``batched``: today's code, ``Miita.batch_keys`` with 16 prompts per decode (opt-in).
+* ``batched``: today's code, ``Miita.batch_keys`` with 16 prompts per decode (opt-in);
+* ``default/1``, ``batched default/1``: the same two with version 1 of the default preset, the one
+  the pre-issue code ships (one key layer at half depth; version 4 adds one at two thirds, which the
+  key pass must reach).
 
     python bench/ingest_baseline.py [--examples 120] [--rounds 3] [--threads 2] [--old-site DIR]
 
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("pre-issue code", "stand-in", "default", "batched")
+MODES = ("pre-issue code", "stand-in", "default", "batched", "default/1", "batched default/1")
 
 
 def child(mode: str, n: int, reps: int, threads: int) -> None:
@@ -40,14 +43,16 @@ def child(mode: str, n: int, reps: int, threads: int) -> None:
 
     train, _ = demo_stream()
     train = (train * (n // len(train) + 1))[:n]
-    eng = Engine(None, EngineConfig(n_threads=threads, n_seq_max=16) if mode == "batched"
-                 else EngineConfig(n_threads=threads))
+    batched = mode.startswith("batched")
+    preset = "default/1" if mode.endswith("default/1") else "default"
+    eng = Engine(None, EngineConfig(n_threads=threads, n_seq_max=16) if batched else EngineConfig(n_threads=threads))
     if mode == "stand-in":
         eng.config.keys_stop_early, eng.config.clear_kv_data = False, True
-    Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain").ingest(train[:8], budget="none", progress=False)
+    kw = {} if mode == "pre-issue code" else {"preset": preset}  # the old package knows no versions
+    Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain", **kw).ingest(train[:8], budget="none", progress=False)
     for _ in range(reps):
-        m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
-        m.batch_keys = mode == "batched"
+        m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain", **kw)
+        m.batch_keys = batched
         t0 = time.perf_counter()
         m.ingest(train, budget="none", progress=False)
         print(f"RATE {n / (time.perf_counter() - t0):.3f}", flush=True)
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
     for mode in MODES:
         r = statistics.median(rates[mode])
         lo, hi = min(rates[mode]), max(rates[mode])
-        print(f"   {mode:15s} {r:6.1f} examples/s  [{lo:5.1f}, {hi:5.1f}]   {r / base:5.2f}x the pre-issue code")
+        print(f"   {mode:18s} {r:6.1f} examples/s  [{lo:5.1f}, {hi:5.1f}]   {r / base:5.2f}x the pre-issue code")
     return 0
 
 

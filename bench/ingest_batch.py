@@ -8,7 +8,7 @@ side, 32 prompts per decode (``method.thread_ingest``; the contexts are made ins
 timed call), and the same two contexts decoding one prompt each per call (keys bitwise: every output
 element is computed on one thread, whatever the thread count).
 
-    python bench/ingest_batch.py [--examples 120] [--rounds 3] [--threads 2]
+    python bench/ingest_batch.py [--examples 120] [--rounds 3] [--threads 2] [--preset default]
 
 The first row stands in for the pre-issue engine; the pre-issue code itself ran 7% faster than it
 (bench/ingest_baseline.py), so ratios to it flatter today's code by that much.
@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seqs", default="8,16,32", help="sequences per decode for the batched rows")
+    ap.add_argument("--preset", default="default", help="a keys-only preset, e.g. default/1 (one key layer at half depth)")
     args = ap.parse_args(argv)
 
     from miita_edge.demo.run import demo_stream
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
         for label, n, before in rows:
             eng = engines[n]
             eng.config.keys_stop_early, eng.config.clear_kv_data = not before, before
-            m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
+            m = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain", preset=args.preset)
             m.batch_keys = n > 1
             m.key_contexts = 2 if n <= 0 else 1
             thread_ingest.KEY_SEQS_PER_DECODE = 1 if n < 0 else 32  # the siblings' sequences per decode
@@ -58,7 +59,8 @@ def main(argv=None) -> int:
             rates[label].append(len(train) / (time.perf_counter() - t0))
             eng.config.keys_stop_early, eng.config.clear_kv_data = True, False
     base = statistics.median(rates[rows[0][0]])
-    print(f"# bench/ingest_batch.py  {len(train)} demo rows, threads={args.threads}, medians of {args.rounds} rounds")
+    print(f"# bench/ingest_batch.py  {len(train)} demo rows, preset {args.preset}, threads={args.threads}, "
+          f"medians of {args.rounds} rounds")
     for i, (label, _, _) in enumerate(rows):
         r = statistics.median(rates[label])
         verdict = "baseline" if i == 0 else f"target >= 2x: {'met' if r / base >= 2 else 'MISSED'}"
