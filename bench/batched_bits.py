@@ -15,6 +15,7 @@ gate compare, though, is the default preset's stored form: the sign bits of the 
 
     python bench/batched_bits.py [--data ../shared/data/banking77] [--rows 600] [--seqs 2,16,32]
                                  [--answers 600] [--train 0 (all)] [--threads 2] [--preset default]
+                                 [--perturb]
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--answers", type=int, default=0, help="test rows to ask in part 2 (0: skip part 2)")
     ap.add_argument("--train", type=int, default=0, help="training rows ingested in part 2 (0: all)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--perturb", action="store_true",
+                    help="pair each batched key with the next input's (a sequence mix-up): shows the check can fail")
     args = ap.parse_args(argv)
 
     from miita_edge.evaluation.metrics import exact_match
@@ -91,6 +94,8 @@ def main(argv=None) -> int:
             got += extract_keys(eng, m.template, [(e.input, e.output) for e in part[i:i + n]],
                                 skip_bos=m.preset.skip_bos)
         B = np.array([bits(got[i]) for i in live])
+        if args.perturb:
+            B = np.roll(B, 1, axis=0)
         d = (B != S).sum(1)
         own_nearest = np.mean([(B[k] != S[k]).sum() < (B[k] != np.delete(S, k, 0)).sum(1).min() for k in range(len(live))])
         print(f"   {n:2d} per decode: flipped bits vs the same input's key: mean {d.mean():.1f}, median "
