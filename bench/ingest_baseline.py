@@ -8,7 +8,8 @@ times, in alternating child processes on the same demo rows (model load excluded
 child, rounds interleaved):
 
 * ``pre-issue code``: that commit's package, its default preset;
-* ``stand-in``: today's code, full depth, KV zeroed (the baseline of the other two scripts);
+* ``stand-in``: today's code, full depth, KV zeroed once per pass (the baseline of the other two
+  scripts);
 * ``default``: today's code as shipped (stop after the key layers, one prompt per decode);
 * ``batched``: today's code, ``Miita.batch_keys`` with 16 prompts per decode (opt-in);
 * ``default/1``, ``batched default/1``: the same two with version 1 of the default preset, the one

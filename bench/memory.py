@@ -112,7 +112,7 @@ def main(argv=None) -> int:
     # decode (bitwise keys); "batched keys": 8 prompts per decode in one context; "2 contexts":
     # --contexts 2, two one-thread contexts side by side, 32 prompts per decode
     # (method.thread_ingest; the contexts are made inside the timed call, as a user's first ingest)
-    # The pre-issue code itself ran ~7% faster than "full depth" (bench/ingest_baseline.py).
+    # "full depth" runs at the pre-issue code's own rate (bench/ingest_baseline.py).
     variants = [("default, full depth", "default"), ("default", "default"), ("default, batched keys", "default"),
                 ("default, 2 contexts", "default"), ("paper", "paper")]
     if args.paper_top_k > 0:

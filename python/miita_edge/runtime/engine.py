@@ -98,9 +98,10 @@ class EngineConfig:
     # Key-only passes (ingest's keys, calibration) stop the graph after the deepest key layer
     # instead of computing the layers above it (keys bitwise the same; off: the full depth).
     keys_stop_early: bool = True
-    # Zero the KV buffers on every reset (llama_memory_clear's data flag). Off: only the cells are
-    # marked free, which is what makes them invisible to the next decode (its mask excludes them);
-    # zeroing ~30 MB at n_ctx 4096 cost ~1 ms per reset, twice per example of a key-only ingest.
+    # Zero the KV buffers at every reset (llama_memory_clear's data flag), once per pass, as the
+    # engine before issue 15 did (the benches' stand-in for it). Off: only the cells are marked
+    # free, which is what makes them invisible to the next decode (its mask excludes them); zeroing
+    # ~30 MB at n_ctx 4096 cost ~1.8 ms. The clear after a key-only pass never zeroes.
     clear_kv_data: bool = False
 
 
@@ -494,14 +495,15 @@ class Engine:
                 self.native.set_stop_after_keys(False)
             self._forget_positions()
 
-    def _forget_positions(self) -> None:
-        """Clear the KV cache but keep the key sum (a key-only pass left deeper layers unwritten)."""
-        self._L.llama_memory_clear(self._mem, self.config.clear_kv_data)
+    def _forget_positions(self, zero: bool = False) -> None:
+        """Clear the KV cache but keep the key sum (a key-only pass left deeper layers unwritten);
+        ``zero``: also zero the buffers (``EngineConfig.clear_kv_data``)."""
+        self._L.llama_memory_clear(self._mem, zero)
         self.n_past = 0
 
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
-        self._forget_positions()
+        self._forget_positions(self.config.clear_kv_data)
         st = self.native
         st.key_reset()
         st.capture_clear()
