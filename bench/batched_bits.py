@@ -9,13 +9,13 @@ gate compare, though, is the default preset's stored form: the sign bits of the 
    same input's one-prompt-per-decode key (what ``ask`` computes), and how that compares with the
    distance from each input to its nearest *other* input (the margin that keeps a flipped key
    nearer its own input than anyone else's);
-2. with ``--answers N``: a whole memory ingested both ways (budget none), N test rows asked of each
-   (accuracy, how many answers agree), and the first N/2 training inputs asked again verbatim (an
-   exact repeat: how many are steered).
+2. with ``--answers N``: a whole memory ingested both ways (``--budget``, default none), N test
+   rows asked of each (accuracy, how many answers agree), and the first N/2 training inputs asked
+   again verbatim (an exact repeat: how many are steered).
 
     python bench/batched_bits.py [--data ../shared/data/banking77] [--rows 600] [--seqs 2,16,32]
                                  [--answers 600] [--train 0 (all)] [--threads 2] [--preset default]
-                                 [--perturb]
+                                 [--budget none] [--perturb]
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seqs", default="2,16,32", help="prompts per decode to compare")
     ap.add_argument("--answers", type=int, default=0, help="test rows to ask in part 2 (0: skip part 2)")
     ap.add_argument("--train", type=int, default=0, help="training rows ingested in part 2 (0: all)")
+    ap.add_argument("--budget", default="none", help="the part-2 memories' budget (e.g. 5%%; default: none)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--perturb", action="store_true",
                     help="pair each batched key with the next input's (a sequence mix-up): shows the check can fail")
@@ -109,14 +110,14 @@ def main(argv=None) -> int:
     test = [test[i] for i in sorted(rng.choice(len(test), min(args.answers, len(test)), replace=False))]
     learn = ex[:args.train] if args.train else ex
     repeats = learn[:max(1, args.answers // 2)]
-    print(f"\n2. memory of {len(learn)} training rows (budget none), {len(test)} test rows asked, "
+    print(f"\n2. memory of {len(learn)} training rows (budget {args.budget}), {len(test)} test rows asked, "
           f"{len(repeats)} training inputs asked again verbatim")
     answers = {}
     for mode in ("one per decode", f"{max(seqs)} per decode"):
         mm = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, preset=args.preset)
         mm.batch_keys = mode != "one per decode"
         t0 = time.perf_counter()
-        mm.ingest(learn, budget="none", progress=False)
+        mm.ingest(learn, budget=args.budget, progress=False)
         rate = len(learn) / (time.perf_counter() - t0)
         got = [mm.ask(r["input"], max_tokens=8) for r in test]
         acc = float(np.mean([exact_match(a.text, r["output"]) for a, r in zip(got, test)]))
