@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .exact_scores import ExactOnDemand
+from .exact_scores import ExactOnDemand, bit_top
 from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, strong_half, write_container
 
 __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "SEARCH", "available", "cache_dir",
@@ -228,11 +228,7 @@ class AnnIndex:
         and cut to the rows a top-``k`` vote can use, twins included (``DuplicateGroups.top_rows``):
         (rows ascending, scores). Packed 1-bit rows only (the recall front of the vote); the graph
         searches on one thread whatever ``threads`` is."""
-        from .. import _native
-
-        keys = self._search(q, *search_params(self.kind, self.n_rows, k))
-        scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
-        return self.dups.top_rows(keys, scores, k)
+        return bit_top(self.dups, self._search(q, *search_params(self.kind, self.n_rows, k)), rows, q, root, k)
 
     def _search(self, q: np.ndarray, count: int, ef: int = 0) -> np.ndarray:
         ef = self.ef or max(int(ef), int(count))

@@ -1,13 +1,15 @@
 """The exact re-score both recall fronts end in (eq. 8's Top_R): the int8 bound scan
 (``scan_index.RecallScores``) and the graph (``ann_index.AnnScores``) each find candidates their own
-way, then score them exactly and keep the best R with the same tie rule."""
+way, then score them exactly and keep the best R with the same tie rule; for the 1-bit vote, the
+graph and the inverted file's Python steps score their candidates with the exact scan's kernel
+(``bit_top``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .vectors import top_indices
 
-__all__ = ["ExactOnDemand"]
+__all__ = ["ExactOnDemand", "bit_top"]
 
 
 class ExactOnDemand:
@@ -32,3 +34,15 @@ class ExactOnDemand:
 
     def full(self) -> np.ndarray:
         return self.exact(np.arange(self.n))
+
+
+def bit_top(dups, keys: np.ndarray, rows: np.ndarray, q: np.ndarray, root: float, k: int, twins=None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct candidate rows ``keys`` of packed 1-bit ``rows`` scored as the exact scan scores
+    them (``bit_scores / root``, in float64), then cut to the rows a top-``k`` vote can use, twins
+    included (``dups``: an ``index_files.DuplicateGroups``; ``twins``: its ``twins(keys)`` when at
+    hand): (rows ascending, scores)."""
+    from .. import _native
+
+    scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
+    return dups.top_rows(keys, scores, k, twins)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .exact_scores import bit_top
 from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, write_container
 
 __all__ = ["IvfIndex", "SCAN_ROWS", "list_count", "probe_count"]
@@ -128,12 +129,8 @@ class IvfIndex:
     def scored_top_steps(self, q: np.ndarray, k: int, rows: np.ndarray, root: float) -> tuple[np.ndarray, np.ndarray]:
         """``scored_top`` by its Python steps (probe, ``bit_scores``, ``DuplicateGroups.top_rows``):
         the reference the native call is tested against."""
-        from .. import _native
-
         pos = self._probe(q, self._count(k))
-        keys = self.order[pos]
-        scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
-        return self.dups.top_rows(keys, scores, k, (self.list_twins[0][pos], self.list_twins[1][pos]))
+        return bit_top(self.dups, self.order[pos], rows, q, root, k, (self.list_twins[0][pos], self.list_twins[1][pos]))
 
     def _count(self, k: int) -> int:
         """Candidates for a top ``k`` (``CANDIDATES`` by the rows indexed, at least 16 per wanted row)."""
