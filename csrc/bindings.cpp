@@ -55,6 +55,26 @@ class State {
     }
     int64_t key_count() const { return miita_state_key_count(st_); }
     void key_reset() { miita_state_key_reset(st_); }
+    void set_key_marks(py::object rows) {
+        auto r = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+        if (!r || r.ndim() != 1) throw std::invalid_argument("marks must be a 1-D array");
+        check(miita_state_set_key_marks(st_, r.data(), r.size()));
+    }
+    // The snapshots of the last marks: sums (n_marks, n_keys*H) float64, pooled (n_marks, n_keys), rows (n_marks,)
+    py::tuple key_marks() const {
+        const int64_t nm = miita_state_key_mark_count(st_), nk = miita_state_key_count(st_);
+        py::array_t<double> sums({nm, nk * n_embd_});
+        py::array_t<int64_t> pooled({nm, nk});
+        py::array_t<int64_t> rows(nm);
+        check(miita_state_key_marks_get(st_, sums.mutable_data(), pooled.mutable_data(), rows.mutable_data()));
+        return py::make_tuple(sums, pooled, rows);
+    }
+    void key_set(py::array_t<double, py::array::c_style | py::array::forcecast> sums,
+                 py::array_t<int64_t, py::array::c_style | py::array::forcecast> pooled, int64_t rows) {
+        const int64_t nk = miita_state_key_count(st_);
+        if (sums.size() != nk * n_embd_ || pooled.size() != nk) throw std::invalid_argument("key state of the wrong size");
+        check(miita_state_key_set(st_, sums.data(), pooled.data(), rows));
+    }
     void begin_batch(py::object mask) {
         if (mask.is_none()) {
             check(miita_state_begin_batch(st_, nullptr, 0));
@@ -523,6 +543,9 @@ PYBIND11_MODULE(_native, m) {
         .def_property_readonly("n_embd", &State::n_embd)
         .def("set_key_tensor", &State::set_key_tensor)
         .def("key_reset", &State::key_reset)
+        .def("set_key_marks", &State::set_key_marks, py::arg("rows"))
+        .def("key_marks", &State::key_marks)
+        .def("key_set", &State::key_set, py::arg("sums"), py::arg("pooled"), py::arg("rows"))
         .def("begin_batch", &State::begin_batch, py::arg("mask") = py::none())
         .def("begin_groups", &State::begin_groups, py::arg("group"), py::arg("n_groups"),
              "per-sequence keys for the next llama_decode: group[i] (-1 = none) of each batch row")

@@ -30,6 +30,14 @@ struct miita_state {
     std::vector<int64_t> key_pooled;
     std::vector<uint8_t> mask;     // per batch row; empty = all rows
     std::vector<int64_t> rows_seen;  // per key tensor: its rows seen in the current llama_decode
+    // key snapshots (miita_state_set_key_marks): before batch row marks[m] of the batch that
+    // begin_batch described, each key's accumulator, pooled count and the key row count
+    std::vector<int64_t> marks;
+    std::vector<size_t> mark_next;       // per key tensor: the next mark to take
+    std::vector<double> mark_sum;        // n_marks * n_keys * n_embd
+    std::vector<int64_t> mark_pooled;    // n_marks * n_keys
+    std::vector<int64_t> mark_rows;      // n_marks
+    std::vector<uint8_t> mark_taken;     // n_marks * n_keys
     // per-sequence keys (miita_state_begin_groups): group of each batch row, -1 = none
     std::vector<int32_t> group;
     int64_t n_groups = 0;
@@ -88,6 +96,18 @@ static inline void pool_row(double * acc, const float * row, int64_t H, bool las
     }
 }
 
+// The accumulators of key k as they stand before the mark's row (prefix-cache snapshots).
+static void take_mark(miita_state * st, size_t m, size_t k) {
+    const int64_t H = st->n_embd;
+    const size_t nk = st->key_names.size();
+    const size_t mk = m * nk + k;
+    std::copy(st->key_sum.begin() + (int64_t) k * H, st->key_sum.begin() + (int64_t) (k + 1) * H,
+              st->mark_sum.begin() + (int64_t) mk * H);
+    st->mark_pooled[mk] = st->key_pooled[k];
+    if (k == 0) st->mark_rows[m] = st->key_rows;
+    st->mark_taken[mk] = 1;
+}
+
 static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
     st->hits_key++;
     if (!is_dense_f32(t) || t->ne[0] != st->n_embd) {
@@ -116,8 +136,10 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
         seen += rows;
         return;
     }
+    size_t & mi = st->mark_next[k];
     for (int64_t r = 0; r < rows; ++r) {
         const int64_t batch_row = seen + r;
+        while (mi < st->marks.size() && st->marks[mi] == batch_row) take_mark(st, mi++, k);
         if (!st->mask.empty()) {
             if (batch_row >= (int64_t) st->mask.size()) {
                 set_state_error(st, "key tensor has more rows than the batch mask covers");
@@ -194,6 +216,7 @@ miita_state * miita_state_new(int64_t n_embd) {
     st->n_embd = n_embd;
     st->key_sum.assign(n_embd, 0.0);
     st->rows_seen.assign(1, 0);
+    st->mark_next.assign(1, 0);
     st->key_last.assign(1, 0);
     st->key_pooled.assign(1, 0);
     return st;
@@ -278,7 +301,12 @@ int miita_state_set_key_tensors(miita_state * st, const char * const * names, in
         if ((int64_t) list.size() != st->n_keys_alloc) st->key_last.assign(list.size(), 0);
     }
     if (!list.empty()) st->n_keys_alloc = (int64_t) list.size();
+    if (list.size() != st->key_names.size()) {  // snapshots are shaped by the list: drop them
+        st->marks.clear();
+        st->mark_taken.clear();
+    }
     st->key_names = std::move(list);
+    st->mark_next.assign(st->key_names.size(), 0);
     st->keys_in_graph = 0;
     return 0;
 }
@@ -310,6 +338,8 @@ void miita_state_key_reset(miita_state * st) {
     std::fill(st->key_pooled.begin(), st->key_pooled.end(), 0);
     st->key_rows = 0;
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
+    st->marks.clear();
+    st->mark_next.assign(st->key_names.size(), 0);
     st->n_groups = 0;
     st->group.clear();
     st->keys_in_graph = 0;
@@ -344,6 +374,7 @@ int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n) {
     if (n < 0 || (n > 0 && mask == nullptr)) return fail("bad mask");
     st->mask.assign(mask, mask + n);
     std::fill(st->rows_seen.begin(), st->rows_seen.end(), 0);
+    st->mark_next.assign(st->key_names.size(), 0);
     st->keys_in_graph = 0;
     return 0;
 }
@@ -419,3 +450,42 @@ int64_t miita_state_hits(const miita_state * st, int which) {
 size_t miita_compiled_tensor_size(void) { return sizeof(struct ggml_tensor); }
 
 }  // extern "C"
+
+int miita_state_set_key_marks(miita_state * st, const int64_t * rows, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || (n > 0 && rows == nullptr)) return fail("bad marks");
+    if (st->key_names.empty() && n > 0) return fail("marks need key tensors");
+    for (int64_t i = 0; i < n; ++i) {
+        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return fail("marks must be increasing rows >= 0");
+    }
+    const size_t nk = st->key_names.size();
+    st->marks.assign(rows, rows + n);
+    st->mark_next.assign(nk, 0);
+    st->mark_sum.assign((size_t) n * nk * (size_t) st->n_embd, 0.0);
+    st->mark_pooled.assign((size_t) n * nk, 0);
+    st->mark_rows.assign((size_t) n, 0);
+    st->mark_taken.assign((size_t) n * nk, 0);
+    return 0;
+}
+
+int64_t miita_state_key_mark_count(const miita_state * st) { return st ? (int64_t) st->marks.size() : 0; }
+
+int miita_state_key_marks_get(const miita_state * st, double * sums_out, int64_t * pooled_out, int64_t * rows_out) {
+    if (!st) return fail("null state");
+    for (uint8_t taken : st->mark_taken) {
+        if (!taken) return fail("a key mark was not reached by the decode");
+    }
+    std::copy(st->mark_sum.begin(), st->mark_sum.end(), sums_out);
+    std::copy(st->mark_pooled.begin(), st->mark_pooled.end(), pooled_out);
+    std::copy(st->mark_rows.begin(), st->mark_rows.end(), rows_out);
+    return 0;
+}
+
+int miita_state_key_set(miita_state * st, const double * sums, const int64_t * pooled, int64_t rows) {
+    if (!st) return fail("null state");
+    if (sums == nullptr || pooled == nullptr || rows < 0) return fail("bad key state");
+    std::copy(sums, sums + st->n_keys_alloc * st->n_embd, st->key_sum.begin());
+    std::copy(pooled, pooled + st->n_keys_alloc, st->key_pooled.begin());
+    st->key_rows = rows;
+    return 0;
+}

@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import ModelError
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS, key_mean
+from .key_prefix import KeyPrefix
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
 
@@ -103,6 +104,10 @@ class EngineConfig:
     # free, which is what makes them invisible to the next decode (its mask excludes them); zeroing
     # ~30 MB at n_ctx 4096 cost ~1.8 ms. The clear after a key-only pass never zeroes.
     clear_kv_data: bool = False
+    # A key-only pass (``prompt_key``) starts from the rows of the previous one that its prompt
+    # shares, where the key stays bitwise that of a whole pass (runtime.key_prefix says when);
+    # checked once per model, off where the check fails. Off: every pass decodes the whole prompt.
+    key_prefix_cache: bool = True
 
 
 @dataclass
@@ -264,6 +269,8 @@ class Engine:
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
         self.n_past = 0
+        self._key_prefix: KeyPrefix | None = None
+        self.key_rows_reused = 0  # prompt rows key-only passes took from the previous pass (benches, tests)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.bos = int(L.llama_vocab_bos(self._vocab))
         self._lm = None
@@ -482,7 +489,62 @@ class Engine:
         """Eq. 1's key values of one prompt, as ``key_sum`` gives them, from a
         key-only pass: no logits, and (``EngineConfig.keys_stop_early``) the graph stops after the
         deepest key layer, so the layers above it (5 of Gemma-3-270M's 18) are not computed.
-        The rows summed are computed exactly as in a full pass. Leaves the sequence reset."""
+        The rows summed are computed exactly as in a full pass. Leaves the sequence reset.
+
+        With ``EngineConfig.key_prefix_cache`` the pass continues from the rows it shares with the
+        previous key-only pass's prompt where ``runtime.key_prefix`` shows the key stays bitwise
+        (a templated stream's instruction is decoded once, not once per example); those rows stay
+        in the KV cache, invisible to callers: the next decode of any other kind clears them."""
+        if self._key_prefix_usable(len(tokens)):
+            return self._prompt_key_continued(list(tokens), [bool(m) for m in mask])
+        return self._prompt_key_whole(tokens, mask)
+
+    def _key_prefix_usable(self, n: int) -> bool:
+        return (self.config.key_prefix_cache and self.config.keys_stop_early and not self.config.clear_kv_data
+                and self._n_seq_ctx == 1 and 0 < n <= self.config.n_batch
+                and getattr(self._owner or self, "_key_prefix_verdict", None) is not False)
+
+    @property
+    def key_prefix_ok(self) -> bool:
+        """Whether this build's kernels keep keys bitwise when a pass continues another's rows
+        (``runtime.key_prefix``'s rules), checked once per loaded model by ``_probe_key_prefix``."""
+        owner = self._owner or self  # one verdict per loaded model; each context probes itself
+        if getattr(owner, "_key_prefix_verdict", None) is None:
+            owner._key_prefix_verdict = self._probe_key_prefix()
+        return owner._key_prefix_verdict
+
+    def _probe_key_prefix(self) -> bool:
+        """Decode a few prompts that share prefixes (short ones, and ones past flash attention's
+        64-row tile) both whole and continued, and compare the keys bit for bit. The rules in
+        ``runtime.key_prefix`` were measured on one build; a CPU or build whose kernels round
+        otherwise gets whole passes instead of keys that drift from ``ask``'s."""
+        text = ("The quick brown fox jumps over the lazy dog while seven wizards quietly judge "
+                "boxing matches at dawn; meanwhile the harbour lights flicker and a tired sailor "
+                "counts the waves, numbering each one until the morning bell rings twice. ")
+        base = self.tokenize(text * 3, add_bos=True)
+        alt = self.tokenize(text[::-1] * 3, add_bos=False)
+        if len(base) < 120 or len(alt) < 80:
+            return False
+        # cuts under the rules: -, 16, 20 (a rest of >= 8 rows), - (another attention path), 68,
+        # 36 (a tiled rest of >= 64 rows), - ; rules any looser put some cut where rows round otherwise
+        chain = [base[:30], base[:18] + alt[:12], base[:18] + alt[:10] + alt[40:42],
+                 base[:100], base[:70] + alt[:70], base[:70] + alt[:30], base[:20] + alt[:12]]
+        self._key_prefix = None
+        try:
+            continued = [self._prompt_key_continued(list(t), self.key_mask(t, True), probing=True) for t in chain]
+            self.reset()
+            for toks, (s, n) in zip(chain, continued):
+                ws, wn = self._prompt_key_whole(toks, self.key_mask(toks, True))
+                if not (np.array_equal(ws, s) and np.array_equal(wn, n)):
+                    return False
+            return True
+        except ModelError:
+            return False
+        finally:
+            self.reset()
+
+    def _prompt_key_whole(self, tokens, mask) -> tuple[np.ndarray, np.ndarray]:
+        """A key-only pass over every row of the prompt."""
         self.reset()
         stop = self.config.keys_stop_early
         if stop:
@@ -495,11 +557,66 @@ class Engine:
                 self.native.set_stop_after_keys(False)
             self._forget_positions()
 
+    def _prompt_key_continued(self, tokens: list[int], mask: list[bool],
+                              probing: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """``prompt_key`` from the deepest row it may share with the cached prefix (0: all rows).
+        The first time a row would be shared, the build is probed (``key_prefix_ok``): a stream
+        whose prompts share nothing never pays for the probe."""
+        from .key_prefix import mark_rows, tiled
+
+        n = len(tokens)
+        names = tuple(self._key_names)
+        kp = self._key_prefix
+        q = kp.cut_for(tokens, mask, names) if kp is not None else 0
+        if q and not probing:
+            verdict = getattr(self._owner or self, "_key_prefix_verdict", None)
+            if verdict is None:
+                verdict = self.key_prefix_ok  # probes: the KV cache is left empty, this prompt starts anew
+                q = 0
+            elif not verdict:
+                q = 0
+        st = self.native
+        if q:
+            sums, pooled, rows = kp.states[q]
+            self._L.llama_memory_seq_rm(self._mem, 0, q, -1)
+            st.key_reset()
+            st.capture_clear()
+            st.alpha_clear()
+            st.error_clear()
+            st.set_steer(None, None, 0.0, 0)
+            st.set_key_tensors(list(names))
+            st.key_set(sums, pooled, rows)
+            states = {r: v for r, v in kp.states.items() if r <= q}
+            self.key_rows_reused += q
+        else:
+            self.reset()
+            states = {}
+        self._key_prefix = None
+        self.n_past = q
+        marks = mark_rows(q, n)
+        st.set_stop_after_keys(True)
+        try:
+            self.decode(tokens[q:], "none", key_mask=mask[q:], key_marks=[r - q for r in marks])
+            m_sums, m_pooled, m_rows = st.key_marks()
+            out = self.key_sum()
+        except BaseException:
+            self._forget_positions()
+            raise
+        finally:
+            st.set_stop_after_keys(False)
+            st.set_key_marks(np.zeros(0, np.int64))
+        for i, r in enumerate(marks):
+            states[r] = (m_sums[i].copy(), m_pooled[i].copy(), int(m_rows[i]))
+        self._key_prefix = KeyPrefix(tokens, mask, names, tiled(n), states)
+        self.n_past = 0  # logically reset: the next decode of any other kind clears these rows
+        return out
+
     def _forget_positions(self, zero: bool = False) -> None:
         """Clear the KV cache but keep the key sum (a key-only pass left deeper layers unwritten);
         ``zero``: also zero the buffers (``EngineConfig.clear_kv_data``)."""
         self._L.llama_memory_clear(self._mem, zero)
         self.n_past = 0
+        self._key_prefix = None
 
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
@@ -517,9 +634,12 @@ class Engine:
             raise ValueError("n_keep out of range")
         self._L.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
         self.n_past = n_keep
+        if self._key_prefix is not None:
+            self._forget_positions()
 
     def decode(self, tokens: Sequence[int], logits: Sequence[bool] | str = "last",
-               key_mask: Sequence[bool] | None = None, read_logits: bool = True) -> np.ndarray:
+               key_mask: Sequence[bool] | None = None, read_logits: bool = True,
+               key_marks: Sequence[int] | None = None) -> np.ndarray:
         """Append tokens to the sequence; return the requested logits rows (n_req, V), copied.
 
         logits: "last", "none", "all", or one flag per token.
@@ -527,7 +647,11 @@ class Engine:
         (None: no key is collected in this call). The sum accumulates until ``reset()``.
         read_logits=False: the flagged rows are computed up to result_norm (for the callback's
         capture) but nothing is copied out; returns an empty (0, V) array.
+        key_marks: rows of this call (increasing) before which the key state is kept aside
+        (``native.key_marks()``); only for a call of at most n_batch tokens.
         """
+        if self._key_prefix is not None:  # a key-only pass's rows, kept for the next one: not ours
+            self._forget_positions()
         n = len(tokens)
         if n == 0:
             return np.zeros((0, self.n_vocab), np.float32)
@@ -556,6 +680,10 @@ class Engine:
             b.n_tokens = len(chunk)
             if key_mask is not None:
                 self.native.begin_batch(np.fromiter((key_mask[j] for j in chunk), np.uint8, len(chunk)))
+            if key_marks is not None:
+                if n > nb or key_mask is None:
+                    raise ValueError("key_marks need a key_mask and at most n_batch tokens")
+                self.native.set_key_marks(np.asarray(key_marks, np.int64))
             rc = L.llama_decode(self._ctx, b)
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc}")
