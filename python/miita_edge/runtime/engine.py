@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ModelError
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS, key_mean
-from .key_prefix import KeyPrefix
+from .key_prefix import KeyPrefix, mark_rows, tiled
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
 
@@ -562,8 +562,6 @@ class Engine:
         """``prompt_key`` from the deepest row it may share with the cached prefix (0: all rows).
         The first time a row would be shared, the build is probed (``key_prefix_ok``): a stream
         whose prompts share nothing never pays for the probe."""
-        from .key_prefix import mark_rows, tiled
-
         n = len(tokens)
         names = tuple(self._key_names)
         kp = self._key_prefix
@@ -578,12 +576,8 @@ class Engine:
         st = self.native
         if q:
             sums, pooled, rows = kp.states[q]
-            self._L.llama_memory_seq_rm(self._mem, 0, q, -1)
-            st.key_reset()
-            st.capture_clear()
-            st.alpha_clear()
-            st.error_clear()
-            st.set_steer(None, None, 0.0, 0)
+            self._L.llama_memory_seq_rm(self._mem, 0, q, -1)  # the shared rows stay
+            self._reset_callback()
             st.set_key_tensors(list(names))
             st.key_set(sums, pooled, rows)
             states = {r: v for r, v in kp.states.items() if r <= q}
@@ -621,6 +615,10 @@ class Engine:
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
         self._forget_positions(self.config.clear_kv_data)
+        self._reset_callback()
+
+    def _reset_callback(self) -> None:
+        """The callback's per-sequence state back to empty: key sum, captured rows, alphas, steering."""
         st = self.native
         st.key_reset()
         st.capture_clear()
