@@ -198,6 +198,7 @@ class Engine:
             raise ModelError(f"vocabulary size {self.n_vocab} != LM-head rows {self.info.n_vocab}")
 
         self._owner: "Engine | None" = None  # set on siblings: the engine whose model they share
+        self._key_prefix_verdict: bool | None = None  # key_prefix_ok, once probed (read on the owner)
         self._siblings: list[Engine] = []
         self._make_context()
         self.graph_tensors = self._probe_graph()
@@ -502,14 +503,14 @@ class Engine:
     def _key_prefix_usable(self, n: int) -> bool:
         return (self.config.key_prefix_cache and self.config.keys_stop_early and not self.config.clear_kv_data
                 and self._n_seq_ctx == 1 and 0 < n <= self.config.n_batch
-                and getattr(self._owner or self, "_key_prefix_verdict", None) is not False)
+                and (self._owner or self)._key_prefix_verdict is not False)
 
     @property
     def key_prefix_ok(self) -> bool:
         """Whether this build's kernels keep keys bitwise when a pass continues another's rows
         (``runtime.key_prefix``'s rules), checked once per loaded model by ``_probe_key_prefix``."""
         owner = self._owner or self  # one verdict per loaded model; each context probes itself
-        if getattr(owner, "_key_prefix_verdict", None) is None:
+        if owner._key_prefix_verdict is None:
             owner._key_prefix_verdict = self._probe_key_prefix()
         return owner._key_prefix_verdict
 
@@ -567,11 +568,8 @@ class Engine:
         kp = self._key_prefix
         q = kp.cut_for(tokens, mask, names) if kp is not None else 0
         if q and not probing:
-            verdict = getattr(self._owner or self, "_key_prefix_verdict", None)
-            if verdict is None:
-                verdict = self.key_prefix_ok  # probes: the KV cache is left empty, this prompt starts anew
-                q = 0
-            elif not verdict:
+            probed = (self._owner or self)._key_prefix_verdict is not None
+            if not self.key_prefix_ok or not probed:  # a probe leaves the KV cache empty: start anew
                 q = 0
         st = self.native
         if q:
@@ -600,7 +598,7 @@ class Engine:
             st.set_stop_after_keys(False)
             st.set_key_marks(np.zeros(0, np.int64))
         for i, r in enumerate(marks):
-            states[r] = (m_sums[i].copy(), m_pooled[i].copy(), int(m_rows[i]))
+            states[r] = (m_sums[i], m_pooled[i], int(m_rows[i]))  # rows of arrays made for this pass
         self._key_prefix = KeyPrefix(tokens, mask, names, tiled(n), states)
         self.n_past = 0  # logically reset: the next decode of any other kind clears these rows
         return out

@@ -25,7 +25,7 @@ differs. The key accumulators themselves are continued from a snapshot taken at 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def mark_rows(start: int, n: int) -> list[int]:
     return list(range(first, n, ROW_ALIGN))
 
 
-def cut(n: int, common: int, marks: Sequence[int], cached_tiled: bool) -> int:
+def cut(n: int, common: int, marks: Iterable[int], cached_tiled: bool) -> int:
     """The deepest kept row q (0: none) from which an n-row prompt that shares its first ``common``
     (token, mask) pairs with the cached prompt can be decoded as rows [q, n) with its key bitwise
     that of a whole pass. ``cached_tiled``: the attention path the cached rows were computed on."""
@@ -88,4 +88,4 @@ class KeyPrefix:
         if tuple(names) != self.names:
             return 0
         common = common_prefix(self.tokens, self.mask, tokens, mask)
-        return cut(len(tokens), common, sorted(self.states), self.tiled)
+        return cut(len(tokens), common, self.states.keys(), self.tiled)
