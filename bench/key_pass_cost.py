@@ -5,8 +5,8 @@ example (cProfile: ~95% of an ingest of the demo stream is ``llama_decode``), so
 what such a pass costs as a function of the prompt's length n. This script times passes over one
 text cut to n = 4..40 tokens and fits t(n) = a + b*n (ms) for:
 
-* ``full depth``: every layer, as the pre-issue code decoded (its stand-in in bench/memory.py;
-  bench/ingest_baseline.py shows it runs at that code's own rate);
+* ``full depth``: every layer, the KV buffers zeroed at each reset, as the pre-issue code decoded
+  (its stand-in in bench/memory.py; bench/ingest_baseline.py shows it runs at that code's own rate);
 * each ``--presets`` entry: a key-only pass stopping after that preset's deepest key layer, one
   prompt per decode (keys bitwise the ones ``ask`` computes).
 
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
     base = eng.tokenize(TEXT * 3, add_bos=True)
 
     def timed(full_depth: bool) -> tuple[float, float, list[float]]:
-        eng.config.keys_stop_early = not full_depth
+        # full depth: the pre-issue pass, which also zeroed the KV buffers at each reset
+        eng.config.keys_stop_early, eng.config.clear_kv_data = not full_depth, full_depth
         ts = []
         for n in LENGTHS:
             toks, mask = base[:n], [True] * n
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
                 eng.prompt_key(toks, mask)
                 reps.append((time.perf_counter() - t0) * 1e3)
             ts.append(statistics.median(reps))
-        eng.config.keys_stop_early = True
+        eng.config.keys_stop_early, eng.config.clear_kv_data = True, False
         return (*fit(list(LENGTHS), ts), ts)
 
     print(f"# bench/key_pass_cost.py  threads={args.threads}, n = {LENGTHS[0]}..{LENGTHS[-1]} tokens, "
