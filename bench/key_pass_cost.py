@@ -28,16 +28,11 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 TEXT = ("The quick brown fox jumps over the lazy dog while seven wizards quietly judge boxing matches "
         "at dawn; meanwhile the harbour lights flicker and a tired sailor counts the waves. ")
 LENGTHS = (4, 8, 12, 16, 20, 24, 28, 32, 40)
-
-
-def fit(ns: list[int], ts: list[float]) -> tuple[float, float]:
-    """Least-squares a, b of t = a + b*n."""
-    mn, mt = statistics.fmean(ns), statistics.fmean(ts)
-    b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
-    return mt - b * mn, b
 
 
 def main(argv=None) -> int:
@@ -80,7 +75,8 @@ def main(argv=None) -> int:
                 reps.append((time.perf_counter() - t0) * 1e3)
             ts.append(statistics.median(reps))
         eng.config.keys_stop_early, eng.config.clear_kv_data = True, False
-        return (*fit(list(LENGTHS), ts), ts)
+        b, a = np.polyfit(LENGTHS, ts, 1)  # least squares t = a + b*n
+        return float(a), float(b), ts
 
     print(f"# bench/key_pass_cost.py  threads={args.threads}, n = {LENGTHS[0]}..{LENGTHS[-1]} tokens, "
           f"medians of {args.reps}; stream: {len(lens)} prompts of {args.data or 'the demo stream'} "
