@@ -102,6 +102,15 @@ class State {
         if (nk == 1) return py::make_tuple(sums.reshape({n_groups_, n_embd_}), rows);
         return py::make_tuple(sums, rows);
     }
+    void set_key_outputs(const std::vector<bool> & out) {
+        std::vector<uint8_t> flags(out.begin(), out.end());
+        check(miita_state_set_key_outputs(st_, flags.data(), (int64_t) flags.size()));
+    }
+    void set_output_rows(py::object rows) {
+        auto r = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(rows);
+        if (!r || r.ndim() != 1) throw std::invalid_argument("output rows must be a 1-D array of integers");
+        check(miita_state_set_output_rows(st_, r.data(), r.size()));
+    }
     void set_key_pooling(const std::vector<bool> & last) {
         std::vector<uint8_t> flags(last.begin(), last.end());
         check(miita_state_set_key_pooling(st_, flags.data(), (int64_t) flags.size()));
@@ -556,6 +565,10 @@ PYBIND11_MODULE(_native, m) {
         .def("set_key_tensors", &State::set_key_tensors,
              "several key tensors, one sum each (e.g. ['l_out-6', 'l_out-12']); [] stops collecting")
         .def("key_count", &State::key_count)
+        .def("set_key_outputs", &State::set_key_outputs, py::arg("outputs"),
+             "per key tensor: whether it holds only the batch's output rows (a cut model's last layer)")
+        .def("set_output_rows", &State::set_output_rows, py::arg("rows"),
+             "the batch rows llama.cpp outputs in the next decode, increasing ([] for none)")
         .def("set_key_pooling", &State::set_key_pooling, py::arg("last"),
              "per key tensor: True keeps only its last selected row, False sums every selected row")
         .def("key_rows", &State::key_rows, "each key's divisor (n_keys,) int64: rows summed, or 0/1 for last-row keys")

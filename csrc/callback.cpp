@@ -30,6 +30,11 @@ struct miita_state {
     std::vector<int64_t> key_pooled;
     std::vector<uint8_t> mask;     // per batch row; empty = all rows
     std::vector<int64_t> rows_seen;  // per key tensor: its rows seen in the current llama_decode
+    // Key tensors that hold only the batch's output rows (a model's last layer, where llama.cpp
+    // keeps the rows asked for): row r of such a tensor is batch row out_rows[r] (across ubatches
+    // of one decode, in order); the others hold every batch row.
+    std::vector<uint8_t> key_out;
+    std::vector<int64_t> out_rows;
     // key snapshots (miita_state_set_key_marks): before batch row marks[m] of the batch that
     // begin_batch described, each key's accumulator, pooled count and the key row count
     std::vector<int64_t> marks;
@@ -119,9 +124,18 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
     const int64_t H = st->n_embd;
     const int64_t n_keys = (int64_t) st->key_names.size();
     int64_t & seen = st->rows_seen[k];
+    const bool outputs = k < st->key_out.size() && st->key_out[k] != 0;
+    if (outputs && seen + rows > (int64_t) st->out_rows.size()) {
+        set_state_error(st, std::string("key tensor ") + t->name + " has more rows than the batch's output rows");
+        return;
+    }
+    if (outputs && !st->marks.empty()) {
+        set_state_error(st, "key marks need key tensors that hold every batch row");
+        return;
+    }
     if (st->n_groups > 0) {
         for (int64_t r = 0; r < rows; ++r) {
-            const int64_t batch_row = seen + r;
+            const int64_t batch_row = outputs ? st->out_rows[(size_t) (seen + r)] : seen + r;
             if (batch_row >= (int64_t) st->group.size()) {
                 set_state_error(st, "key tensor has more rows than the batch's groups cover");
                 break;
@@ -138,7 +152,7 @@ static void on_key_tensor(miita_state * st, const ggml_tensor * t, size_t k) {
     }
     size_t & mi = st->mark_next[k];
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t batch_row = seen + r;
+        const int64_t batch_row = outputs ? st->out_rows[(size_t) (seen + r)] : seen + r;
         while (mi < st->marks.size() && st->marks[mi] == batch_row) take_mark(st, mi++, k);
         if (!st->mask.empty()) {
             if (batch_row >= (int64_t) st->mask.size()) {
@@ -317,6 +331,23 @@ int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t 
     if (!st) return fail("null state");
     if (n != st->n_keys_alloc || (n > 0 && last == nullptr)) return fail("key pooling list must have one entry per key tensor");
     for (int64_t k = 0; k < n; ++k) st->key_last[(size_t) k] = last[k] ? 1 : 0;
+    return 0;
+}
+
+int miita_state_set_key_outputs(miita_state * st, const uint8_t * flags, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || (n > 0 && flags == nullptr)) return fail("bad key output flags");
+    st->key_out.assign(flags, flags + n);
+    return 0;
+}
+
+int miita_state_set_output_rows(miita_state * st, const int64_t * rows, int64_t n) {
+    if (!st) return fail("null state");
+    if (n < 0 || (n > 0 && rows == nullptr)) return fail("bad output rows");
+    for (int64_t i = 0; i < n; ++i) {
+        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return fail("output rows must be increasing and >= 0");
+    }
+    st->out_rows.assign(rows, rows + n);
     return 0;
 }
 

@@ -93,6 +93,14 @@ int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_row
  * ubatches and decode calls; in group mode per group). A list of another length resets every
  * entry to 0; switching collection off and on with a list of the same length keeps them. */
 int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t n);
+/* Key tensors that hold only the batch's output rows (flags[k] != 0; n = the key list's length,
+ * or 0 for none): the deepest key layer of a model cut after it (runtime/key_twin.py), where
+ * llama.cpp keeps only the rows whose logits were asked for. Row r of such a tensor is batch row
+ * rows[r] of miita_state_set_output_rows (increasing; numbered as begin_batch's mask or
+ * begin_groups' ids number them, across the ubatches of one decode); the mask or groups then
+ * apply to that batch row. Such tensors refuse key marks. */
+int miita_state_set_key_outputs(miita_state * st, const uint8_t * flags, int64_t n);
+int miita_state_set_output_rows(miita_state * st, const int64_t * rows, int64_t n);
 /* What each key's value stands for, its divisor for eq. 1's pooled key (n_keys int64): the rows
  * summed for mean pooling, 0 or 1 for last pooling. */
 int miita_state_key_rows(const miita_state * st, int64_t * pooled_out);

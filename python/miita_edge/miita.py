@@ -184,6 +184,12 @@ class Miita:
         # extraction within rounding, whatever the number of contexts: ~1.2x the default's rate on
         # 2 cores (docs/benchmarks.md, "Issue 15, third pass").
         self.key_contexts: int = 1
+        # Fast ingest (key-only presets): keys from the model's Q8_0 twin cut after the deepest
+        # key layer (runtime.key_twin, written to the cache once per model), batched on
+        # ``key_contexts`` contexts (at least 2). ~2.4x the pre-issue-15 rate on the demo stream
+        # against 1.4x for the default, on the 2-core AVX-512 machine (docs/benchmarks.md, issue 15
+        # eleventh pass); the keys are batched keys, with their tolerance and what it costs (above).
+        self.fast_keys = False
         self._thread_extractor = None
 
     # ---------------------------------------------------------------- counters
@@ -393,12 +399,16 @@ class Miita:
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
 
     def _key_extractor(self):
-        """The side-by-side key extractor when it applies (``key_contexts`` above 1, a keys-only
-        preset, no extract cache), else None."""
+        """The side-by-side key extractor when it applies (``key_contexts`` above 1 or
+        ``fast_keys``, a keys-only preset, no extract cache), else None."""
         n = int(self.key_contexts or 1)
-        if n <= 1 or self.preset.bank.payload != "tokens" or self.extract_cache is not None:
+        fast = bool(self.fast_keys)
+        if (n <= 1 and not fast) or self.preset.bank.payload != "tokens" or self.extract_cache is not None:
             return None
         eng = self._use_keys()
+        if fast:
+            eng = eng.q8_twin() or eng  # no Q5_0 weights: the model itself is as fast
+            n = max(n, 2)
         from .method.thread_ingest import ThreadExtractor
 
         te = self._thread_extractor

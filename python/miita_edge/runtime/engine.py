@@ -13,6 +13,7 @@ callback never sees a dangling pointer.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -108,6 +109,11 @@ class EngineConfig:
     # shares, where the key stays bitwise that of a whole pass (runtime.key_prefix says when);
     # checked once per model, off where the check fails. Off: every pass decodes the whole prompt.
     key_prefix_cache: bool = True
+    # The model is a copy cut after its deepest key layer (runtime.key_twin, fast ingest): that
+    # layer is the model's last, where llama.cpp keeps only the rows asked for as outputs, so a
+    # key-only pass marks each prompt's last selected row as its output and computes the layer's
+    # feed-forward half for that row only. Allowed for a last-row key layer; keys only.
+    key_cut: bool = False
 
 
 @dataclass
@@ -200,6 +206,7 @@ class Engine:
         self._owner: "Engine | None" = None  # set on siblings: the engine whose model they share
         self._key_prefix_verdict: bool | None = None  # key_prefix_ok, once probed (read on the owner)
         self._siblings: list[Engine] = []
+        self._q8_twins: dict[int | None, Engine | None] = {}  # q8_twin() by cut, made on first use
         self._make_context()
         self.graph_tensors = self._probe_graph()
 
@@ -213,8 +220,6 @@ class Engine:
         It never frees the model: this engine closes its siblings before freeing it."""
         if self._closed:
             raise ModelError("engine is closed")
-        import dataclasses
-
         sib = object.__new__(Engine)
         sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "_native_mod", "info", "n_embd", "n_layer",
                                                            "_model", "_vocab", "n_vocab")})
@@ -224,11 +229,38 @@ class Engine:
         sib.key_layer = self.key_layer
         sib._owner = self
         sib._siblings = []
+        sib._q8_twins = {}
         sib._make_context()
         sib.graph_tensors = self.graph_tensors
         sib.set_key_layers(self.key_layers, self.key_pooling)
         self._siblings.append(sib)
         return sib
+
+    def q8_twin(self) -> "Engine | None":
+        """An engine on this model's lossless Q8_0 twin (``runtime.key_twin``: the Q5_0 weights
+        re-encoded, the same numbers), for this engine's key layers; written to the cache and loaded
+        on first use, closed with this engine. None when the model has no Q5_0 weights.
+
+        When the deepest key layer pools its last row, the twin is cut after it
+        (``EngineConfig.key_cut``): that layer's feed-forward half then runs on each prompt's last
+        row only. For key extraction only (the opt-in fast ingest): it maps a second copy of the
+        weights, and a memory's fingerprint stays the original model's."""
+        owner = self._owner or self
+        if owner._closed:
+            raise ModelError("engine is closed")
+        deepest = max(range(len(self.key_layers)), key=lambda i: self.key_layers[i])
+        cut = self.key_layers[deepest] + 1 if self.key_pooling[deepest] == "last" else None
+        if cut not in owner._q8_twins:
+            from .key_twin import q8_twin_path
+
+            path = q8_twin_path(owner.info.path, layers=cut)
+            owner._q8_twins[cut] = None if path is None else Engine(
+                path, dataclasses.replace(owner.config, key_cut=cut is not None, key_prefix_cache=False,
+                                          key_layer=None))
+        twin = owner._q8_twins[cut]
+        if twin is not None and (twin.key_layers, twin.key_pooling) != (self.key_layers, self.key_pooling):
+            twin.set_key_layers(self.key_layers, self.key_pooling)
+        return twin
 
     def siblings(self, count: int, n_threads: int, n_seq_max: int = 1) -> list["Engine"]:
         """``count`` sibling contexts with this thread count and sequences per decode, made on first
@@ -294,24 +326,37 @@ class Engine:
 
         The key is then the concatenation of the layers' pooled rows (``QueryState.key``, (L·H,)), in
         the order given; ``pooling`` says per layer how (``KEY_POOLINGS``; None: all "mean"). Each
-        layer must be <= n_layer - 2: the last layer keeps only output rows."""
+        layer must be <= n_layer - 2: the last layer keeps only output rows (except in a model cut
+        after a last-row key layer, ``EngineConfig.key_cut``, where that layer is the last)."""
         layers = tuple(int(k) for k in layers)
         if not layers or len(set(layers)) != len(layers):
             raise ValueError(f"key layers must be distinct and at least one, got {layers}")
         pooling = tuple(pooling) if pooling is not None else ("mean",) * len(layers)
         if len(pooling) != len(layers) or any(p not in KEY_POOLINGS for p in pooling):
             raise ValueError(f"key pooling must name one of {KEY_POOLINGS} per key layer, got {pooling}")
-        for k in layers:
-            if not 0 <= k <= self.n_layer - 2:
-                raise ModelError(f"key layer {k} out of range 0..{self.n_layer - 2} for {self.info.path.name}")
+        top = self.n_layer - (1 if self.config.key_cut else 2)
+        for k, p in zip(layers, pooling):
+            if not 0 <= k <= top:
+                raise ModelError(f"key layer {k} out of range 0..{top} for {self.info.path.name}")
+            if k == self.n_layer - 1 and p != "last":
+                raise ModelError(f"key layer {k} is the last layer of the cut model {self.info.path.name}: it "
+                                 f"holds only output rows, so its key must pool the last row, not {p!r}")
+        self._key_outputs = [k == self.n_layer - 1 for k in layers]
         self.key_layers = layers
         self.key_pooling = pooling
         self.key_layer = layers[0]
         self._key_names = [f"l_out-{k}" for k in layers]
         self.native.set_key_tensors(self._key_names)
         self.native.set_key_pooling([p == "last" for p in pooling])
+        self.native.set_key_outputs(self._key_outputs)
         self.native.set_key_tensors([])  # sized for the new list; collected only while decoding a key
         self.native.key_reset()
+
+    @property
+    def key_cut(self) -> bool:
+        """Whether a key tensor holds only output rows (a model cut after its deepest key layer):
+        key passes then mark each prompt's last selected row as an output."""
+        return any(getattr(self, "_key_outputs", ()))
 
     def missing_key_tensors(self, layers: Sequence[int]) -> list[str]:
         """The ``l_out-<k>`` of ``layers`` that this model's graph never computes (one short decode
@@ -372,6 +417,10 @@ class Engine:
         for sib in self._siblings:  # their contexts point at this model: freed first
             sib.close()
         self._siblings = []
+        for twin in self._q8_twins.values():
+            if twin is not None:
+                twin.close()
+        self._q8_twins = {}
         L.llama_batch_free(self._batch)
         L.llama_free(self._ctx)
         if self._owner is None:
@@ -467,6 +516,12 @@ class Engine:
                 ids[r] = s if m else -1
                 r += 1
         b.n_tokens = r
+        if self.key_cut:  # each prompt's last selected row is its output: the cut layer keeps it
+            last = {int(g): i for i, g in enumerate(ids) if g >= 0}
+            out_rows = sorted(last.values())
+            for i in out_rows:
+                b.logits[i] = 1
+            self.native.set_output_rows(np.asarray(out_rows, np.int64))
         self.native.set_key_tensors(self._key_names)
         self.native.begin_groups(ids, len(group))
         if self.config.keys_stop_early:
@@ -483,6 +538,8 @@ class Engine:
         finally:
             self.native.set_stop_after_keys(False)
             self.native.end_groups()
+            if self.key_cut:
+                self.native.set_output_rows(np.zeros(0, np.int64))
         for s, j in enumerate(group):
             out[j] = (sums[s].reshape(-1), rows[s].copy())
 
@@ -502,6 +559,7 @@ class Engine:
 
     def _key_prefix_usable(self, n: int) -> bool:
         return (self.config.key_prefix_cache and self.config.keys_stop_early and not self.config.clear_kv_data
+                and not self.key_cut
                 and self._n_seq_ctx == 1 and 0 < n <= self.config.n_batch
                 and (self._owner or self)._key_prefix_verdict is not False)
 
@@ -551,7 +609,12 @@ class Engine:
         if stop:
             self.native.set_stop_after_keys(True)
         try:
-            self.decode(tokens, "none", key_mask=mask)
+            if self.key_cut:  # the last selected row is the output the cut layer keeps
+                sel = [i for i, m in enumerate(mask) if m]
+                flags = [i == sel[-1] for i in range(len(tokens))] if sel else "none"
+                self.decode(tokens, flags, key_mask=mask, read_logits=False)
+            else:
+                self.decode(tokens, "none", key_mask=mask)
             return self.key_sum()
         finally:
             if stop:
@@ -659,6 +722,8 @@ class Engine:
             flags = [bool(x) for x in logits]
         if len(flags) != n or (key_mask is not None and len(key_mask) != n):
             raise ValueError("logits/key_mask must have one flag per token")
+        if self.config.key_cut and (key_mask is None or (read_logits and any(flags))):
+            raise ModelError(f"{self.info.path.name} is cut after its key layers: it computes keys only")
         L, b, nb = self._L, self._batch, self.config.n_batch
         out = np.empty((sum(flags) if read_logits else 0, self.n_vocab), np.float32)
         n_out = 0
@@ -680,6 +745,8 @@ class Engine:
                 if n > nb or key_mask is None:
                     raise ValueError("key_marks need a key_mask and at most n_batch tokens")
                 self.native.set_key_marks(np.asarray(key_marks, np.int64))
+            if self.key_cut:
+                self.native.set_output_rows(np.array([i for i, j in enumerate(chunk) if flags[j]], np.int64))
             rc = L.llama_decode(self._ctx, b)
             if rc != 0:
                 raise ModelError(f"llama_decode failed with code {rc}")

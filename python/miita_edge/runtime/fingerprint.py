@@ -12,14 +12,18 @@ from pathlib import Path
 from .gguf_model import file_sha256
 
 
-def _cache_file() -> Path:
+def cache_dir() -> Path:
+    """The user's cache directory for miita-edge (derived files only: deleting it costs time)."""
     try:
         from platformdirs import user_cache_dir
 
-        base = Path(user_cache_dir("miita-edge", appauthor=False))
+        return Path(user_cache_dir("miita-edge", appauthor=False))
     except ImportError:  # pragma: no cover
-        base = Path.home() / ".cache" / "miita-edge"
-    return base / "sha256.json"
+        return Path.home() / ".cache" / "miita-edge"
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "sha256.json"
 
 
 def model_sha256(path: str | os.PathLike) -> str:
