@@ -15,6 +15,9 @@ child, rounds interleaved):
 * ``default``: today's code as shipped (stop after the key layers, one prompt per decode, each pass
   continuing the rows it shares with the previous prompt: ``runtime.key_prefix``);
 * ``batched``: today's code, ``Miita.batch_keys`` with 16 prompts per decode (opt-in);
+* ``fast keys``: today's code, ``Miita.fast_keys`` (``--fast-keys``: the model's lossless Q8_0 twin,
+  two one-thread contexts side by side, 32 prompts per decode; opt-in; the twin is written to the
+  cache before the timing if it is not there);
 * ``default/1``, ``batched default/1``: the same two with version 1 of the default preset, the one
   the pre-issue code ships (one key layer at half depth; version 4 adds one at two thirds, which the
   key pass must reach).
@@ -41,7 +44,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("pre-issue code", "stand-in", "default, whole passes", "default", "batched", "default/1",
+MODES = ("pre-issue code", "stand-in", "default, whole passes", "default", "batched", "fast keys", "default/1",
          "batched default/1")
 
 
@@ -69,10 +72,14 @@ def child(mode: str, n: int, reps: int, threads: int, data: str | None, template
     if mode == "default, whole passes":
         eng.config.key_prefix_cache = False
     kw = {} if mode == "pre-issue code" else {"preset": preset}  # the old package knows no versions
-    Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, **kw).ingest(train[:8], budget="none", progress=False)
+    fast = mode == "fast keys"
+    warm = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, **kw)
+    warm.fast_keys = fast  # the twin engine and its contexts are made here, once per process
+    warm.ingest(train[:8], budget="none", progress=False)
     for _ in range(reps):
         m = Miita(engine=eng, memory=tempfile.mkdtemp(), template=template, **kw)
         m.batch_keys = batched
+        m.fast_keys = fast
         t0 = time.perf_counter()
         m.ingest(train, budget="none", progress=False)
         print(f"RATE {n / (time.perf_counter() - t0):.3f}", flush=True)
@@ -100,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--old-site", type=Path, help="an already built package of --commit (pip install --target DIR)")
     ap.add_argument("--data", type=Path, help="a JSONL stream (input/output rows) instead of the demo rows")
     ap.add_argument("--template", default="plain", help="the template of --data (default: plain, the demo's)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated rows to time (the first is the baseline of the ratios)")
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -113,9 +122,13 @@ def main(argv=None) -> int:
         build_old(args.commit, site)
     if not (site / "miita_edge").is_dir():
         raise SystemExit(f"{site}: no miita_edge package there")
-    rates: dict[str, list[float]] = {m: [] for m in MODES}
+    modes = [x.strip() for x in args.modes.split(",") if x.strip()]
+    bad = [x for x in modes if x not in MODES]
+    if bad or not modes:
+        raise SystemExit(f"--modes: unknown {bad or 'empty'}; choose from {', '.join(MODES)}")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.rounds):
-        for mode in MODES:
+        for mode in modes:
             env = dict(os.environ, PYTHONPATH=str(site if mode == "pre-issue code" else ROOT / "python"))
             # the child is this script run from outside the repository, so the old package's
             # import is not shadowed by the working tree
@@ -127,14 +140,14 @@ def main(argv=None) -> int:
             if out.returncode != 0 or not got:
                 raise SystemExit(f"{mode}: child failed\n{out.stderr[-2000:]}")
             rates[mode] += got
-    base = statistics.median(rates["pre-issue code"])
+    base = statistics.median(rates[modes[0]])
     what = f"{args.data} rows, template {args.template}" if args.data else "demo rows"
     print(f"# bench/ingest_baseline.py  {args.examples} {what}, threads={args.threads}, "
           f"{args.rounds} rounds x 3 ingests (medians), pre-issue = {args.commit}")
-    for mode in MODES:
+    for mode in modes:
         r = statistics.median(rates[mode])
         lo, hi = min(rates[mode]), max(rates[mode])
-        print(f"   {mode:22s} {r:6.1f} examples/s  [{lo:5.1f}, {hi:5.1f}]   {r / base:5.2f}x the pre-issue code")
+        print(f"   {mode:22s} {r:6.1f} examples/s  [{lo:5.1f}, {hi:5.1f}]   {r / base:5.2f}x the {modes[0]}")
     return 0
 
 

@@ -27,55 +27,24 @@ from pathlib import Path
 
 import numpy as np
 
-def q5_0_as_q8_0(raw: np.ndarray) -> np.ndarray:
-    """Q5_0 blocks (22 bytes: f16 d, u32 high bits, 16 bytes of low nibbles) as Q8_0 blocks
-    (34 bytes: the same d, 32 int8 = the 5-bit integers minus 16): the same weights."""
-    b = raw.reshape(-1, 22)
-    qh = b[:, 2:6].copy().view("<u4").reshape(-1)
-    qs = b[:, 6:22]
-    lo, hi = (qs & 0x0F).astype(np.int16), (qs >> 4).astype(np.int16)
-    high = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int16) << 4
-    q = (np.concatenate([lo, hi], axis=1) | high) - 16
-    return np.concatenate([b[:, :2], q.astype(np.int8).view(np.uint8)], axis=1).reshape(-1)
-
-
 def write_twin(src: Path, dst: Path, perturb: bool = False) -> list[str]:
-    """Copy ``src`` to ``dst`` with every Q5_0 tensor re-encoded as Q8_0; returns their names.
-    ``perturb``: one integer of the first such tensor moved by one (a twin that is *not* lossless)."""
+    """``runtime.key_twin.write_q8_twin`` (the product's writer), returning the re-encoded tensors'
+    names. ``perturb``: then one integer of the first such tensor moved by one step in the written
+    file (a twin that is *not* lossless)."""
     import gguf
 
+    from miita_edge.runtime.key_twin import write_q8_twin
+
+    write_q8_twin(src, dst)
     r = gguf.GGUFReader(str(src))
-    field = r.fields["general.architecture"]
-    w = gguf.GGUFWriter(str(dst), bytes(field.parts[field.data[0]]).decode())
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            val = ([bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
-                   if sub == gguf.GGUFValueType.STRING else [f.parts[i].tolist()[0] for i in f.data])
-            w.add_key_value(f.name, val, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode("utf-8", "surrogateescape"), t)
-        else:
-            w.add_key_value(f.name, f.parts[f.data[0]].tolist()[0], t)
-    names = []
-    for t in r.tensors:
-        data = np.asarray(t.data)
-        if t.tensor_type == gguf.GGMLQuantizationType.Q5_0:
-            shape = list(reversed([int(x) for x in t.shape]))
-            q = q5_0_as_q8_0(data.reshape(-1).view(np.uint8)).reshape(shape[:-1] + [shape[-1] // 32 * 34])
-            if perturb and not names:
-                q.reshape(-1)[2] = np.uint8((int(q.reshape(-1)[2].view(np.int8)) + 1) % 16)  # 1st weight: in range
-            w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            names.append(t.name)
-        else:
-            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    names = [t.name for t in r.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q5_0]
+    if perturb:
+        first = next(t for t in gguf.GGUFReader(str(dst)).tensors if t.name == names[0])
+        with open(dst, "r+b") as fh:  # byte 2 of the first Q8_0 block: its first weight (int8)
+            fh.seek(first.data_offset + 2)
+            q = int.from_bytes(fh.read(1), "little", signed=True)
+            fh.seek(first.data_offset + 2)
+            fh.write(((q + 1) if q < 15 else (q - 1)).to_bytes(1, "little", signed=True))
     return names
 
 

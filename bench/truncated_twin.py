@@ -37,7 +37,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _raw_llama import tensor  # noqa: E402
-from q8_twin import q5_0_as_q8_0  # noqa: E402
 
 KEY_LAST, KEY_SUM, NORM = b"l_out-12", b"l_out-9", b"result_norm"
 
@@ -46,37 +45,12 @@ def write_truncated(src: Path, dst: Path, keep: int, q8: bool) -> None:
     """``src`` with layers >= ``keep`` dropped and ``block_count`` = ``keep`` (``q8``: Q5_0 as Q8_0)."""
     import gguf
 
-    r = gguf.GGUFReader(str(src))
-    field = r.fields["general.architecture"]
-    arch = bytes(field.parts[field.data[0]]).decode()
-    w = gguf.GGUFWriter(str(dst), arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            val = ([bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
-                   if sub == gguf.GGUFValueType.STRING else [f.parts[i].tolist()[0] for i in f.data])
-            w.add_key_value(f.name, val, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode("utf-8", "surrogateescape"), t)
-        else:
-            w.add_key_value(f.name, keep if f.name == f"{arch}.block_count" else f.parts[f.data[0]].tolist()[0], t)
-    for t in r.tensors:
-        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= keep:
-            continue
-        data = np.asarray(t.data)
-        if q8 and t.tensor_type == gguf.GGMLQuantizationType.Q5_0:
-            shape = list(reversed([int(x) for x in t.shape]))
-            q = q5_0_as_q8_0(data.reshape(-1).view(np.uint8)).reshape(shape[:-1] + [shape[-1] // 32 * 34])
-            w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from miita_edge.runtime.key_twin import copy_gguf
+
+    arch = gguf.GGUFReader(str(src)).fields["general.architecture"]
+    arch = bytes(arch.parts[arch.data[0]]).decode()
+    copy_gguf(src, dst, q5_0_to_q8_0=q8, set_ints={f"{arch}.block_count": keep},
+              keep=lambda name: not (name.startswith("blk.") and int(name.split(".")[1]) >= keep))
 
 
 def main(argv=None) -> int:
@@ -113,7 +87,8 @@ def main(argv=None) -> int:
         mp.use_extra_bufts = not cpu_has_amx()  # as the engine loads it
         model = L.llama_model_load_from_file(str(path).encode(), mp)
         cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 4096, 1024, 1024, n_seq
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 4096, 512, 512, n_seq
+        cp.kv_unified = True  # as the engine makes it: one KV pool (per-sequence pools split the batch)
         cp.n_threads = cp.n_threads_batch = args.threads
         cp.cb_eval = cb
         return model, L.llama_init_from_model(model, cp)
@@ -138,7 +113,7 @@ def main(argv=None) -> int:
 
     prompts = [tok(e.input + "\nAnswer:") for e in train]
     prompts = (prompts * (args.prompts // len(prompts) + 1))[:args.prompts]
-    batch = L.llama_batch_init(1024, 0, 1)
+    batch = L.llama_batch_init(512, 0, 1)
 
     def decode(ctx, group, mark_last: bool, zero: bool) -> None:
         L.llama_memory_clear(L.llama_get_memory(ctx), zero)
