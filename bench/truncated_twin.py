@@ -18,8 +18,9 @@ original tensor types, and with the Q5_0 weights re-encoded as Q8_0 as in bench/
    prompt per decode) are bitwise the full model's.
 
 All rows run with the same Python eval callback (watching ``l_out-9``, ``l_out-12`` and
-``result_norm``), so its overhead is in every row and the ratios compare. An experiment for issue
-15 (docs/benchmarks.md, eleventh pass), not a product path.
+``result_norm``), so its overhead is in every row and the ratios compare. It measures the cut on
+llama.cpp directly; ``--fast-keys`` uses such a copy (``runtime/key_twin.py``, docs/benchmarks.md,
+issue 15 eleventh pass).
 
     python bench/truncated_twin.py [--prompts 160] [--rounds 3] [--threads 2] [--check 80]
 """

@@ -1,6 +1,7 @@
 """The lossless Q8_0 twin (``runtime.key_twin``) and the fast ingest that uses it (issue 15).
 
-References: gguf-py's own dequantisers (independent of our re-encoding) for "the same weights";
+References: gguf-py's own dequantisers (independent of our re-encoding) for "the same weights"
+(block by block: tests/test_q8_twin.py);
 one-prompt-per-decode extraction on the original model for the fast keys' tolerance (the batched
 keys' stated bound, tests/test_batched_keys.py).
 """
@@ -17,26 +18,6 @@ def _random_q5_0(n_blocks: int, rng) -> np.ndarray:
     qh = rng.integers(0, 2**32, n_blocks, dtype=np.uint64).astype("<u4")
     qs = rng.integers(0, 256, (n_blocks, 16), dtype=np.uint8)
     return np.concatenate([d.view(np.uint8).reshape(-1, 2), qh.view(np.uint8).reshape(-1, 4), qs], axis=1)
-
-
-def test_q5_0_blocks_become_q8_0_blocks_with_the_same_weights():
-    from gguf import GGMLQuantizationType as T
-    from gguf.quants import dequantize
-
-    from miita_edge.runtime.key_twin import q5_0_as_q8_0
-
-    raw = _random_q5_0(4096, np.random.default_rng(0))
-    q8 = q5_0_as_q8_0(raw.reshape(-1))
-    assert q8.size == 4096 * 34
-    ref = dequantize(raw.reshape(-1), T.Q5_0)
-    got = dequantize(q8, T.Q8_0)
-    assert ref.shape == got.shape == (4096 * 32,)
-    assert np.array_equal(ref, got)
-    # every 5-bit value occurs, so the check covers the whole range [-16, 15]
-    assert set(np.unique(q8.reshape(-1, 34)[:, 2:].view(np.int8))) == set(range(-16, 16))
-    # the comparison can fail: one weight off by one step is seen
-    q8.reshape(-1, 34)[7, 2 + 5] ^= 1
-    assert not np.array_equal(ref, dequantize(q8, T.Q8_0))
 
 
 def _tiny_gguf(path, q5: bool) -> None:
@@ -240,7 +221,7 @@ def test_the_cut_twin_keeps_the_keys(twin_cache):
     with Engine(None, EngineConfig(n_threads=2, n_batch=64)) as eng:
         eng.set_key_layers([12, 9], ["last", "mean"])
         twin = eng.q8_twin()
-        assert twin.n_layer == 13 and twin.key_cut and twin.config.key_cut
+        assert twin.n_layer == 13 and twin.keys_on_output_rows and twin.config.key_cut
         texts = ["where is my new card", "I was charged twice for the same coffee at the station",
                  "why " * 150]  # the last: 150+ tokens, three chunks of 64
         for text in texts:

@@ -1,12 +1,10 @@
-"""bench/q8_twin.py's re-encoding is lossless: a Q5_0 block and the Q8_0 block it becomes
+"""runtime.key_twin's re-encoding (the fast keys' twin, bench/q8_twin.py's too) is lossless: a Q5_0 block and the Q8_0 block it becomes
 dequantise to the same weights (gguf-py's own dequantisers as the reference), every bit pattern
 of the 5-bit integers included."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
 
 gguf_quants = pytest.importorskip("gguf.quants")
 
@@ -22,7 +20,8 @@ def _random_q5_0_blocks(rng, n: int) -> np.ndarray:
 
 
 def test_q5_0_blocks_become_q8_0_blocks_with_the_same_weights():
-    twin = load_bench("q8_twin")
+    from miita_edge.runtime import key_twin as twin
+
     rng = np.random.default_rng(7)
     blocks = _random_q5_0_blocks(rng, 4096)
     Q = gguf_quants.GGMLQuantizationType
@@ -39,7 +38,8 @@ def test_q5_0_blocks_become_q8_0_blocks_with_the_same_weights():
 
 def test_a_wrong_bit_order_would_be_caught():
     """The check above can fail: the high bits in the wrong order give other weights."""
-    twin = load_bench("q8_twin")
+    from miita_edge.runtime import key_twin as twin
+
     blocks = _random_q5_0_blocks(np.random.default_rng(8), 64)
     q8 = twin.q5_0_as_q8_0(blocks.reshape(-1)).reshape(-1, 34).copy()
     q8[:, 2:] = q8[:, 2:][:, ::-1]

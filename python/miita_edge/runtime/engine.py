@@ -353,7 +353,7 @@ class Engine:
         self.native.key_reset()
 
     @property
-    def key_cut(self) -> bool:
+    def keys_on_output_rows(self) -> bool:
         """Whether a key tensor holds only output rows (a model cut after its deepest key layer):
         key passes then mark each prompt's last selected row as an output."""
         return any(getattr(self, "_key_outputs", ()))
@@ -516,7 +516,7 @@ class Engine:
                 ids[r] = s if m else -1
                 r += 1
         b.n_tokens = r
-        if self.key_cut:  # each prompt's last selected row is its output: the cut layer keeps it
+        if self.keys_on_output_rows:  # each prompt's last selected row is its output: the cut layer keeps it
             last = {int(g): i for i, g in enumerate(ids) if g >= 0}
             out_rows = sorted(last.values())
             for i in out_rows:
@@ -538,7 +538,7 @@ class Engine:
         finally:
             self.native.set_stop_after_keys(False)
             self.native.end_groups()
-            if self.key_cut:
+            if self.keys_on_output_rows:
                 self.native.set_output_rows(np.zeros(0, np.int64))
         for s, j in enumerate(group):
             out[j] = (sums[s].reshape(-1), rows[s].copy())
@@ -559,7 +559,7 @@ class Engine:
 
     def _key_prefix_usable(self, n: int) -> bool:
         return (self.config.key_prefix_cache and self.config.keys_stop_early and not self.config.clear_kv_data
-                and not self.key_cut
+                and not self.keys_on_output_rows
                 and self._n_seq_ctx == 1 and 0 < n <= self.config.n_batch
                 and (self._owner or self)._key_prefix_verdict is not False)
 
@@ -609,7 +609,7 @@ class Engine:
         if stop:
             self.native.set_stop_after_keys(True)
         try:
-            if self.key_cut:  # the last selected row is the output the cut layer keeps
+            if self.keys_on_output_rows:  # the last selected row is the output the cut layer keeps
                 sel = [i for i, m in enumerate(mask) if m]
                 flags = [i == sel[-1] for i in range(len(tokens))] if sel else "none"
                 self.decode(tokens, flags, key_mask=mask, read_logits=False)
@@ -745,7 +745,7 @@ class Engine:
                 if n > nb or key_mask is None:
                     raise ValueError("key_marks need a key_mask and at most n_batch tokens")
                 self.native.set_key_marks(np.asarray(key_marks, np.int64))
-            if self.key_cut:
+            if self.keys_on_output_rows:
                 self.native.set_output_rows(np.array([i for i, j in enumerate(chunk) if flags[j]], np.int64))
             rc = L.llama_decode(self._ctx, b)
             if rc != 0:
