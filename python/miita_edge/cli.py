@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray workers, each loading the model once (default: 2)")
     p.add_argument("--contexts", type=int, default=1, metavar="N",
                    help="llama.cpp contexts extracting keys side by side (default preset), sharing the loaded "
-                        "model, each with its share of --threads and 32 prompts per decode: ~1.2x the default's "
+                        "model, each with its share of --threads and 32 prompts per decode: ~1.2-1.4x the default's "
                         "rate with 2 on 2 cores, keys within rounding of one-by-one extraction, so a stored input "
                         "is no longer an exact repeat of the same query (default: 1, one prompt per decode, bitwise)")
     p.add_argument("--fast-keys", action="store_true",

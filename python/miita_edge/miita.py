@@ -181,8 +181,8 @@ class Miita:
         # own context, one prompt per decode: every stored key is then bitwise the key that prompt
         # gets at ask time, which the relevance gate's exact-repeat rule and forget's exact property
         # rely on (docs/serving.md). Above 1 the keys come from batched decodes, equal to one-by-one
-        # extraction within rounding, whatever the number of contexts: ~1.2x the default's rate on
-        # 2 cores (docs/benchmarks.md, "Issue 15, third pass").
+        # extraction within rounding, whatever the number of contexts: ~1.2-1.4x the default's rate
+        # on 2 cores (docs/benchmarks.md, issue 15 third and eleventh passes).
         self.key_contexts: int = 1
         # Fast ingest (key-only presets): keys from the model's Q8_0 twin cut after the deepest
         # key layer (runtime.key_twin, written to the cache once per model), batched on
