@@ -143,7 +143,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             w.ingest(train[:4], budget="none", progress=False)
             w.engine.config.keys_stop_early, w.engine.config.clear_kv_data = True, False
-            twin = w._use_keys().q8_twin() if w.fast_keys else None
+            twin = w.fast_key_engine() if w.fast_keys else None
             print(f"   ({label}: first use, its contexts made{', the twin found or written and loaded' if twin else ''}, "
                   f"{time.perf_counter() - t0:.2f} s{f'; twin {twin.info.path.name}, {twin.n_layer} layers' if twin else ''})")
     got: dict[str, list[float]] = {label: [] for label, _ in variants}

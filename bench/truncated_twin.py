@@ -44,14 +44,9 @@ KEY_LAST, KEY_SUM, NORM = b"l_out-12", b"l_out-9", b"result_norm"
 
 def write_truncated(src: Path, dst: Path, keep: int, q8: bool) -> None:
     """``src`` with layers >= ``keep`` dropped and ``block_count`` = ``keep`` (``q8``: Q5_0 as Q8_0)."""
-    import gguf
-
     from miita_edge.runtime.key_twin import copy_gguf
 
-    arch = gguf.GGUFReader(str(src)).fields["general.architecture"]
-    arch = bytes(arch.parts[arch.data[0]]).decode()
-    copy_gguf(src, dst, q5_0_to_q8_0=q8, set_ints={f"{arch}.block_count": keep},
-              keep=lambda name: not (name.startswith("blk.") and int(name.split(".")[1]) >= keep))
+    copy_gguf(src, dst, q5_0_to_q8_0=q8, layers=keep)
 
 
 def main(argv=None) -> int:

@@ -101,6 +101,14 @@ static inline void pool_row(double * acc, const float * row, int64_t H, bool las
     }
 }
 
+// Batch-row lists (key marks, output rows): each row >= 0 and after the one before.
+static bool increasing_rows(const int64_t * rows, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return false;
+    }
+    return true;
+}
+
 // The accumulators of key k as they stand before the mark's row (prefix-cache snapshots).
 static void take_mark(miita_state * st, size_t m, size_t k) {
     const int64_t H = st->n_embd;
@@ -344,9 +352,7 @@ int miita_state_set_key_outputs(miita_state * st, const uint8_t * flags, int64_t
 int miita_state_set_output_rows(miita_state * st, const int64_t * rows, int64_t n) {
     if (!st) return fail("null state");
     if (n < 0 || (n > 0 && rows == nullptr)) return fail("bad output rows");
-    for (int64_t i = 0; i < n; ++i) {
-        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return fail("output rows must be increasing and >= 0");
-    }
+    if (!increasing_rows(rows, n)) return fail("output rows must be increasing and >= 0");
     st->out_rows.assign(rows, rows + n);
     return 0;
 }
@@ -486,9 +492,7 @@ int miita_state_set_key_marks(miita_state * st, const int64_t * rows, int64_t n)
     if (!st) return fail("null state");
     if (n < 0 || (n > 0 && rows == nullptr)) return fail("bad marks");
     if (st->key_names.empty() && n > 0) return fail("marks need key tensors");
-    for (int64_t i = 0; i < n; ++i) {
-        if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1])) return fail("marks must be increasing rows >= 0");
-    }
+    if (!increasing_rows(rows, n)) return fail("marks must be increasing rows >= 0");
     const size_t nk = st->key_names.size();
     st->marks.assign(rows, rows + n);
     st->mark_next.assign(nk, 0);

@@ -61,7 +61,7 @@ def test_the_twin_is_written_once_and_only_complete(tmp_path, monkeypatch):
     # a crash while writing leaves no twin, and the next call writes it whole
     calls = []
 
-    def boom(a, b):
+    def boom(a, b, layers=None):
         calls.append(b)
         open(b, "wb").write(b"GGUF half")
         raise KeyboardInterrupt
@@ -75,7 +75,7 @@ def test_the_twin_is_written_once_and_only_complete(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert kt.q8_twin_path(src, out2, quiet=True).stat().st_size == p.stat().st_size
 
-    def denied(a, b):
+    def denied(a, b, layers=None):
         raise PermissionError(13, "Permission denied")
 
     monkeypatch.setattr(kt, "write_q8_twin", denied)

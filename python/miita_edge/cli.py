@@ -253,7 +253,7 @@ def cmd_ingest(args) -> int:
                 raise InputError(f"--fast-keys: preset {m.preset.name!r} computes corrections at ingest, not only "
                                  f"keys; drop --fast-keys")
             m.fast_keys = True
-            m.engine.q8_twin()  # written or found before the stream: its errors are not a row's
+            m.fast_key_engine()  # the twin written or found before the stream: its errors are not a row's
         try:
             rep = m.ingest(examples, budget=args.budget, progress=args.progress, ray=args.ray,
                            ray_workers=args.ray_workers)

@@ -398,6 +398,13 @@ class Miita:
                             budget_bytes=self.budget_bytes(), repair=repair,
                             seconds=time.perf_counter() - t0, skipped_lines=skipped_lines)
 
+    def fast_key_engine(self) -> Engine:
+        """The engine ``fast_keys`` extracts on: the model's Q8_0 twin for this memory's key layers
+        (cut after the deepest when it pools its last row; written to the cache on first use), or
+        the engine itself when the model has no Q5_0 weights (it is then as fast)."""
+        eng = self._use_keys()
+        return eng.q8_twin() or eng
+
     def _key_extractor(self):
         """The side-by-side key extractor when it applies (``key_contexts`` above 1 or
         ``fast_keys``, a keys-only preset, no extract cache), else None."""
@@ -405,9 +412,8 @@ class Miita:
         fast = bool(self.fast_keys)
         if (n <= 1 and not fast) or self.preset.bank.payload != "tokens" or self.extract_cache is not None:
             return None
-        eng = self._use_keys()
+        eng = self.fast_key_engine() if fast else self._use_keys()
         if fast:
-            eng = eng.q8_twin() or eng  # no Q5_0 weights: the model itself is as fast
             n = max(n, 2)
         from .method.thread_ingest import ThreadExtractor
 

@@ -143,12 +143,9 @@ def cache_dir() -> Path:
     env = os.environ.get("MIITA_EDGE_ANN_CACHE")
     if env:
         return Path(env).expanduser()
-    try:
-        from platformdirs import user_cache_dir
+    from ..runtime.fingerprint import cache_dir as user_cache
 
-        return Path(user_cache_dir("miita-edge", appauthor=False)) / "ann"
-    except ImportError:  # pragma: no cover
-        return Path.home() / ".cache" / "miita-edge" / "ann"
+    return user_cache() / "ann"
 
 
 def min_rows(kind: str) -> int:

@@ -90,9 +90,6 @@ def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
 
 
 def _cache_dir() -> Path:
-    try:
-        from platformdirs import user_cache_dir
+    from ..runtime.fingerprint import cache_dir
 
-        return Path(user_cache_dir("miita-edge", appauthor=False))
-    except ImportError:  # pragma: no cover
-        return Path.home() / ".cache" / "miita-edge"
+    return cache_dir()

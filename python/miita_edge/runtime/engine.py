@@ -279,6 +279,7 @@ class Engine:
         self.native = _native.State(self.n_embd)
         self.key_layers: tuple[int, ...] = (self.key_layer,)
         self.key_pooling: tuple[str, ...] = ("mean",)
+        self._key_outputs: list[bool] = [False]  # per key layer: its tensor holds only output rows
         self._key_names = [f"l_out-{self.key_layer}"]
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
@@ -356,7 +357,7 @@ class Engine:
     def keys_on_output_rows(self) -> bool:
         """Whether a key tensor holds only output rows (a model cut after its deepest key layer):
         key passes then mark each prompt's last selected row as an output."""
-        return any(getattr(self, "_key_outputs", ()))
+        return any(self._key_outputs)
 
     def missing_key_tensors(self, layers: Sequence[int]) -> list[str]:
         """The ``l_out-<k>`` of ``layers`` that this model's graph never computes (one short decode

@@ -21,14 +21,13 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..errors import ModelError
 from .fingerprint import cache_dir, model_sha256
 
-__all__ = ["q5_0_as_q8_0", "copy_gguf", "write_q8_twin", "write_cut_q8_twin", "q8_twin_path", "has_q5_0"]
+__all__ = ["q5_0_as_q8_0", "copy_gguf", "write_q8_twin", "q8_twin_path"]
 
 _Q5_0_BLOCK = 22  # bytes: f16 d, u32 high bits, 16 bytes of low nibbles (32 weights)
 _Q8_0_BLOCK = 34  # bytes: f16 d, 32 int8
@@ -48,24 +47,29 @@ def q5_0_as_q8_0(raw: np.ndarray) -> np.ndarray:
     return np.concatenate([b[:, :2], q.astype(np.int8).view(np.uint8)], axis=1).reshape(-1)
 
 
-def has_q5_0(path: str | os.PathLike) -> bool:
-    """Whether the model has Q5_0 tensors (without them a twin would be a plain copy)."""
-    import gguf
-
-    r = gguf.GGUFReader(str(path))
-    return any(t.tensor_type == gguf.GGMLQuantizationType.Q5_0 for t in r.tensors)
-
-
 def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, q5_0_to_q8_0: bool = True,
-              keep: Callable[[str], bool] | None = None, set_ints: dict[str, int] | None = None) -> int:
-    """Copy the GGUF ``src`` to ``dst``: every metadata field (``set_ints`` replaces integer
-    fields by name), every tensor ``keep`` accepts (default: all), Q5_0 tensors re-encoded as Q8_0
-    when ``q5_0_to_q8_0``. Returns how many were re-encoded. Not atomic by itself."""
+              layers: int | None = None, only_if_q5_0: bool = False) -> int:
+    """Copy the GGUF ``src`` to ``dst``, every metadata field and tensor, Q5_0 tensors re-encoded as
+    Q8_0 when ``q5_0_to_q8_0``; ``layers``: only the first ``layers`` layers, ``block_count`` set
+    to it. Returns how many tensors were re-encoded; with ``only_if_q5_0`` and none to re-encode,
+    0 and nothing written. Reads the metadata once (a 262,144-entry vocabulary takes gguf-py
+    seconds). Not atomic by itself."""
     import gguf
 
+    Q5 = gguf.GGMLQuantizationType.Q5_0
     r = gguf.GGUFReader(str(src))
     field = r.fields["general.architecture"]
-    w = gguf.GGUFWriter(str(dst), bytes(field.parts[field.data[0]]).decode())
+    arch = bytes(field.parts[field.data[0]]).decode()
+    blocks = f"{arch}.block_count"
+    if layers is not None:
+        n_layer = int(r.fields[blocks].parts[r.fields[blocks].data[0]][0])
+        if not 1 <= layers <= n_layer:
+            raise ValueError(f"cannot keep {layers} layers of {n_layer}")
+    tensors = [t for t in r.tensors
+               if layers is None or not (t.name.startswith("blk.") and int(t.name.split(".")[1]) >= layers)]
+    if only_if_q5_0 and not any(t.tensor_type == Q5 for t in tensors):
+        return 0
+    w = gguf.GGUFWriter(str(dst), arch)
     for f in r.fields.values():
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
@@ -78,13 +82,12 @@ def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, q5_0_to_q8_0: b
         elif t == gguf.GGUFValueType.STRING:
             w.add_key_value(f.name, bytes(f.parts[f.data[0]]).decode("utf-8", "surrogateescape"), t)
         else:
-            w.add_key_value(f.name, (set_ints or {}).get(f.name, f.parts[f.data[0]].tolist()[0]), t)
+            w.add_key_value(f.name, layers if f.name == blocks and layers is not None
+                            else f.parts[f.data[0]].tolist()[0], t)
     n = 0
-    for t in r.tensors:
-        if keep is not None and not keep(t.name):
-            continue
+    for t in tensors:
         data = np.asarray(t.data)
-        if q5_0_to_q8_0 and t.tensor_type == gguf.GGMLQuantizationType.Q5_0:
+        if q5_0_to_q8_0 and t.tensor_type == Q5:
             shape = [int(x) for x in reversed(t.shape)]  # rows first, as the reader gives the data
             q = q5_0_as_q8_0(data.reshape(-1).view(np.uint8))
             w.add_tensor(t.name, q.reshape(shape[:-1] + [shape[-1] // 32 * _Q8_0_BLOCK]),
@@ -99,25 +102,11 @@ def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, q5_0_to_q8_0: b
     return n
 
 
-def write_q8_twin(src: str | os.PathLike, dst: str | os.PathLike) -> int:
-    """Write ``src`` to ``dst`` with every Q5_0 tensor re-encoded as Q8_0; returns how many were.
-    Not atomic by itself: :func:`q8_twin_path` writes to a temporary name and renames."""
-    return copy_gguf(src, dst)
-
-
-def write_cut_q8_twin(src: str | os.PathLike, dst: str | os.PathLike, layers: int) -> int:
-    """:func:`write_q8_twin` keeping only layers ``0..layers-1`` (``<arch>.block_count`` = ``layers``)."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    f = r.fields["general.architecture"]
-    arch = bytes(f.parts[f.data[0]]).decode()
-    n = r.fields[f"{arch}.block_count"]
-    if not 1 <= layers <= int(n.parts[n.data[0]][0]):
-        raise ValueError(f"cannot keep {layers} layers of {int(n.parts[n.data[0]][0])}")
-    del r
-    return copy_gguf(src, dst, set_ints={f"{arch}.block_count": layers},
-                     keep=lambda name: not (name.startswith("blk.") and int(name.split(".")[1]) >= layers))
+def write_q8_twin(src: str | os.PathLike, dst: str | os.PathLike, layers: int | None = None) -> int:
+    """Write ``src`` to ``dst`` with every Q5_0 tensor re-encoded as Q8_0 (``layers``: cut after
+    that many layers); returns how many were, 0 with nothing written when there is none. Not
+    atomic by itself: :func:`q8_twin_path` writes to a temporary name and renames."""
+    return copy_gguf(src, dst, layers=layers, only_if_q5_0=True)
 
 
 def q8_twin_path(model: str | os.PathLike, directory: str | os.PathLike | None = None,
@@ -142,16 +131,12 @@ def q8_twin_path(model: str | os.PathLike, directory: str | os.PathLike | None =
     tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
     try:
         d.mkdir(parents=True, exist_ok=True)
-        if not has_q5_0(model):  # reading every metadata field takes seconds: remember the answer
-            none.touch()
-            return None
         if not quiet:
-            print(f"miita-edge: writing a Q8_0 twin of {model.name} for fast key extraction to {dst} "
+            print(f"miita-edge: making a Q8_0 twin of {model.name} for fast key extraction in {d} "
                   f"(once per model; ~10-20 s)", file=sys.stderr)
-        if layers is None:
-            write_q8_twin(model, tmp)
-        else:
-            write_cut_q8_twin(model, tmp, int(layers))
+        if write_q8_twin(model, tmp, None if layers is None else int(layers)) == 0:
+            none.touch()  # reading the model to find out takes seconds: remember the answer
+            return None
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, dst)
