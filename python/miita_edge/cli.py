@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import BudgetError, InputError, MiitaError, ModelError
+from .errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError
 
 EPILOG = """environment:
   MIITA_EDGE_MODEL   GGUF used when --model is not given (default: the embedded Gemma-3-270M)
@@ -214,7 +214,7 @@ def _model_error_line(m, examples, exc) -> str:
     the model's context -- what "sequence of N tokens exceeds the context" during ingest means --
     else "" (the error is not about one row). Runs only after a failure, so a file that ingests
     fine is not tokenised twice."""
-    if "exceeds the context" not in str(exc):
+    if not isinstance(exc, ContextOverflow):
         return ""
     from .method.extract import prompt_tokens
 

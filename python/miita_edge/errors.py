@@ -31,3 +31,24 @@ class AbiError(MiitaError):
 
 class BudgetError(MiitaError):
     """A byte budget that cannot hold even the smallest valid memory."""
+
+
+class StoreConflict(StoreError):
+    """The memory is busy: another writer holds its lock, or it moved on since it was opened.
+
+    A distinct type because callers treat it differently from corruption: the server answers
+    409 and its worker retries, where any other ``StoreError`` is final. ``locked`` says which
+    case: a live writer (wait, then retry) or a newer commit (reopen, then retry at once).
+    """
+
+    def __init__(self, message: str, *, locked: bool = False):
+        super().__init__(message)
+        self.locked = locked
+
+
+class ContextOverflow(ModelError):
+    """A prompt (plus what it asks to generate) does not fit the model's context window.
+
+    A distinct type so that the CLI can name the example and the server can answer
+    ``context_length_exceeded`` without reading the message.
+    """

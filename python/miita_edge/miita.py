@@ -16,7 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .errors import BudgetError, InputError, StoreError
+from .errors import BudgetError, InputError, StoreConflict, StoreError
 from .memory import meta as meta_mod
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
@@ -352,7 +352,7 @@ class Miita:
             if current != self.version:
                 # Another writer committed between our open and our lock; merging into a bank
                 # read before that commit would drop its examples, so refuse and say what to do.
-                raise StoreError(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
+                raise StoreConflict(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
                                  f"{current}: another writer committed); nothing was written: open it again and "
                                  f"rerun this ingest")
             saved = (self.bank, self.budget_spec, self.counts, self._entries)
@@ -443,7 +443,7 @@ class Miita:
         with self.store.writer() as writer:
             current = self.store.read().version
             if current != self.version:
-                raise StoreError(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
+                raise StoreConflict(f"memory {self.memory_dir} changed since it was opened (version {self.version} -> "
                                  f"{current}: another writer committed); nothing was written: open it again and "
                                  f"rerun this forget")
             saved = (self.bank, self.counts)

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreConflict, StoreError
 from .store_format import (CURRENT, CURRENT_TMP, _compact, FORMAT_VERSION, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
                            encode_meta, encoded_size, file_crc32, fsync_dir, ordered_specs, read_format, read_version_file,
                            version_name, write_file, write_version_file)
@@ -261,8 +261,8 @@ class Writer:
             except BlockingIOError:
                 # Said in full: a user who ran two ingests at once must know that this one changed
                 # nothing and what to do (the concurrency campaign, docs/reliability.md).
-                raise StoreError(f"memory {path} is locked by another writer (pid {_read_pid(fd)}); nothing was "
-                                 f"written: run this again when that writer has finished") from None
+                raise StoreConflict(f"memory {path} is locked by another writer (pid {_read_pid(fd)}); nothing was "
+                                 f"written: run this again when that writer has finished", locked=True) from None
             except OSError as exc:
                 raise self.store._fail(f"cannot lock {LOCK} ({exc.strerror or exc})") from None
             _write_pid(fd)

@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import ContextOverflow, ModelError
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS, key_mean
 from .key_prefix import KeyPrefix, mark_rows, tiled
@@ -716,7 +716,7 @@ class Engine:
         if n == 0:
             return np.zeros((0, self.n_vocab), np.float32)
         if self.n_past + n > self.config.n_ctx:
-            raise ModelError(f"sequence of {self.n_past + n} tokens exceeds the context of {self.config.n_ctx}")
+            raise ContextOverflow(f"sequence of {self.n_past + n} tokens exceeds the context of {self.config.n_ctx}")
         if isinstance(logits, str):
             flags = {"last": [False] * (n - 1) + [True], "none": [False] * n, "all": [True] * n}[logits]
         else:

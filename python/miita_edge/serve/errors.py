@@ -1,7 +1,7 @@
 """OpenAI-style error JSON: ``{"error": {"message", "type", "param", "code"}}`` with its status."""
 from __future__ import annotations
 
-from ..errors import BudgetError, InputError, MiitaError, ModelError, StoreError
+from ..errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError, StoreConflict, StoreError
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
@@ -26,11 +26,11 @@ def from_miita(exc: MiitaError) -> APIError:
     if isinstance(exc, InputError):
         return APIError(400, msg, "invalid_input")
     if isinstance(exc, StoreError):
-        busy = "changed since it was opened" in msg or "locked by another writer" in msg
-        return APIError(409 if busy else 500, msg, "memory_store")
+        return APIError(409 if isinstance(exc, StoreConflict) else 500, msg, "memory_store")
+    if isinstance(exc, ContextOverflow):
+        return APIError(400, msg, "context_length_exceeded")
     if isinstance(exc, ModelError):
-        code = "context_length_exceeded" if "exceeds the context" in msg else "model_error"
-        return APIError(400 if code == "context_length_exceeded" else 500, msg, code)
+        return APIError(500, msg, "model_error")
     return APIError(500, msg, "internal_error")
 
 

@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 from pathlib import Path
 
-from ..errors import InputError, StoreError
+from ..errors import InputError, StoreConflict
 from ..memory import store as store_mod
 from ..miita import Miita
 from ..runtime.engine import Engine, EngineConfig
@@ -93,9 +93,9 @@ class Registry:
             m = self.memory(name)
             try:
                 return m, op(m)
-            except StoreError as exc:
-                busy = "locked by another writer" in str(exc)
-                if not (busy or "changed since it was opened" in str(exc)) or attempt == 49:
+            except StoreConflict as exc:
+                busy = exc.locked
+                if attempt == 49:
                     raise
                 self.open.pop(name, None)
                 if busy:  # another process is writing: wait for its commit (up to ~10 s in all)
