@@ -42,7 +42,7 @@ def test_key_mean_divides_each_block_by_its_own_count():
 
 
 def test_presets_pool_as_their_version_says():
-    assert default_preset().version == 4 and default_preset().key_pooling == ("last", "mean")
+    assert default_preset().version == 5 and default_preset().key_pooling == ("last", "mean")
     assert default_preset().key_poolings(18) == ["last", "mean"]
     for old in ({"name": "default", "version": 3}, {"name": "default", "version": 2}, {"name": "default"}):
         p = Preset.from_json(old)
@@ -50,7 +50,7 @@ def test_presets_pool_as_their_version_says():
     assert paper_preset().key_poolings(18) == ["mean"]
     assert default_preset_v3().key_poolings(18) == ["mean", "mean"]
     again = Preset.from_json(default_preset().to_json())
-    assert again.key_pooling == ("last", "mean") and again.version == 4
+    assert again.key_pooling == ("last", "mean") and again.version == 5
     # a shallow model whose two depths round to one layer keeps the first depth's pooling
     assert default_preset().key_layers(2) == [0] and default_preset().key_poolings(2) == ["last"]
     for bad in (["max", "mean"], ["last"], "last"):
@@ -62,9 +62,9 @@ def test_an_earlier_version_by_name():
     """``--preset default/3`` (the manifest's own spelling) builds a memory as version 3 did."""
     assert get_preset("default/3").version == 3 and get_preset("default/3").key_pooling == ()
     assert get_preset("default/3").bank.anchor_fold == "ward"
-    assert get_preset("default").version == 4 and get_preset("default/4").key_pooling == ("last", "mean")
+    assert get_preset("default").version == 5 and get_preset("default/4").key_pooling == ("last", "mean")
     assert get_preset("paper/1").name == "paper"
-    for bad in ("default/9", "default/x", "paper/2", "nope", "nope/1", "default/"):
+    for bad in ("default/9", "default/x", "paper/3", "nope", "nope/1", "default/"):
         with pytest.raises(InputError, match="unknown preset"):
             get_preset(bad)
 
@@ -181,7 +181,7 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
     old = engine.key_layers, engine.key_pooling
     try:
         for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default/3", 3, ("mean", "mean")),
-                                      (default_preset(), 4, ("last", "mean"))):
+                                      (default_preset(), 5, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:
                 m.ingest(rows, budget="none", progress=False)

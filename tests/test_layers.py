@@ -33,7 +33,7 @@ LAYERS = {
     "facade": ("miita",),
     "evaluation": ("evaluation",),
     "serve": ("serve",),
-    "app": ("cli", "demo", "__init__", "__main__"),
+    "app": ("cli", "demo", "steering_check", "__init__", "__main__"),
 }
 ALLOWED = {
     "base": {"base"},

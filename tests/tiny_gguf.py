@@ -116,8 +116,10 @@ def _tensors(arch: str, tied: bool, rng: np.random.Generator) -> dict[str, np.nd
     return t
 
 
-def write_f32(path: str | os.PathLike, arch: str, tied: bool, seed: int = 0) -> Path:
-    """An f32 GGUF of the architecture with random weights and the tiny vocabulary."""
+def write_f32(path: str | os.PathLike, arch: str, tied: bool, seed: int = 0,
+              tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """An f32 GGUF of the architecture with random weights (or ``tensors``, e.g. a rewrite of
+    ``_tensors``'s) and the tiny vocabulary."""
     import gguf
 
     if arch not in ARCHS:
@@ -158,7 +160,7 @@ def write_f32(path: str | os.PathLike, arch: str, tied: bool, seed: int = 0) -> 
     wr.add_eos_token_id(2)
     wr.add_add_bos_token(True)
     wr.add_add_eos_token(False)
-    for name, arr in _tensors(arch, tied, rng).items():
+    for name, arr in (tensors if tensors is not None else _tensors(arch, tied, rng)).items():
         wr.add_tensor(name, arr)
     wr.write_header_to_file()
     wr.write_kv_data_to_file()

@@ -132,13 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
                                    "whether its llama.cpp graph names the tensors the callback needs (l_out-<k>, "
                                    "result_norm); then test on the real file that the native head rows equal gguf-py's "
                                    "dequantisation, that the captured key equals a reference decode, and that the "
-                                   "logits move by exactly c·W·δ under a known addition. Ends with 'supported' "
-                                   "(exit 0) or 'refused: REASON' (exit 2).",
+                                   "logits move by exactly c·W·δ under a known addition. Then a functional test: "
+                                   "a fresh memory is taught 48 synthetic examples (24 two-word answers, each in two "
+                                   "phrasings); each taught input asked verbatim must return its answer, and 32 "
+                                   "unrelated questions must get the frozen model's answer. Ends with 'supported' "
+                                   "(exit 0: both rates >= 95% with the default preset), 'limited: REASON' (exit 3) "
+                                   "or 'refused: REASON' (exit 2).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_path", nargs="?", metavar="GGUF", help="the GGUF to check (default: --model, "
                    "$MIITA_EDGE_MODEL or the embedded Gemma-3-270M)")
     p.add_argument("--key-layer", type=int, help="the key layer to check (default: n_layer // 2)")
     p.add_argument("--no-self-test", action="store_true", help="only the header and graph checks")
+    p.add_argument("--no-functional", action="store_true",
+                   help="skip the functional test (teach and ask a synthetic memory; ~1 min on 2 cores)")
     _add_common(p, memory=False)
     return ap
 
@@ -469,13 +475,34 @@ def cmd_check_model(args) -> int:
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print
-    rep = check_model_isolated(args.model_path or args.model, threads=args.threads, key_layer=args.key_layer,
+    path = args.model_path or args.model
+    rep = check_model_isolated(path, threads=args.threads, key_layer=args.key_layer,
                                run_self_test=not args.no_self_test)
+    checks = []
+    if rep.supported and not (args.no_self_test or args.no_functional):
+        from .runtime.engine import Engine
+        from .steering_check import steering_check
+
+        with Engine(path, _engine_config(args)) as eng:
+            checks = [steering_check(preset=p, engine=eng) for p in ("default", "paper")]
+    verdict, code = ("supported", 0) if rep.supported else (f"refused: {rep.reason}", 2)
+    if checks and checks[0].verdict != "supported":
+        verdict, code = f"{checks[0].verdict}: {checks[0].reason()}", 2 if checks[0].verdict == "refused" else 3
     if args.json:
-        print(json.dumps(rep.to_json()))
-    else:
-        print("\n".join(rep.lines()))
-    return 0 if rep.supported else 2
+        js = rep.to_json()
+        js["steering"] = [c.to_json() for c in checks]
+        js["verdict"] = verdict.partition(":")[0]
+        js["supported"] = code == 0
+        print(json.dumps(js))
+        return code
+    lines = rep.lines()[:-1]
+    for c in checks:
+        lines.append(f"steering     {c.preset:8s} taught answers back {100 * c.recall:5.1f}% of {c.n_taught}, "
+                     f"unrelated untouched {100 * c.untouched:5.1f}% of {c.n_unrelated}: {c.verdict}")
+        for q, want, got in c.failures[:2]:
+            lines.append(f"               e.g. {q!r}: expected {want!r}, got {got!r}")
+    print("\n".join(lines + [verdict]))
+    return code
 
 
 def one_line(text: str) -> str:

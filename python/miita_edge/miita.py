@@ -24,6 +24,8 @@ from .memory.budget import Budget, parse_budget
 from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order
 from .method.extract import prompt_tokens
 from .method.ingest import IngestReport, StreamCounts, call_stream_bytes, extract_examples, learn, progress_bar
+from .method.head_geometry import HeadGeometry, head_geometry
+from .method.key_layers import choose_key_layers
 from .method.plan import QueryPlan, RetrievalIndex, plan_query
 from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
 from .method.templates import get_template
@@ -125,6 +127,7 @@ class Miita:
         self._owns_engine = engine is None
         self.engine = engine or Engine(model, engine_config)
         self._fingerprint = None
+        self._geometry: HeadGeometry | None = None
         self.key_layers: list[int] = []  # the memory's key layers: its manifest's, or the preset's
         opened = self._read_snapshot()
         if opened is not None:
@@ -154,8 +157,11 @@ class Miita:
             self._entries = snap.entries  # what the retrieval index's derived caches are keyed on
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
-            self.key_layers = self.preset.key_layers(self.engine.n_layer)
             self.template = get_template(template or "plain")
+            if self.preset.key_select == "paraphrase" and self.engine.n_layer - 2 >= 2:  # method/key_layers.py
+                self.key_layers = choose_key_layers(self.engine, self.template, self.fingerprint_sha()).layers
+            else:
+                self.key_layers = self.preset.key_layers(self.engine.n_layer)
             mean, order = self._key_frame()
             self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order)
             self.budget_spec = DEFAULT_BUDGET
@@ -217,12 +223,16 @@ class Miita:
         self.close()
 
     # ---------------------------------------------------------------- store
+    def fingerprint_sha(self) -> str:
+        """The model file's sha256 (cached per path, size and mtime)."""
+        from .runtime.fingerprint import model_sha256
+
+        return model_sha256(self.engine.info.path)
+
     def fingerprint(self) -> dict:
         if self._fingerprint is None:
-            from .runtime.fingerprint import model_sha256
-
             info = self.engine.info
-            fp = {"sha256": model_sha256(info.path), "arch": info.arch, "n_embd": info.n_embd,
+            fp = {"sha256": self.fingerprint_sha(), "arch": info.arch, "n_embd": info.n_embd,
                   "key_layer": self.key_layers[0]}
             if len(self.key_layers) > 1:  # memories with one key layer keep the fingerprint they had
                 fp["key_layers"] = list(self.key_layers)
@@ -478,6 +488,8 @@ class Miita:
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (an upper bound)."""
         pr = self.preset
         eng = self._use_keys()
+        if adapt and self.bank.n_prototypes and (pr.direction == "head" or pr.eta_unit == "push"):
+            self.geometry()  # first use decodes calibration prompts: before this query's pass
         toks = (list(prompt_tokens_override) if prompt_tokens_override is not None
                 else prompt_tokens(eng, self.template, text, self.max_prompt_tokens))
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
@@ -486,7 +498,8 @@ class Miita:
             g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **gen_kw)
             return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason,
                           reason="adaptation is off" if not adapt else "the memory is empty")
-        eta_abs = (pr.eta if eta is None else eta) * float(np.linalg.norm(state.h_q))
+        unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
+        eta_abs = (pr.eta if eta is None else eta) * unit
         gate_mode = gate or pr.gate
         qp = self.plan(state, mode=mode, oracle_dir=oracle_dir)
         ids, scores, weights, plan = qp.ids, qp.scores, qp.weights, qp.plan
@@ -502,8 +515,15 @@ class Miita:
     def plan(self, state, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query (ids, scores, weights, steering plan, relevance decision);
         see ``method.plan``."""
+        geometry = self.geometry() if self.preset.direction == "head" else None
         return plan_query(self.preset, self.bank, self.engine, self.retrieval_index(), state,
-                          mode=mode, oracle_dir=oracle_dir, rng=self._rng)
+                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry)
+
+    def geometry(self) -> HeadGeometry:
+        """The model's head geometry for this memory's template (cached per model and template)."""
+        if self._geometry is None:
+            self._geometry = head_geometry(self.engine, self.template, self.fingerprint()["sha256"])
+        return self._geometry
 
     def retrieval_index(self) -> RetrievalIndex:
         """The matrices retrieval reads, cached per memory version."""

@@ -145,7 +145,7 @@ class RetrievalIndex:
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
-               mode: str | None = None, oracle_dir=None, rng=None) -> QueryPlan:
+               mode: str | None = None, oracle_dir=None, rng=None, geometry=None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
     ``plan(step, generated)`` and, for a preset with the relevance gate, its decision."""
     pr = preset
@@ -198,13 +198,16 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         if key not in cache:
             if pr.bank.payload == "sequence":
                 cache[key] = bank.protos[j].dirs[s]
+            elif pr.direction == "head":  # the head-geometry direction, in logit units
+                cache[key] = geometry.direction(engine.lm_head.rows([int(index.seqs[j][s])])[0])
             else:  # 'tokens': the target token's own LM-head row
                 r = engine.lm_head.rows([int(index.seqs[j][s])])[0]
                 cache[key] = r / max(float(np.linalg.norm(r)), 1e-12)
         return cache[key]
 
     def plan(step: int, generated) -> np.ndarray | None:
-        return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn)
+        return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
+                                normalize=pr.direction != "head")
 
     return QueryPlan(ids, best, weights, plan, decision)
 

@@ -50,6 +50,17 @@ class Preset:
     relevance_gate: bool = False
     # Vote over each answer's centroid too (derived from its stored anchors and their counts).
     centroid_vote: bool = False
+    # What a stored answer token adds at its position: "row", the unit LM-head row Norm(W_y); or
+    # "head", the head-geometry direction that raises y by one logit over the average row
+    # (method/head_geometry.py), summed over the answers that agree with the prefix, not normalised.
+    direction: str = "row"
+    # How a new memory's key layers are chosen: "depths", the shares in key_depths; or "paraphrase",
+    # measured on the model (method/key_layers.py: one last-row layer, one averaged layer, in that
+    # order, so key_pooling must be ("last", "mean")). A memory stores its layers either way.
+    key_select: str = "depths"
+    # What eta is relative to: "hidden", the query's hidden norm ‖h_q‖ (the addition is
+    # eta·‖h_q‖·α·d̄); or "push", the model's measured logit push G (eta·G·α·Σ w d, in logits).
+    eta_unit: str = "hidden"
     # Version of the named preset this memory was built with (default: 1 before issue 14).
     version: int = 1
 
@@ -61,6 +72,8 @@ class Preset:
     def key_poolings(self, n_layer: int) -> list[str]:
         """The pooling of each of ``key_layers(n_layer)``, in the same order (a layer that two depths
         round to keeps the first depth's pooling)."""
+        if self.key_select == "paraphrase" and n_layer - 2 >= 2:  # two layers measured on the model
+            return list(self.key_pooling)
         pooling = self.key_pooling or ("mean",) * len(self.key_depths)
         out, seen = [], set()
         for d, p in zip(self.key_depths, pooling):
@@ -122,18 +135,41 @@ class Preset:
             raise StoreError(f"preset key_pooling {self.key_pooling!r} is not one of {KEY_POOLINGS} per key depth")
         if self.key_order not in ("index", "calibration"):
             raise StoreError(f"preset key_order {self.key_order!r} is not 'index' or 'calibration'")
+        if self.key_select not in ("depths", "paraphrase"):
+            raise StoreError(f"preset key_select {self.key_select!r} is not 'depths' or 'paraphrase'")
+        if self.key_select == "paraphrase" and self.key_pooling != ("last", "mean"):
+            raise StoreError("preset key_select 'paraphrase' needs key_pooling ('last', 'mean')")
+        if self.direction not in ("row", "head"):
+            raise StoreError(f"preset direction {self.direction!r} is not 'row' or 'head'")
+        if self.eta_unit not in ("hidden", "push"):
+            raise StoreError(f"preset eta_unit {self.eta_unit!r} is not 'hidden' or 'push'")
+        if self.direction == "head" and self.bank.payload != "tokens":
+            raise StoreError("preset direction 'head' needs the 'tokens' payload")
 
     def describe(self) -> dict:
         return asdict(self)
 
 
-def paper_preset() -> Preset:
+def paper_preset_v1() -> Preset:
     """Section 3 as written: one averaged direction per experience, max-anchor
     semantic score + uncertainty rerank, softmax aggregation, gated addition.
     η: the paper's 0.5 is absolute on Qwen3; here η is relative to ‖h_q‖, and
-    0.2 was the best of 0.05/0.1/0.2/0.4 on Banking77 stage 1 (docs/method.md §7)."""
+    0.2 was the best of 0.05/0.1/0.2/0.4 on Banking77 stage 1 (docs/method.md §7).
+    Kept so that memories built with it keep their uncentred keys."""
     return Preset("paper", BankConfig(payload="mean", dir_precision="float32", key_precision="float32"),
                   skip_bos=False, center_keys=False, aggregation="paper", eta=0.2)
+
+
+def paper_preset() -> Preset:
+    """Section 3 as written, with eq. 1's key pooled without the BOS row and centred on the model's
+    calibration mean: on a model whose hidden states share a large common component (SmolLM2-135M),
+    uncentred mean-pooled keys of unrelated inputs have cosines of 0.9998-1.0018, and eq. 8's
+    retrieval cannot tell them apart. The equations themselves are unchanged."""
+    p = paper_preset_v1()
+    p.skip_bos = True
+    p.center_keys = True
+    p.version = 2
+    return p
 
 
 def default_preset_v1() -> Preset:
@@ -165,21 +201,36 @@ def default_preset_v3() -> Preset:
     return p
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 4: version 3, and the deeper
-    key layer is pooled at the last prompt row (the template's answer cue, where the model has
-    gathered what it is about to say) instead of the mean of the prompt's rows; the middle layer
-    keeps the mean, which carries the input's content (§10.7)."""
+def default_preset_v4() -> Preset:
+    """Version 3, and the deeper key layer is pooled at the last prompt row (the template's answer
+    cue, where the model has gathered what it is about to say) instead of the mean of the prompt's
+    rows; the middle layer keeps the mean, which carries the input's content (§10.7). Kept so that
+    memories built with it steer along the head rows they were built with."""
     p = default_preset_v3()
     p.key_pooling = ("last", "mean")
     p.version = 4
     return p
 
 
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Version 5: version 4, and each
+    answer token steers along its head-geometry direction with the model's measured logit push
+    (method/head_geometry.py), so the taught token wins on any head, not only on one whose rows
+    all have the same norm."""
+    p = default_preset_v4()
+    p.direction = "head"
+    p.eta_unit = "push"
+    p.key_select = "paraphrase"
+    p.eta = 1.0
+    p.version = 5
+    return p
+
+
 PRESETS = {"paper": paper_preset, "default": default_preset}
 #: Every (name, version) a memory may have been built with.
-_VERSIONS = {("paper", 1): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
-             ("default", 3): default_preset_v3, ("default", 4): default_preset}
+_VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
+             ("default", 3): default_preset_v3, ("default", 4): default_preset_v4,
+             ("default", 5): default_preset}
 
 
 def preset_names() -> list[str]:

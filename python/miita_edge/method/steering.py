@@ -97,13 +97,19 @@ def vote(ids: np.ndarray, weights: np.ndarray, labels: Sequence[object]):
 
 
 def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
-                     weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray]) -> np.ndarray | None:
+                     weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray],
+                     normalize: bool = True) -> np.ndarray | None:
     """Norm(Σ_{j consistent} w_j d_{j,step}) or None when no retrieved answer continues the prefix.
 
     A prototype j is consistent at ``step`` when its answer is longer than
     ``step`` and its first ``step`` tokens equal ``generated[:step]``.
+    ``normalize=False``: Σ w_j d_{j,step} / W_lead instead, for directions in logit units (head
+    geometry), W_lead being the largest total weight that the consistent answers give one token at
+    this step: the vote's leading token gets the full push (a gain of one unit) and every other
+    candidate its share of the lead's weight, however the weights are spread.
     """
     acc = None
+    by_token: dict[int, float] = {}
     prefix = list(generated[:step])
     for j, w in zip(ids, weights):
         seq = seqs[j]
@@ -111,7 +117,12 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
             continue
         d = np.asarray(dir_fn(int(j), step), np.float64) * float(w)
         acc = d if acc is None else acc + d
+        tok = int(seq[step])
+        by_token[tok] = by_token.get(tok, 0.0) + float(w)
     if acc is None:
         return None
+    if not normalize:
+        lead = max(by_token.values())
+        return (acc / lead).astype(np.float32) if lead > 0 else None
     n = np.linalg.norm(acc)
     return (acc / n).astype(np.float32) if n > 0 else None
