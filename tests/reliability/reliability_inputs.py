@@ -1,4 +1,4 @@
-"""Reliability campaign, inputs (issue 11, section 2): fuzzed JSONL files against the real ``ingest``.
+"""Reliability campaign, inputs: fuzzed JSONL files against the real ``ingest``.
 
 Target: every file is either *accepted* (exit 0, the memory advances by exactly one version and
 its example count -- examples + skipped -- grows by the number of valid rows) or *rejected
@@ -21,7 +21,7 @@ check what a user sees: the exit status, one stderr line, no traceback.
 Duplicate keys (``{"input": "a", "input": "b", ...}``) are refused: JSON parsers disagree on
 which one wins (first, last, error), so such a row means different things to different tools.
 
-    python bench/reliability_inputs.py [--count 10000] [--seed 0] [--subprocess-sample 200]
+    python tests/reliability/reliability_inputs.py [--count 10000] [--seed 0] [--subprocess-sample 200]
                                        [--long-lines 10] [--keep DIR]
 
 Exit status 0 when every file meets the target, 1 otherwise.
@@ -57,7 +57,7 @@ def _package_parent() -> Path:
 
     spec = importlib.util.find_spec("miita_edge")
     if spec is None or not spec.origin:
-        return HERE.parent / "python"
+        return HERE.parents[1] / "python"
     return Path(spec.origin).resolve().parent.parent
 
 

@@ -1,4 +1,4 @@
-"""Reliability campaign, resources (issue 11, section 2): a full disk and a read-only memory during ingest.
+"""Reliability campaign, resources: a full disk and a read-only memory during ingest.
 
 Target, for every case: the ingest exits 2 with exactly one line on stderr that names the memory
 and the operating-system reason (no traceback); the previously committed version is intact
@@ -25,7 +25,7 @@ MEM --budget 16KiB``) into a fresh copy of one seed memory (3 rows, version 1). 
 
 A case that the machine cannot run is reported as SKIPPED with its reason.
 
-    python bench/reliability_resources.py [--seed 0] [--quick]
+    python tests/reliability/reliability_resources.py [--seed 0] [--quick]
 
 Exit status 0 when every case that ran meets the target, 1 otherwise.
 """
@@ -59,7 +59,7 @@ def _package_parent() -> Path:
 
     spec = importlib.util.find_spec("miita_edge")
     if spec is None or not spec.origin:
-        return HERE.parent / "python"
+        return HERE.parents[1] / "python"
     return Path(spec.origin).resolve().parent.parent
 
 
