@@ -47,25 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def _package_parent() -> Path:
-    """The directory holding the miita_edge that this Python imports: the installed package (with
-    its compiled extension), or the checkout's python/ when that is what is on the path (dev runs
-    with PYTHONPATH). Never the checkout's sources in front of an installed package: they have no
-    compiled extension."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("miita_edge")
-    if spec is None or not spec.origin:
-        return HERE.parents[1] / "python"
-    return Path(spec.origin).resolve().parent.parent
-
-
-PYDIR = _package_parent()
-if str(PYDIR) not in sys.path:
-    sys.path.insert(0, str(PYDIR))
+from _campaign_env import child_env  # importing it puts the package on sys.path
 
 BUDGET = "16KiB"
 PAGE = 4096
@@ -74,7 +56,7 @@ REASONS = ("No space left on device", "File too large", "Read-only file system",
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(PYDIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return child_env()
 
 
 def ingest_cmd(data: Path, mem: Path) -> list[str]:
