@@ -150,7 +150,7 @@ class Targets:
 
 
 def add_target_argument(ap: argparse.ArgumentParser, targets: list[Target]) -> None:
-    listing = "; ".join(f"{t.name} ({t.what}: {t.op} {t.limit:g}{t.unit})" for t in targets)
+    listing = "; ".join(f"{t.name} ({t.what}: {t.op} {t.limit:g}{t.unit})" for t in targets).replace("%", "%%")
     ap.add_argument("--target", action="append", default=[], metavar="NAME=LIMIT",
                     help=f"override a target's limit (repeatable; an impossible one shows a MISSED line). "
                          f"Targets: {listing}")
