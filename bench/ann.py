@@ -1,4 +1,4 @@
-"""Retrieval at 100k-1M prototypes (issue 15): the recall front (method/ann_index.py: the inverted
+"""Retrieval at 100k-1M prototypes: the recall front (method/ann_index.py: the inverted
 file of method/ivf_index.py for the default preset's 1-bit rows, ``--bits-front graph`` for the usearch
 graph it replaced; the usearch graph for the paper preset's float rows) against the exact scan, in one run, on memories as the current code writes and opens them.
 
@@ -49,6 +49,7 @@ Key distributions:
     python bench/ann.py --sizes 100000 --paper-sizes 0 --ef 16 --candidates 8   # a run that misses
     python bench/ann.py --sizes 100000 --modes clustered --paper-sizes 0 --nprobe 1024   # reads every list: misses
     python bench/ann.py --sizes 100000 --modes clustered --paper-sizes 0 --steps 80   # and where plan's time goes
+    python bench/ann.py --sizes 20000 --modes clustered --paper-sizes 0 --queries 20 --reps 3   # quickest
 """
 from __future__ import annotations
 
@@ -67,6 +68,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from _report import Target, Targets, add_target_argument, print_header
+
+
+def targets() -> list[Target]:
+    return [Target("share_100k", "<=", 1.0, "%", "Miita.plan / prompt pass, memories up to 100k prototypes"),
+            Target("share_1m", "<=", 3.0, "%", "Miita.plan / prompt pass, larger memories"),
+            Target("recall", ">=", 0.99, "", "recall@R of the front against the exact top rows")]
 
 
 # ----------------------------------------------------------------------------- real keys
@@ -507,16 +515,15 @@ def run_case(eng, tm, J, mode, centres, noise, radius, prompts, Q_raw, args, wor
         q = paper_quality(m, eng, prompts[: args.paper_queries])
     r = retrieval_share(m, eng, prompts, args.reps)
     steps = plan_steps(m, eng, prompts, args.steps) if args.steps and preset == "default" else None
-    target = 1.0 if J <= 100_000 else 3.0
     share, share_x = 100 * r["ann"] / r["prompt"], 100 * r["exact"] / r["prompt"]
     rec = f"recall@{count} {q['recall']:.4f}" + (f" (dirs {q['recall_dirs']:.4f})" if "recall_dirs" in q else "")
-    ok = "met" if share <= target else "MISSED"
-    okr = "met" if min(q["recall"], q.get("recall_dirs", 1.0)) >= 0.99 else "MISSED"
+    ok = args.goals.check("share_100k" if J <= 100_000 else "share_1m", share)
+    okr = args.goals.check("recall", min(q["recall"], q.get("recall_dirs", 1.0)))
     same = (f"same selection {q['agree']}/{q['n']} (vote alone {q['agree_vote']}/{q['n']}; gate let "
             f"{q['steer']}/{q['n']} steer)" if preset == "default" else f"same selection {q['agree']}/{q['n']}")
     print(f"   {preset:7s} {mode:9s} {J:>9,}  prompt {r['prompt']:6.1f} ms  ANN {r['ann']:6.2f} ms = {share:5.2f}% "
-          f"(target <= {target:.0f}%: {ok})  exact {r['exact']:6.2f} ms = {share_x:5.2f}%")
-    print(f"   {'':7s} {'':9s} {'':>9s}  {rec} (target >= 0.99: {okr}), {same}")
+          f"({ok})  exact {r['exact']:6.2f} ms = {share_x:5.2f}%")
+    print(f"   {'':7s} {'':9s} {'':>9s}  {rec} ({okr}), {same}")
     print(f"   {'':7s} {'':9s} {'':>9s}  rows {'+'.join(f'{x:,}' for x in rows)} (graph nodes "
           f"{'+'.join(f'{x:,}' for x in nodes)}); build {build:5.1f} s (ready {cold['total'] + waited:5.1f} s "
           f"after the open began); open cold {cold['total']:5.2f} s (Miita {cold['miita']:.2f}, index "
@@ -668,7 +675,10 @@ def main(argv=None) -> int:
                     "within --max-gib: comma list")
     ap.add_argument("--max-gib", type=float, default=16.0, help="address-space limit of this process (an OOM "
                     "becomes a MemoryError here instead of a kill on a shared machine)")
+    add_target_argument(ap, targets())
     args = ap.parse_args(argv)
+    args.goals = Targets.from_args(targets(), args.target, ap)
+    print_header(argv)
     resource.setrlimit(resource.RLIMIT_AS, (int(args.max_gib * 2**30), resource.RLIM_INFINITY))
 
     from miita_edge.method import ann_index
@@ -691,7 +701,7 @@ def main(argv=None) -> int:
         tm = {"default": template_memory(eng, "default", args.data, work)}
         if want_paper:
             tm["paper"] = template_memory(eng, "paper", args.data, work)
-        print(f"# bench/ann.py  cpu={os.cpu_count()} ({_cpu()})  threads={args.threads}  usearch {usearch.__version__}  "
+        print(f"# threads={args.threads}  usearch {usearch.__version__}  "
               f"graph: connectivity {ann_index.CONNECTIVITY}, expansion_add {ann_index.EXPANSION_ADD}, "
               f"(from rows, candidates, expansion_search) {ann_index.SEARCH}{f', ef override {args.ef}' if args.ef else ''}, "
               f"build threads {ann_index.BUILD_THREADS}, MIN_ROWS {ann_index.MIN_ROWS} (float rows "
@@ -764,20 +774,11 @@ def main(argv=None) -> int:
                     finally:
                         shutil.rmtree(work / f"{preset}-{mode}-{J}", ignore_errors=True)
                         gc.collect()
+        print(args.goals.summary())
     finally:
         eng.close()
         shutil.rmtree(work, ignore_errors=True)
     return 0
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "?"
 
 
 if __name__ == "__main__":

@@ -6,18 +6,19 @@ their ratios, and ms per target token of the correction vector R in exact and
 top-k modes. Runs alternate A/B rounds and report medians, because the
 machines this runs on are noisy: only the ratios are meant to be compared.
 
-    python bench/engine.py [--model GGUF] [--threads 2] [--rounds 5]
+    python bench/engine.py [--model GGUF] [--threads 2] [--rounds 5] [--target NAME=LIMIT]
+    python bench/engine.py --rounds 1 --gen 8        # quickest run
 """
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from _report import Target, Targets, add_target_argument, print_header
 
 PROMPT = ("Classify the banking customer query into an intent. " * 6 +
           "\nQuery: I was charged twice for the same coffee and want my money back\nIntent:")
@@ -92,13 +93,23 @@ def time_engine(eng, toks, n_gen, d):
     return len(toks) / (t1 - t0), n_gen / (t2 - t1)
 
 
+def targets() -> list[Target]:
+    return [Target("prompt", ">=", 0.98, "", "prompt tok/s, engine / plain"),
+            Target("decode", ">=", 0.98, "", "decode tok/s, engine / plain"),
+            Target("exact_r", "<=", 60.0, " ms", "exact R per target token, 1-token answer"),
+            Target("topk_r", "<=", 2.0, " ms", "top-k R per target token, 1-token answer")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF path (default: the embedded Gemma-3-270M)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--gen", type=int, default=48, help="generated tokens per round")
+    add_target_argument(ap, targets())
     args = ap.parse_args(argv)
+    goals = Targets.from_args(targets(), args.target, ap)
+    print_header(argv)
 
     from miita_edge.errors import MiitaError
     from miita_edge.runtime.engine import Engine, EngineConfig, cpu_has_amx
@@ -125,13 +136,13 @@ def main(argv=None) -> int:
     pr = statistics.median(e[0] / p[0] for p, e in zip(rows["plain"], rows["engine"]))
     dr = statistics.median(e[1] / p[1] for p, e in zip(rows["plain"], rows["engine"]))
 
-    print(f"# bench/engine.py  model={eng.info.path.name}  threads={args.threads}  rounds={args.rounds}")
-    print(f"# machine: {platform.machine()} {os.cpu_count()} cpus, {platform.processor() or ''} python {sys.version.split()[0]}")
+    print(f"# model={eng.info.path.name}  threads={args.threads}  rounds={args.rounds}")
     print(f"prompt tokens={len(toks)}  generated tokens={args.gen}")
     print(f"{'':22s}{'prompt tok/s':>14s}{'decode tok/s':>14s}")
     print(f"{'plain llama-cpp-python':22s}{med['plain'][0]:14.1f}{med['plain'][1]:14.1f}")
     print(f"{'engine (key+gated add)':22s}{med['engine'][0]:14.1f}{med['engine'][1]:14.1f}")
-    print(f"ratio engine/plain: prompt {pr:.3f}  decode {dr:.3f}   (target >= 0.98)")
+    print(f"ratio engine/plain: prompt {pr:.3f} ({goals.check('prompt', pr)})  "
+          f"decode {dr:.3f} ({goals.check('decode', dr)})")
 
     # R cost per target token: logits of a real 8-token answer
     target = eng.tokenize(" card payment fee charged twice today\n", add_bos=False)[:8]
@@ -146,8 +157,10 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             lm.correction(logits[:T], target[:T], top_k=k, per_position=True)
             ts.append(time.perf_counter() - t0)
-        print(f"R {name:24s} {statistics.median(ts) / T * 1e3:8.2f} ms per target token")
-    print("targets: top-k R <= 2 ms, exact R <= 60 ms per target token (2 threads)")
+        ms = statistics.median(ts) / T * 1e3
+        goal = {"exact, 1 token": "exact_r", "top-k 1024, 1 token": "topk_r"}.get(name)
+        print(f"R {name:24s} {ms:8.2f} ms per target token" + (f"  ({goals.check(goal, ms)})" if goal else ""))
+    print(goals.summary())
     pl.close()
     eng.close()
     return 0

@@ -3,7 +3,8 @@
 1. ingest examples/s of each preset vs a plain forward pass (llama-cpp-python
    low-level API, no callback) over the same prompt+answer texts (target >= 0.8x), medians of
    --ingest-rounds rounds that alternate the rows; and the default preset's ways of extracting keys
-   against its pre-issue-15 stand-in (issue 15: target >= 2x);
+   against the engine run as it was before keys stopped early ("full depth": every layer, KV
+   buffers zeroed at each reset; target >= 2x);
 2. ask latency split into prompt decode, retrieval (with the uncertainty
    direction for the paper preset) and generation, vs plain generation, with a
    synthetic memory of --prototypes prototypes (target: retrieval and
@@ -13,11 +14,11 @@
    bare launcher (bench/peak_rss.py says why; target <= 1.10x against the low-level baseline).
 
     python bench/memory.py [--examples 60] [--prototypes 10000] [--threads 2] [--ingest-rounds 3]
+    python bench/memory.py --examples 8 --prototypes 1000 --reps 1 --ingest-rounds 1 --paper-top-k 0   # quickest
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import PlainLlama  # noqa: E402  (bench/engine.py)
 import peak_rss  # noqa: E402  (bench/peak_rss.py)
+from _report import Target, Targets, add_target_argument, print_header  # noqa: E402  (bench/_report.py)
+
+
+def targets() -> list[Target]:
+    return [Target("ingest", ">=", 0.8, "x", "ingest examples/s / plain forward pass, each preset"),
+            Target("keys", ">=", 2.0, "x", "default-preset ingest / full depth, each way of extracting keys"),
+            Target("retrieval", "<=", 3.0, "%", "retrieval / prompt pass at --prototypes, each preset"),
+            Target("peak_rss", "<=", 1.10, "x", "peak RSS of ask / plain low-level llama-cpp-python")]
 
 
 def plain_forward_rate(pl: PlainLlama, texts: list[list[int]]) -> float:
@@ -89,7 +98,10 @@ def main(argv=None) -> int:
     ap.add_argument("--paper-top-k", type=int, default=1024,
                     help="also time the paper preset with top-k R (Preset.correction_top_k; 0 = skip): not eq. 2 "
                          "exactly, the fast alternative when the exact LM-head pass is too slow")
+    add_target_argument(ap, targets())
     args = ap.parse_args(argv)
+    goals = Targets.from_args(targets(), args.target, ap)
+    print_header(argv)
     launcher = peak_rss.Launcher()  # before the model is loaded: its children must not inherit our peak
 
     from miita_edge.demo.run import demo_stream
@@ -100,7 +112,7 @@ def main(argv=None) -> int:
     train = train[: args.examples]
     eng = Engine(None, EngineConfig(n_threads=args.threads))
     pl = PlainLlama(eng.info.path, args.threads)
-    print(f"# bench/memory.py  model={eng.info.path.name}  threads={args.threads}  cpus={os.cpu_count()}")
+    print(f"# model={eng.info.path.name}  threads={args.threads}")
 
     # 1. ingest rate vs plain forward pass over the same texts
     m0 = Miita(engine=eng, memory=tempfile.mkdtemp(), template="plain")
@@ -111,7 +123,7 @@ def main(argv=None) -> int:
     from miita_edge.miita import paper_preset
 
     # "full depth": key-only passes compute every layer and each reset zeroes the KV buffers, as
-    # ingest did before issue 15 (the baseline of its >= 2x target); "default": as shipped, the
+    # ingest did before keys stopped early (the baseline of the >= 2x target); "default": as shipped, the
     # graph stops after the deepest key layer and a reset only frees the cells, one prompt per
     # decode (bitwise keys); "batched keys": 8 prompts per decode in one context; "2 contexts":
     # --contexts 2, two one-thread contexts side by side, 32 prompts per decode
@@ -119,7 +131,8 @@ def main(argv=None) -> int:
     # lossless Q8_0 twin cut after the deepest key layer (runtime.key_twin). Every row times a
     # steady state: the engine's own context exists before its row, and the rows on sibling
     # contexts make theirs (and load the twin, written to the cache once per model) in an untimed
-    # 4-example ingest first, whose time is printed. "full depth" runs at the pre-issue code's own rate (bench/ingest_baseline.py).
+    # 4-example ingest first, whose time is printed. "full depth" ran at the rate of the code it stands
+    # for, built and timed beside it (docs/method.md, "Retired experiments").
     variants = [("default, full depth", "default"), ("default", "default"), ("default, batched keys", "default"),
                 ("default, 2 contexts", "default"), ("default, fast keys", "default"), ("paper", "paper")]
     if args.paper_top_k > 0:
@@ -128,7 +141,7 @@ def main(argv=None) -> int:
     eng8 = Engine(None, EngineConfig(n_threads=args.threads, n_seq_max=8))  # 8 sequences: batched keys
 
     def setup(label, preset) -> Miita:
-        batched = "batched keys" in label  # several prompts per llama_decode (issue 15; off by default)
+        batched = "batched keys" in label  # several prompts per llama_decode (off by default)
         m = Miita(engine=eng8 if batched else eng, memory=tempfile.mkdtemp(), preset=preset, template="plain")
         m.batch_keys = batched
         m.key_contexts = 2 if "2 contexts" in label else 1
@@ -160,13 +173,14 @@ def main(argv=None) -> int:
     rates = {label: statistics.median(v) for label, v in got.items()}
     for label, _ in variants:
         rate, b = rates[label], statistics.median(plain[label])
-        print(f"   {label:8s} ingest {rate:7.2f}/s   plain forward {b:7.2f}/s   ratio {rate / b:.2f}  (target >= 0.8)")
+        print(f"   {label:8s} ingest {rate:7.2f}/s   plain forward {b:7.2f}/s   ratio {rate / b:.2f}  "
+              f"({goals.check('ingest', rate / b)})")
     eng8.close()
     base = rates["default, full depth"]
     for label in ("default", "default, batched keys", "default, 2 contexts", "default, fast keys"):
         per_round = ", ".join(f"{a / b_:.2f}" for a, b_ in zip(got[label], got["default, full depth"]))
-        print(f"   default preset, {label} vs full depth (before issue 15): {rates[label] / base:.2f}x  "
-              f"(target >= 2; rounds: {per_round})")
+        print(f"   default preset, {label} vs full depth: {rates[label] / base:.2f}x  "
+              f"({goals.check('keys', rates[label] / base)}; rounds: {per_round})")
 
     # 2. ask latency split at N prototypes
     print(f"\n2. ask latency at {args.prototypes} synthetic prototypes (median of {args.reps}), ms")
@@ -192,7 +206,7 @@ def main(argv=None) -> int:
             plain.append(time.perf_counter() - t0)
         share = r["retrieval_ms"] / r["prompt_ms"] * 100
         print(f"   {preset:8s} prompt {r['prompt_ms']:6.1f}  retrieval {r['retrieval_ms']:6.2f} ({share:.1f}% of prompt; "
-              f"target <= 3%)  generate {r['generate_ms']:6.1f} ({r['tokens']} tok)  "
+              f"{goals.check('retrieval', share)})  generate {r['generate_ms']:6.1f} ({r['tokens']} tok)  "
               f"total {r['prompt_ms'] + r['retrieval_ms'] + r['generate_ms']:6.1f}  plain {statistics.median(plain) * 1e3:6.1f}")
 
     # 3. peak RSS: ask on a real (demo) memory vs plain llama-cpp-python, each child's own VmHWM
@@ -208,7 +222,9 @@ def main(argv=None) -> int:
     launcher.close()
     print(f"\n3. peak RSS (VmHWM, n_ctx {n_ctx}): plain low-level {peak['plain'] / 1024:.0f} MiB, Llama "
           f"{peak['llama'] / 1024:.0f} MiB, miita-edge ask {peak['ask'] / 1024:.0f} MiB; ratio to low-level "
-          f"{peak['ask'] / peak['plain']:.3f} (target <= 1.10), to Llama {peak['ask'] / peak['llama']:.3f}")
+          f"{peak['ask'] / peak['plain']:.3f} ({goals.check('peak_rss', peak['ask'] / peak['plain'])}), "
+          f"to Llama {peak['ask'] / peak['llama']:.3f}")
+    print(goals.summary())
     return 0
 
 

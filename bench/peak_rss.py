@@ -2,8 +2,8 @@
 
 Why this is measured the way it is: Linux carries ``ru_maxrss`` across ``exec``, so a child
 started from a process that had already loaded a model reports that parent's peak, and two such
-children compare at a ratio of 1.000 by construction (issue 15 found exactly that in the old
-section 3 of bench/memory.py). Here
+children compare at a ratio of 1.000 by construction (an earlier section 3 of bench/memory.py
+reported exactly that). Here
 
 * every measured process is started by a small launcher (a bare Python that only reads requests
   on stdin and runs them), which this script starts before it imports anything large, and
@@ -23,7 +23,8 @@ each with the resident size after every stage (imports, model, context, memory, 
 where an overhead shows up. ``--self-test`` shows the measurement can report a difference: a child
 that allocates nothing next to a parent that has touched ``--self-test-mib`` MiB.
 
-    python bench/peak_rss.py --memory DIR [--prompt TEXT] [--n-ctx 4096] [--reps 3]
+    python bench/peak_rss.py --memory DIR [--prompt TEXT] [--n-ctx 4096] [--reps 3] [--target NAME=LIMIT]
+    python bench/peak_rss.py --self-test
 """
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _report import Target, Targets, add_target_argument, print_header  # noqa: E402  (bench/_report.py)
+
+
+def targets() -> list[Target]:
+    return [Target("ask_plain", "<=", 1.10, "x", "peak RSS of ask / plain low-level llama-cpp-python")]
 
 LAUNCHER = r"""
 import json, subprocess, sys
@@ -158,13 +165,15 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=4096, help="context of ask and of both baselines (default: 4096, "
                     "the engine's default)")
     ap.add_argument("--reps", type=int, default=3, help="children per mode; the median peak is reported")
-    ap.add_argument("--target", type=float, default=1.10, help="ask / plain target (default 1.10)")
     ap.add_argument("--self-test", action="store_true", help="show that a small child next to a big parent "
                     "reports a small peak (and what ru_maxrss would have said)")
     ap.add_argument("--self-test-mib", type=int, default=512)
+    add_target_argument(ap, targets())
     args = ap.parse_args(argv)
+    goals = Targets.from_args(targets(), args.target, ap)
 
     launcher = Launcher()  # before anything large is imported or allocated
+    print_header(argv)
     try:
         if args.self_test:
             import resource
@@ -188,7 +197,7 @@ def main(argv=None) -> int:
             runs = [measure(launcher, mode, model, args.memory, args.prompt, args.n_ctx) for _ in range(args.reps)]
             peaks = sorted(r["vmhwm_kib"] for r in runs)
             rows[mode] = (statistics.median(peaks), runs[0]["stages"], peaks)
-        print(f"# bench/peak_rss.py  model={Path(model).name}  memory={args.memory}  n_ctx={args.n_ctx}  "
+        print(f"# model={Path(model).name}  memory={args.memory}  n_ctx={args.n_ctx}  "
               f"reps={args.reps}  (VmHWM of each child, spawned from a bare launcher)")
         for mode, (peak, stages, peaks) in rows.items():
             trail = "  ".join(f"{n} {rss / 1024:.0f}" for n, rss, _ in stages)
@@ -197,12 +206,12 @@ def main(argv=None) -> int:
         r_plain = rows["ask"][0] / rows["plain"][0]
         r_llama = rows["ask"][0] / rows["llama"][0]
         r_repack = rows["ask"][0] / rows["plain-repack"][0]
-        ok = r_plain <= args.target
-        print(f"  ask / plain (low-level) {r_plain:.3f}  (target <= {args.target:.2f}: {'met' if ok else 'MISSED'})")
+        print(f"  ask / plain (low-level) {r_plain:.3f}  ({goals.check('ask_plain', r_plain)})")
         print(f"  ask / plain with llama.cpp's repacked weights (use_extra_bufts, as the engine loads them) "
               f"{r_repack:.3f}")
         print(f"  ask / Llama (high-level) {r_llama:.3f}")
-        return 0 if ok else 1
+        print(goals.summary())
+        return 1 if goals.missed else 0
     finally:
         launcher.close()
 

@@ -5,6 +5,24 @@ import numpy as np
 import pytest
 
 
+def pytest_addoption(parser):
+    parser.addoption("--campaign-long", action="store_true",
+                     help="also run the reliability campaigns at their documented length (tests/reliability; hours)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "campaign_long: a full-length reliability campaign (needs --campaign-long)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--campaign-long"):
+        return
+    skip = pytest.mark.skip(reason="full-length campaign: run with --campaign-long")
+    for item in items:
+        if "campaign_long" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def model_path():
     from miita_edge.runtime.default_model import embedded_model_path

@@ -1,4 +1,4 @@
-"""bench/peak_rss.py measures each child's own peak, not its parent's (issue 15).
+"""bench/peak_rss.py measures each child's own peak, not its parent's.
 
 ``ru_maxrss`` survives ``exec``: a child spawned from a process that holds a model reports that
 process's peak. The bench reads each child's ``VmHWM`` instead and spawns children from a bare
@@ -13,17 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import peak_rss  # noqa: E402  (bench/peak_rss.py, a benchmark script, not a package module)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
 
-def _bench():
-    return load_bench("peak_rss")
-
-
 def test_an_idle_child_reports_far_less_than_a_big_parent():
-    bench = _bench()
+    bench = peak_rss
     launcher = bench.Launcher()  # started while this process is still small
     try:
         big = np.ones(300 * 2**20 // 8)  # 300 MiB, every page touched
@@ -44,7 +41,7 @@ def test_an_idle_child_reports_far_less_than_a_big_parent():
 
 def test_ru_maxrss_is_the_artifact_the_bench_avoids():
     """What the old measurement read: the children's ru_maxrss includes the parent's peak."""
-    bench = _bench()
+    bench = peak_rss
     big = np.ones(256 * 2**20 // 8)
     bench.measure(None, "idle")
     children_maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss

@@ -1,4 +1,4 @@
-"""Reliability campaign, resources (issue 11, section 2): a full disk and a read-only memory during ingest.
+"""Reliability campaign, resources: a full disk and a read-only memory during ingest.
 
 Target, for every case: the ingest exits 2 with exactly one line on stderr that names the memory
 and the operating-system reason (no traceback); the previously committed version is intact
@@ -25,7 +25,7 @@ MEM --budget 16KiB``) into a fresh copy of one seed memory (3 rows, version 1). 
 
 A case that the machine cannot run is reported as SKIPPED with its reason.
 
-    python bench/reliability_resources.py [--seed 0] [--quick]
+    python tests/reliability/reliability_resources.py [--seed 0] [--quick]
 
 Exit status 0 when every case that ran meets the target, 1 otherwise.
 """
@@ -47,25 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def _package_parent() -> Path:
-    """The directory holding the miita_edge that this Python imports: the installed package (with
-    its compiled extension), or the checkout's python/ when that is what is on the path (dev runs
-    with PYTHONPATH). Never the checkout's sources in front of an installed package: they have no
-    compiled extension."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("miita_edge")
-    if spec is None or not spec.origin:
-        return HERE.parent / "python"
-    return Path(spec.origin).resolve().parent.parent
-
-
-PYDIR = _package_parent()
-if str(PYDIR) not in sys.path:
-    sys.path.insert(0, str(PYDIR))
+from _campaign_env import child_env  # importing it puts the package on sys.path
 
 BUDGET = "16KiB"
 PAGE = 4096
@@ -74,7 +56,7 @@ REASONS = ("No space left on device", "File too large", "Read-only file system",
 
 
 def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(PYDIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return child_env()
 
 
 def ingest_cmd(data: Path, mem: Path) -> list[str]:

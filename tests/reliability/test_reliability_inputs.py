@@ -1,6 +1,6 @@
-"""Short version of the inputs reliability campaign (issue 11, section 2), plus its regressions.
+"""Short version of the inputs reliability campaign, plus its regressions.
 
-bench/reliability_inputs.py fuzzes 10,000 JSONL files through the real ``ingest``; here a few
+tests/reliability/reliability_inputs.py fuzzes 10,000 JSONL files through the real ``ingest``; here a few
 hundred of its rejections run without the model (a file is refused before the model loads), a
 few accepted files run through the real model, and the checker is shown to catch planted
 failures. The regression tests pin what the full campaign found (see docs/reliability.md).
@@ -15,16 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench():
-    return load_bench("reliability_inputs")
-
-
-bench = _bench()
+import reliability_inputs as campaign  # tests/reliability/reliability_inputs.py
 
 
 def _fake_memory(mem: Path) -> None:
@@ -39,7 +30,7 @@ def _fake_memory(mem: Path) -> None:
 def _reject_cases(tmp_path, count, seed=11):
     files = tmp_path / "files"
     files.mkdir()
-    cases = bench.generate(count, seed, files, long_lines=0)
+    cases = campaign.generate(count, seed, files, long_lines=0)
     return [c for c in cases if c.expect == "reject"]
 
 
@@ -48,7 +39,7 @@ def test_fuzzed_rejections_are_one_line_and_leave_the_memory_unchanged(tmp_path)
     assert len(cases) >= 280
     mem = tmp_path / "mem"
     _fake_memory(mem)
-    table = bench.campaign(cases, mem, bench.run_inprocess)
+    table = campaign.campaign(cases, mem, campaign.run_inprocess)
     failures = {k: t.examples for k, t in table.items() if t.failures}
     assert not failures, failures
     assert sum(t.rejected for t in table.values()) == len(cases)
@@ -57,10 +48,10 @@ def test_fuzzed_rejections_are_one_line_and_leave_the_memory_unchanged(tmp_path)
 
 def test_a_subprocess_sample_exits_2_with_one_line(tmp_path):
     cases = _reject_cases(tmp_path, 200, seed=12)
-    sample = bench.stratified_sample(cases, 12, seed=0)
+    sample = campaign.stratified_sample(cases, 12, seed=0)
     mem = tmp_path / "mem"
     _fake_memory(mem)
-    table = bench.campaign(sample, mem, bench.run_subprocess, lock_content=False)
+    table = campaign.campaign(sample, mem, campaign.run_subprocess, lock_content=False)
     assert not {k: t.examples for k, t in table.items() if t.failures}
     assert sum(t.rejected for t in table.values()) == len(sample)
 
@@ -71,7 +62,7 @@ def _one_case(tmp_path, kind="missing_field"):
     files = tmp_path / "files"
     files.mkdir(exist_ok=True)
     rng = random.Random(3)
-    gen = {"missing_field": bench.g_missing_field, "valid": bench.g_valid}[kind]
+    gen = {"missing_field": campaign.g_missing_field, "valid": campaign.g_valid}[kind]
     return gen(rng, files, 0)
 
 
@@ -95,7 +86,7 @@ def test_the_checker_flags_a_planted_failure(tmp_path, planted):
         print(f"miita-edge: error: {msg}", file=sys.stderr)
         return 1 if planted == "exit_1" else 2
 
-    table = bench.campaign([case], mem, lambda p, m: bench.run_inprocess(p, m, main=fake_main))
+    table = campaign.campaign([case], mem, lambda p, m: campaign.run_inprocess(p, m, main=fake_main))
     assert sum(t.failures for t in table.values()) == 1, planted
 
 
@@ -108,7 +99,7 @@ def test_the_checker_flags_an_accept_that_does_not_advance_the_memory(tmp_path):
         print(json.dumps({"examples": case.rows, "skipped": 0, "version": 2}))
         return 0
 
-    table = bench.campaign([case], mem, lambda p, m: bench.run_inprocess(p, m, main=fake_main))
+    table = campaign.campaign([case], mem, lambda p, m: campaign.run_inprocess(p, m, main=fake_main))
     assert sum(t.failures for t in table.values()) == 1
 
 
@@ -174,7 +165,7 @@ def test_accepted_files_through_the_real_model(tmp_path, engine, monkeypatch):
     files = tmp_path / "files"
     files.mkdir()
     rng = random.Random(5)
-    gens = [bench.g_crlf, bench.g_bom_start, bench.g_combo_accept, bench.g_escaped_nul, bench.g_unicode]
+    gens = [campaign.g_crlf, campaign.g_bom_start, campaign.g_combo_accept, campaign.g_escaped_nul, campaign.g_unicode]
     cases = [g(random.Random(rng.getrandbits(32)), files, i) for i, g in enumerate(gens)]
     for c in cases:  # keep it fast: one row each
         lines = [ln for ln in Path(c.path).read_bytes().splitlines(keepends=True) if b'"output"' in ln][:1]
@@ -183,10 +174,10 @@ def test_accepted_files_through_the_real_model(tmp_path, engine, monkeypatch):
     long_row = {"input": "word " * (engine.config.n_ctx + 50), "output": "x"}
     too_long = files / "long.jsonl"
     too_long.write_text('{"input": "short", "output": "fine"}\n' + json.dumps(long_row) + "\n")
-    cases.append(bench.Case("context_overflow", str(too_long), "reject", line=2))
+    cases.append(campaign.Case("context_overflow", str(too_long), "reject", line=2))
     mem = tmp_path / "mem"
-    bench.seed_memory(mem, bench.run_inprocess)
-    table = bench.campaign(cases, mem, bench.run_inprocess)
+    campaign.seed_memory(mem, campaign.run_inprocess)
+    table = campaign.campaign(cases, mem, campaign.run_inprocess)
     assert not {k: t.examples for k, t in table.items() if t.failures}
     assert sum(t.accepted for t in table.values()) == len(gens)
     assert table["context_overflow"].rejected == 1

@@ -39,7 +39,7 @@ is one line; the CLI exits 2 with one stderr line), or *accepted*. Failures:
   or refuse it cleanly. Format 1's manifest has no checksum of its own, so a changed but valid
   manifest of a ``legacy-v1`` copy is reported (``meta±``), not failed.
 
-    python bench/reliability_corruption.py [--count 10000] [--seed 0] [--no-model] [--model-sample 200]
+    python tests/reliability/reliability_corruption.py [--count 10000] [--seed 0] [--no-model] [--model-sample 200]
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ KINDS = ("truncate", "bitflip", "garbage", "header-field", "wrong-dtype", "wrong
 V1_KINDS = ("truncate", "bitflip", "npy-header", "wrong-dtype", "wrong-shape", "consistent-dtype",
             "consistent-shape", "manifest-garbage", "manifest-json", "missing-file", "symlink", "current-odd",
             "newer-format")
-V1_FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "data" / "store_v1"
+V1_FIXTURES = Path(__file__).resolve().parents[1] / "data" / "store_v1"
 
 
 # ----------------------------------------------------------------------------- bases
@@ -297,7 +297,7 @@ def mutate_v1(src: Path, dst: Path, kind: str, rng: random.Random, outside: Path
 # from fields (payloads placed by the alignment rule) and ``fix_crc`` makes its CRC right.
 # The field codec (magic, dtype codes, varints) is tests/_store_ref.py's: one independent reader of
 # the layout, shared by the tests and this campaign.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
 from _store_ref import CODES, MAGIC  # noqa: E402
 from _store_ref import _varint as _dec  # noqa: E402
 from _store_ref import dtype_of as _dtype  # noqa: E402
@@ -759,7 +759,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model-sample", type=int, default=200, help="about this many get a full Miita open + ask")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="miita-corrupt-"))
-    print(f"# {' '.join(['python', 'bench/reliability_corruption.py'] + (argv if argv is not None else sys.argv[1:]))}")
+    print(f"# {' '.join(['python', 'tests/reliability/reliability_corruption.py'] + (argv if argv is not None else sys.argv[1:]))}")
     r = campaign(args.count, args.seed, work, not args.no_model, args.model_sample)
     print_table(r)
     shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Reliability campaign, inputs (issue 11, section 2): fuzzed JSONL files against the real ``ingest``.
+"""Reliability campaign, inputs: fuzzed JSONL files against the real ``ingest``.
 
 Target: every file is either *accepted* (exit 0, the memory advances by exactly one version and
 its example count -- examples + skipped -- grows by the number of valid rows) or *rejected
@@ -21,7 +21,7 @@ check what a user sees: the exit status, one stderr line, no traceback.
 Duplicate keys (``{"input": "a", "input": "b", ...}``) are refused: JSON parsers disagree on
 which one wins (first, last, error), so such a row means different things to different tools.
 
-    python bench/reliability_inputs.py [--count 10000] [--seed 0] [--subprocess-sample 200]
+    python tests/reliability/reliability_inputs.py [--count 10000] [--seed 0] [--subprocess-sample 200]
                                        [--long-lines 10] [--keep DIR]
 
 Exit status 0 when every file meets the target, 1 otherwise.
@@ -45,25 +45,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-
-
-def _package_parent() -> Path:
-    """The directory holding the miita_edge that this Python imports: the installed package (with
-    its compiled extension), or the checkout's python/ when that is what is on the path (dev runs
-    with PYTHONPATH). Never the checkout's sources in front of an installed package: they have no
-    compiled extension."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("miita_edge")
-    if spec is None or not spec.origin:
-        return HERE.parent / "python"
-    return Path(spec.origin).resolve().parent.parent
-
-
-PYDIR = _package_parent()
-if str(PYDIR) not in sys.path:
-    sys.path.insert(0, str(PYDIR))
+from _campaign_env import child_env  # importing it puts the package on sys.path
 
 BUDGET = "16KiB"
 
@@ -594,7 +576,7 @@ def run_inprocess(path: str, mem: Path, main=None) -> Outcome:
 
 
 def run_subprocess(path: str, mem: Path) -> Outcome:
-    env = dict(os.environ, PYTHONPATH=str(PYDIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env()
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "miita_edge.cli", "ingest", path, "--memory", str(mem),
                         "--budget", BUDGET, "--json"], capture_output=True, env=env, timeout=600)

@@ -1,4 +1,4 @@
-"""Short run of the corruption campaign (bench/reliability_corruption.py; figures in docs/reliability.md),
+"""Short run of the corruption campaign (tests/reliability/reliability_corruption.py; figures in docs/reliability.md),
 and regression tests for what the full campaign found."""
 from __future__ import annotations
 
@@ -7,15 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
-
-
-def _bench():
-    return load_bench("reliability_corruption")
+import reliability_corruption as campaign  # tests/reliability/reliability_corruption.py
 
 
 def test_short_campaign_has_no_crash_and_no_silent_acceptance(tmp_path):
-    r = _bench().campaign(300, seed=3, work=tmp_path, with_model=False, model_sample=0, progress=False)
+    r = campaign.campaign(300, seed=3, work=tmp_path, with_model=False, model_sample=0, progress=False)
     assert not r["failures"], r["failures"][:10]
     total = sum(t["count"] for t in r["table"].values())
     rejected = sum(t["store rejected"] for t in r["table"].values())
@@ -26,26 +22,25 @@ def test_short_campaign_has_no_crash_and_no_silent_acceptance(tmp_path):
 
 def test_the_checker_flags_a_silent_acceptance_and_a_crash(tmp_path):
     """A reader that skipped the CRC check would be caught: feed the classifier such a result."""
-    bench = _bench()
-    assert bench.failures_of({"store": "accepted", "silent": True, "consistent": False}) == [
+    assert campaign.failures_of({"store": "accepted", "silent": True, "consistent": False}) == [
         "silent acceptance of changed array bytes"]
-    assert bench.failures_of({"store": "accepted", "silent": True, "consistent": True}) == []
-    assert bench.failures_of({"store": "CRASH KeyError: 'x'", "info": "rejected"}) == ["store: CRASH KeyError: 'x'"]
+    assert campaign.failures_of({"store": "accepted", "silent": True, "consistent": True}) == []
+    assert campaign.failures_of({"store": "CRASH KeyError: 'x'", "info": "rejected"}) == ["store: CRASH KeyError: 'x'"]
     # a format-2 manifest is inside the CRC: accepting a damaged one is a failure (format 1: reported only)
-    assert bench.failures_of({"store": "accepted", "meta_changed": True, "consistent": False, "v2": True}) == [
+    assert campaign.failures_of({"store": "accepted", "meta_changed": True, "consistent": False, "v2": True}) == [
         "silent acceptance of a changed manifest"]
-    assert bench.failures_of({"store": "accepted", "meta_changed": True, "consistent": False, "v2": False}) == []
+    assert campaign.failures_of({"store": "accepted", "meta_changed": True, "consistent": False, "v2": False}) == []
     # and open_all_ways itself reports changed bytes when the store lets them through
     from miita_edge.memory.store import Store
 
     d = tmp_path / "s"
     with Store(d).writer() as w:
         w.commit({"a": np.arange(4, dtype=np.int32)}, {"k": 1})
-    base = bench._normalise(json.loads(json.dumps(bench.base_content(d), default=bench.encode_base),
-                                       object_hook=bench.decode_base))
-    assert bench.open_all_ways(d, base)["silent"] is False
+    base = campaign._normalise(json.loads(json.dumps(campaign.base_content(d), default=campaign.encode_base),
+                                       object_hook=campaign.decode_base))
+    assert campaign.open_all_ways(d, base)["silent"] is False
     base["arrays"]["a"] = (base["arrays"]["a"][0], base["arrays"]["a"][1], b"\x00" * 16)
-    assert bench.open_all_ways(d, base)["silent"] is True
+    assert campaign.open_all_ways(d, base)["silent"] is True
 
 
 def test_deeply_nested_manifest_is_a_store_error(tmp_path):
@@ -54,14 +49,13 @@ def test_deeply_nested_manifest_is_a_store_error(tmp_path):
     from miita_edge.errors import StoreError
     from miita_edge.memory.store import Store
 
-    bench = _bench()
     d = tmp_path / "s"
     with Store(d).writer() as w:
         w.commit({"a": np.zeros(2)}, {"k": 1})
     vfile = d / (d / "CURRENT").read_text().strip()
-    doc = bench.split_v2(vfile.read_bytes())
+    doc = campaign.split_v2(vfile.read_bytes())
     doc["meta"] = b"[" * 100000 + b"]" * 100000
-    vfile.write_bytes(bench.build_v2(doc))
+    vfile.write_bytes(campaign.build_v2(doc))
     with pytest.raises(StoreError, match="not valid JSON"):
         Store(d).read()
 
@@ -90,16 +84,15 @@ def test_a_header_that_lost_an_array_entry_is_refused(tmp_path, edit):
     from miita_edge.errors import StoreError
     from miita_edge.memory.store import Store
 
-    bench = _bench()
     d = tmp_path / "s"
     with Store(d).writer() as w:
         w.commit({"a": np.zeros(2), "b": np.ones(3)}, {"k": 1})
     vfile = d / (d / "CURRENT").read_text().strip()
     raw = vfile.read_bytes()
-    doc = bench.split_v2(raw)
+    doc = campaign.split_v2(raw)
     doc["arrays"] = doc["arrays"][:1] if edit == "drop-entry" else []
-    body = bench.build_v2(doc)
-    vfile.write_bytes(bench.fix_crc(body + bytes(len(raw) - len(body))))
+    body = campaign.build_v2(doc)
+    vfile.write_bytes(campaign.fix_crc(body + bytes(len(raw) - len(body))))
     with pytest.raises(StoreError, match="oversized"):
         Store(d).read()
 
@@ -131,7 +124,7 @@ def test_a_memory_with_a_forged_tokens_array_is_a_one_line_error(tmp_path, edit,
     from miita_edge.runtime.engine import EngineConfig
 
     d = tmp_path / "m"
-    shutil.copytree(Path(__file__).with_name("data") / "store_v1" / "memory", d)
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "store_v1" / "memory", d)
     snap = Store(d).read()
     arrays = {k: np.array(v) for k, v in snap.arrays.items()}
     tokens = arrays["tokens"].copy()

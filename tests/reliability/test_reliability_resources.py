@@ -1,6 +1,6 @@
-"""Short version of the resources reliability campaign (issue 11, section 2), plus its regressions.
+"""Short version of the resources reliability campaign, plus its regressions.
 
-bench/reliability_resources.py makes the memory's writes fail during a real ``ingest`` (a
+tests/reliability/reliability_resources.py makes the memory's writes fail during a real ``ingest`` (a
 file-size limit, a full or inode-less tmpfs, a read-only bind mount, a 0555 directory enforced
 on root) and checks: one clear line, exit 2, the committed version intact, and a clean retry.
 Here: the file-size-limit case always; the mount and capability cases where the machine allows
@@ -19,16 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _bench():
-    return load_bench("reliability_resources")
-
-
-bench = _bench()
+import reliability_resources as campaign  # tests/reliability/reliability_resources.py
 
 
 def _store(mem: Path, examples: int = 3) -> None:
@@ -73,39 +64,39 @@ def test_regression_a_file_size_limit_is_a_store_error(tmp_path, limit):
     commit's own failure is the one-line StoreError; the committed version is untouched."""
     mem = tmp_path / "mem"
     _store(mem)
-    before = bench.committed(mem)
+    before = campaign.committed(mem)
     p = _child(COMMIT, str(mem), fsize=limit)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-1500:]
     assert p.stdout.startswith("StoreError: memory ") and "File too large" in p.stdout, p.stdout
-    assert bench.committed(mem) == before and bench.counts(mem) == (1, 3)
+    assert campaign.committed(mem) == before and campaign.counts(mem) == (1, 3)
     p = _child(COMMIT, str(mem))  # the limit lifted: the next write succeeds and leaves no debris
     assert p.stdout.strip() == "committed"
-    assert bench.counts(mem) == (2, 50) and bench.listing(mem) == [".lock", "CURRENT", "v00000002"]
+    assert campaign.counts(mem) == (2, 50) and campaign.listing(mem) == [".lock", "CURRENT", "v00000002"]
 
 
 def test_regression_debris_in_a_read_only_directory_is_a_store_error(tmp_path):
     """Finding 6: a 0555 memory holding the debris of a killed writer made Writer._recover raise a
     bare PermissionError (traceback); it is now a one-line StoreError, the memory untouched."""
-    why = bench.can_drop_dac()
+    why = campaign.can_drop_dac()
     if why:
         pytest.skip(f"cannot make 0555 bind root here: {why}")
     mem = tmp_path / "mem"
     _store(mem)
-    bench.plant_debris(mem)
+    campaign.plant_debris(mem)
     def state():  # every file but .lock, which holds the pid of the last writer
-        return {k: v for k, v in bench.digest(mem).items() if k != ".lock"}
+        return {k: v for k, v in campaign.digest(mem).items() if k != ".lock"}
 
     before = state()
     os.chmod(mem, 0o555)
     try:
-        p = _child(COMMIT, str(mem), prefix=bench.DROP_DAC)
+        p = _child(COMMIT, str(mem), prefix=campaign.DROP_DAC)
     finally:
         os.chmod(mem, 0o755)
     assert "Traceback" not in p.stderr, p.stderr[-1500:]
     assert p.stdout.startswith("StoreError: memory ") and "Permission denied" in p.stdout, p.stdout
     assert state() == before
     p = _child(COMMIT, str(mem))
-    assert p.stdout.strip() == "committed" and bench.listing(mem) == [".lock", "CURRENT", "v00000002"]
+    assert p.stdout.strip() == "committed" and campaign.listing(mem) == [".lock", "CURRENT", "v00000002"]
 
 
 # --------------------------------------------------------------------------- the checker can fail
@@ -113,23 +104,23 @@ def test_regression_debris_in_a_read_only_directory_is_a_store_error(tmp_path):
 def test_the_checker_flags_a_traceback_and_a_changed_memory(tmp_path):
     mem = tmp_path / "mem"
     _store(mem)
-    before_c, before_n = bench.committed(mem), bench.counts(mem)
-    good = bench.Child(2, "", f"miita-edge: error: memory {mem}: cannot write v00000002 (File too large)\n", 0.1)
-    res = bench.Result("planted", "none")
-    bench.check_refusal(res, good, mem, before_c, before_n)
+    before_c, before_n = campaign.committed(mem), campaign.counts(mem)
+    good = campaign.Child(2, "", f"miita-edge: error: memory {mem}: cannot write v00000002 (File too large)\n", 0.1)
+    res = campaign.Result("planted", "none")
+    campaign.check_refusal(res, good, mem, before_c, before_n)
     assert res.ok, res.problems
-    for child in (bench.Child(1, "", "Traceback (most recent call last):\n  ...\nOSError: [Errno 27] File too large\n", 0),
-                  bench.Child(2, "", "miita-edge: error: something vague\n", 0)):
-        res = bench.Result("planted", "none")
-        bench.check_refusal(res, child, mem, before_c, before_n)
+    for child in (campaign.Child(1, "", "Traceback (most recent call last):\n  ...\nOSError: [Errno 27] File too large\n", 0),
+                  campaign.Child(2, "", "miita-edge: error: something vague\n", 0)):
+        res = campaign.Result("planted", "none")
+        campaign.check_refusal(res, child, mem, before_c, before_n)
         assert not res.ok
     _store(mem, examples=4)  # the "failed" ingest committed after all
-    res = bench.Result("planted", "none")
-    bench.check_refusal(res, good, mem, before_c, before_n)
+    res = campaign.Result("planted", "none")
+    campaign.check_refusal(res, good, mem, before_c, before_n)
     assert not res.ok and any("changed" in p for p in res.problems)
     (mem / "v00000001").mkdir()  # debris left by the retry
-    res = bench.Result("planted", "none")
-    bench.check_retry(res, bench.Child(0, "", "", 0), mem, (1, 3), 1)
+    res = campaign.Result("planted", "none")
+    campaign.check_retry(res, campaign.Child(0, "", "", 0), mem, (1, 3), 1)
     assert not res.ok and any("debris" in p for p in res.problems)
 
 
@@ -138,7 +129,7 @@ def test_the_checker_flags_a_traceback_and_a_changed_memory(tmp_path):
 @pytest.fixture(scope="module")
 def seed(tmp_path_factory):
     work = tmp_path_factory.mktemp("res")
-    return work, bench.make_seed(work)
+    return work, campaign.make_seed(work)
 
 
 @pytest.mark.model
@@ -146,20 +137,20 @@ def test_ingest_under_a_file_size_limit(seed):
     import random
 
     work, seed_mem = seed
-    res = bench.one_case("fsize-0", "RLIMIT_FSIZE=0", work, seed_mem, random.Random(0), fsize=0)
+    res = campaign.one_case("fsize-0", "RLIMIT_FSIZE=0", work, seed_mem, random.Random(0), fsize=0)
     assert res.outcome == "refused" and res.ok, (res.message, res.problems)
     assert "File too large" in res.message
 
 
 @pytest.mark.model
 def test_ingest_on_a_full_tmpfs_and_a_read_only_mount(seed):
-    why = bench.can_mount()
+    why = campaign.can_mount()
     if why:
         pytest.skip(f"no private mount namespace here: {why}")
     work, _ = seed
-    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, str(ROOT / "bench" / "reliability_resources.py"),
+    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, campaign.__file__,
            "--inside-namespace", str(work), "--quick", "--cases", "tmpfs-free-0,ro-bind-debris"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=bench._env(), timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=campaign._env(), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     import json
 
@@ -193,4 +184,4 @@ def test_regression_a_full_disk_at_current_tmp_leaves_no_debris(tmp_path, monkey
     with pytest.raises(StoreError, match="cannot write v00000002 \\(No space left on device\\)"):
         with store_mod.Store(mem).writer() as w:
             w.commit({"counts": np.arange(5, dtype=np.int32)}, {"examples": 5, "skipped": 0})
-    assert bench.listing(mem) == [".lock", "CURRENT", "v00000001"] and bench.counts(mem) == (1, 3)
+    assert campaign.listing(mem) == [".lock", "CURRENT", "v00000001"] and campaign.counts(mem) == (1, 3)

@@ -19,7 +19,7 @@ Two campaigns (docs/reliability.md records their figures):
   commit point the memory must still be the format-1 one, after it a format-2 one with every
   example.
 
-    python bench/reliability_kills.py [--store-kills 1000] [--ingest-kills 50] [--seed 0]
+    python tests/reliability/reliability_kills.py [--store-kills 1000] [--ingest-kills 50] [--seed 0]
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 DTYPES = ("float32", "float16", "int32", "int64", "uint8", "int8")
-V1_MEMORY = Path(__file__).resolve().parent.parent / "tests" / "data" / "store_v1" / "memory"
+V1_MEMORY = Path(__file__).resolve().parents[1] / "data" / "store_v1" / "memory"
 V1_EXAMPLES = 6  # in that memory
 NAMES = ("anchors", "dirs", "counts", "owner", "tokens", "scale")
 
@@ -350,7 +350,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="miita-kills-"))
-    print(f"# {' '.join(['python', 'bench/reliability_kills.py'] + (argv if argv is not None else sys.argv[1:]))}")
+    print(f"# {' '.join(['python', 'tests/reliability/reliability_kills.py'] + (argv if argv is not None else sys.argv[1:]))}")
     rc = 0
     if args.store_kills:
         t = store_campaign(args.store_kills, args.seed, work)

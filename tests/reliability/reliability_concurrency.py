@@ -16,7 +16,7 @@
   change and says nothing was written, and every example of every writer that succeeded must be
   in the memory (nothing lost).
 
-    python bench/reliability_concurrency.py [--commits 100] [--readers 2] [--writer-rounds 8]
+    python tests/reliability/reliability_concurrency.py [--commits 100] [--readers 2] [--writer-rounds 8]
 """
 from __future__ import annotations
 
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="miita-conc-"))
     skip = set(filter(None, args.skip.split(",")))
-    print(f"# {' '.join(['python', 'bench/reliability_concurrency.py'] + (argv if argv is not None else sys.argv[1:]))}")
+    print(f"# {' '.join(['python', 'tests/reliability/reliability_concurrency.py'] + (argv if argv is not None else sys.argv[1:]))}")
     bad = False
     for name, fn in (("store", store_readers), ("ask", ask_readers)):
         if name in skip:

@@ -1,4 +1,4 @@
-"""Short runs of the concurrency campaign (bench/reliability_concurrency.py; figures in docs/reliability.md)."""
+"""Short runs of the concurrency campaign (tests/reliability/reliability_concurrency.py; figures in docs/reliability.md)."""
 from __future__ import annotations
 
 import subprocess
@@ -7,15 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from _bench_scripts import load_bench  # tests/_bench_scripts.py
-
-
-def _bench():
-    return load_bench("reliability_concurrency")
+import reliability_concurrency as campaign  # tests/reliability/reliability_concurrency.py
 
 
 def test_store_readers_never_see_a_torn_version(tmp_path):
-    r = _bench().store_readers(30, 2, tmp_path)
+    r = campaign.store_readers(30, 2, tmp_path)
     assert r["writer_rc"] == 0 and not r["reader_errors"], r
     assert r["reads"] > 30 and r["versions"] >= 2, r  # the readers really ran during the commits
     assert r["torn"] == 0 and r["errors"] == 0, r
@@ -23,14 +19,13 @@ def test_store_readers_never_see_a_torn_version(tmp_path):
 
 def test_the_reader_flags_a_mixed_version(tmp_path):
     """The reader's check is not vacuous: a version whose arrays hold another version's numbers is torn."""
-    bench = _bench()
     from miita_edge.memory.store import Store
 
     path = tmp_path / "s"
     with Store(path).writer() as w:
         w.commit({"a": np.full((64, 32), 0, np.int64), "b": np.full(2, 1, np.float64)}, {"v": 1})
     stop = tmp_path / "stop"
-    p = subprocess.Popen([sys.executable, "-c", bench.STORE_READER, str(path), str(stop)], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-c", campaign.STORE_READER, str(path), str(stop)], stdout=subprocess.PIPE,
                          text=True)
     import time
 
@@ -43,12 +38,11 @@ def test_the_reader_flags_a_mixed_version(tmp_path):
 
 def test_the_fingerprint_check_flags_a_read_of_another_version():
     """A read whose (version, fingerprint) is not what the writer committed as that version is torn."""
-    bench = _bench()
-    rec = bench.committed_records("committed 1 1 aaaaaaaa\ncommitted 2 2 bbbbbbbb\n", "noise\ncommitted 3 3 cccccccc")
+    rec = campaign.committed_records("committed 1 1 aaaaaaaa\ncommitted 2 2 bbbbbbbb\n", "noise\ncommitted 3 3 cccccccc")
     assert rec == {1: "aaaaaaaa", 2: "bbbbbbbb", 3: "cccccccc"}
-    assert bench.torn_against(rec, [[1, "aaaaaaaa"], [3, "cccccccc"]]) == 0
+    assert campaign.torn_against(rec, [[1, "aaaaaaaa"], [3, "cccccccc"]]) == 0
     # version 2 with version 3's content, and a version nobody committed
-    assert bench.torn_against(rec, [[2, "cccccccc"], [4, "aaaaaaaa"], [1, "aaaaaaaa"]]) == 2
+    assert campaign.torn_against(rec, [[2, "cccccccc"], [4, "aaaaaaaa"], [1, "aaaaaaaa"]]) == 2
 
 
 def test_a_refused_writer_says_nothing_was_written(tmp_path):
@@ -95,7 +89,7 @@ def test_a_writer_that_opened_before_another_commit_refuses_clearly(tmp_path):
 
 @pytest.mark.model
 def test_ask_readers_during_ingest_commits(tmp_path):
-    r = _bench().ask_readers(10, 1, tmp_path)
+    r = campaign.ask_readers(10, 1, tmp_path)
     assert r["writer_rc"] == 0, r["writer_err"]
     assert r["commits"] == 10 and r["reads"] >= 1 and len(r["seen"]) == r["reads"], r
     assert r["torn"] == 0 and r["torn_digest"] == 0 and r["errors"] == 0 and not r["reader_errors"], r
@@ -103,6 +97,6 @@ def test_ask_readers_during_ingest_commits(tmp_path):
 
 @pytest.mark.model
 def test_two_writers_one_memory_nothing_lost(tmp_path):
-    r = _bench().two_writers(2, tmp_path, rows=2)  # one CLI round, one API round
+    r = campaign.two_writers(2, tmp_path, rows=2)  # one CLI round, one API round
     assert not r["failures"], r["failures"]
     assert r["both_ok"] + r["one_refused"] == 2 and r["locked"] + r["changed"] == r["one_refused"], r
