@@ -221,6 +221,10 @@ def default_preset() -> Preset:
     p.direction = "head"
     p.eta_unit = "push"
     p.key_select = "paraphrase"
+    # the full push at every answer position: the relevance gate decides whether to steer and the
+    # prefix rule where to stop; the paper's α = cos(h_t, h_q) fell to ~0.5 after one token and
+    # let the model end a taught two-word answer after its first word
+    p.gate = "ungated"
     p.eta = 1.0
     p.version = 5
     return p
