@@ -24,13 +24,27 @@ BANKING = Path(__file__).resolve().parents[2] / "shared" / "data" / "banking77" 
 STAGES = ["s1", "s2", "s3"]
 
 
+def _dev_row(stage: str, k: int, rows: list[tuple[str, str]]) -> tuple[str, str]:
+    """A fourth training row that the dev rule (smallest row hash of the stage) holds out, so
+    the three rows below are exactly the ones learned."""
+    from miita_edge.evaluation.splits import row_hash
+
+    low = min(row_hash(stage, x, y) for x, y in rows)
+    j = 0
+    while row_hash(stage, f"{k}-dev{j}", f"label {k}d") >= low:
+        j += 1
+    return f"{k}-dev{j}", f"label {k}d"
+
+
 def _rows():
-    """Per stage: 3 training rows; 4 test rows of which 2 repeat a training input (answerable
-    from memory), 1 is new, 1 starts with "easy" (answered by the baseline double)."""
+    """Per stage: 3 training rows learned and 1 held out as the dev row; 4 test rows of which 2
+    repeat a training input (answerable from memory), 1 is new, 1 starts with "easy" (answered
+    by the baseline double)."""
     train, test = [], []
     for k, s in enumerate(STAGES, 1):
-        for i in range(3):
-            train.append({"task": s, "input": f"{k}-q{i}", "output": f"label {k}{i}"})
+        rows = [(f"{k}-q{i}", f"label {k}{i}") for i in range(3)]
+        for x, y in rows + [_dev_row(s, k, rows)]:
+            train.append({"task": s, "input": x, "output": y})
         test += [{"task": s, "input": f"{k}-q0", "output": f"label {k}0"},
                  {"task": s, "input": f"{k}-q1", "output": f"label {k}1"},
                  {"task": s, "input": f"{k}-new", "output": f"label {k}x"},
@@ -323,9 +337,33 @@ def _version_dir_bytes(mem: Path) -> int:
     return sum(f.stat().st_size for f in vpath.iterdir() if f.is_file())
 
 
-def _banking_rows(split: str, stages: list[str], n: int) -> list[dict]:
+def _held_out(stage_rows: list[dict]) -> set[int]:
+    """The dev rule re-derived: the ceil(10%) rows of smallest sha256 over the length-prefixed
+    salt, stage, input and output (docs/evaluation.md), ties by position."""
+    import hashlib
+    import math
+
+    def h(r):
+        d = hashlib.sha256()
+        for part in ("miita-edge dev split v1", r["task"], r["input"], r["output"]):
+            b = part.encode("utf-8")
+            d.update(len(b).to_bytes(8, "little") + b)
+        return d.digest()
+
+    order = sorted(range(len(stage_rows)), key=lambda i: (h(stage_rows[i]), i))
+    return set(order[:math.ceil(len(stage_rows) / 10)])
+
+
+def _banking_rows(split: str, stages: list[str], n: int, learned: bool = True) -> list[dict]:
+    """The first n rows per stage that a run reads: test rows, or the training rows left to learn
+    (``learned=False``: the file's first training rows, dev rows included)."""
     rows = [json.loads(line) for line in (BANKING / f"{split}.jsonl").read_text("utf-8").splitlines() if line]
-    return [r for s in stages for r in [r for r in rows if r["task"] == s][:n]]
+    out = []
+    for s in stages:
+        mine = [r for r in rows if r["task"] == s]
+        dev = _held_out(mine) if split == "train" and learned else set()
+        out += [r for i, r in enumerate(mine) if i not in dev][:n]
+    return out
 
 
 @pytest.mark.model
@@ -470,7 +508,7 @@ def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
-    rows = _banking_rows("train", ["banking77_task1"], 8)
+    rows = _banking_rows("train", ["banking77_task1"], 8, learned=False)
     m = Miita(memory=tmp_path / "mem", preset="paper", template="banking77", engine=engine1)
     m.ingest([Example(r["input"], r["output"]) for r in rows], budget="none")
     D = m.bank.directions(0).astype(np.float64)
