@@ -273,6 +273,56 @@ def test_limit_per_stage_caps_test_and_train(bench_dir, tmp_path, stubs):
     assert [(r["n_train"], r["n_test"]) for r in res["per_stage"]] == [(3, 1)] * 3
 
 
+def test_per_query_scores_recompute_op_bwt_fwt(bench_dir, tmp_path, stubs):
+    from miita_edge.evaluation.aggregate import run_metrics, runs_from_results
+
+    res = _run(bench_dir, tmp_path / "out")
+    on_disk = json.loads((tmp_path / "out" / "result.json").read_text())
+    (run,) = runs_from_results([on_disk])
+    m = run_metrics(run)
+    assert (m["op"], m["bwt"], m["fwt"]) == (pytest.approx(res["op"]), pytest.approx(res["bwt"]),
+                                             pytest.approx(res["fwt"]))
+
+
+def test_dev_split_scores_the_held_out_training_rows_and_never_learns_them(bench_dir, tmp_path, stubs):
+    res = _run(bench_dir, tmp_path / "dev", split="dev")
+    predicted = {x for c in CALLS["predict"] + CALLS["predict_base"] for x in c}
+    assert len(predicted) == 3 and all("-dev" in x for x in predicted)
+    learned = {x for stage in CALLS["learn"] for x in stage}
+    assert learned == {f"{k}-q{i}" for k in (1, 2, 3) for i in range(3)}
+    assert res["split"] == "dev" and res["per_stage"][0]["n_test"] == 1
+    # the dev row was never learned: the memorising double cannot answer it
+    assert res["op"] == 0.0
+    assert res["rows_used"] == {"s1": [1, 1], "s2": [1, 1], "s3": [1, 1]}
+
+
+def test_row_window_reads_only_its_rows_and_is_recorded(bench_dir, tmp_path, stubs):
+    res = _run(bench_dir, tmp_path / "w", rows="3-4", cells="summary")
+    assert all(set(c) <= {"1-new", "easy 1", "2-new", "easy 2", "3-new", "easy 3"} for c in CALLS["predict"])
+    assert res["rows_used"] == {"s1": [3, 4], "s2": [3, 4], "s3": [3, 4]} and res["row_window"] == "3-4"
+    cut = _run(bench_dir, tmp_path / "w2", rows="4-99")
+    assert cut["rows_used"]["s1"] == [4, 4]
+    with pytest.raises(InputError, match="window starting at row 5 is empty"):
+        _run(bench_dir, tmp_path / "w3", rows="5-9")
+    with pytest.raises(InputError, match="not both"):
+        _run(bench_dir, tmp_path / "w4", rows="1-2", limit_per_stage=2)
+    with pytest.raises(InputError, match="row window"):
+        _run(bench_dir, tmp_path / "w5", rows="9-2")
+
+
+def test_order_seed_permutes_stages_and_rows_but_not_what_is_learned(bench_dir, tmp_path, stubs):
+    from miita_edge.evaluation.splits import order_permutation
+
+    base = _run(bench_dir, tmp_path / "s0")
+    assert base["stage_names"] == STAGES and base["order_seed"] == 0
+    seed = next(k for k in range(1, 50) if order_permutation(k, 3) != [0, 1, 2])
+    CALLS["learn"].clear()
+    res = _run(bench_dir, tmp_path / "s1", order_seed=seed)
+    assert res["stage_names"] == [STAGES[i] for i in order_permutation(seed, 3)]
+    assert sorted(map(sorted, CALLS["learn"])) == sorted(sorted(f"{k}-q{i}" for i in range(3)) for k in (1, 2, 3))
+    assert res["order_seed"] == seed and res["rows_used"] == base["rows_used"]
+
+
 def test_parse_stages():
     names = ["a", "b", "c", "d"]
     assert ev.parse_stages("1,2", names) == [0, 1]
