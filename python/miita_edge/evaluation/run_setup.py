@@ -133,8 +133,9 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
         raise InputError(f"cells must be one of {', '.join(CELL_MODES)}, got {cells!r}")
     base_info = get_method(baseline) if baseline is not None else None
     probe = info.factory()
-    if probe.classification_only and not spec.classification:
-        raise InputError(f"method {method!r} is for classification benchmarks only (banking77, dsc), not {benchmark!r}")
+    for name, inf in ((method, info), (baseline, base_info)):
+        if inf is not None and inf.factory().classification_only and not spec.classification:
+            raise InputError(f"method {name!r} is for classification benchmarks only (banking77, dsc), not {benchmark!r}")
     if max_tokens is None:
         max_tokens = spec.max_tokens
     check_limit("max_tokens", max_tokens)
