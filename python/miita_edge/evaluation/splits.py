@@ -28,8 +28,9 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_split_arguments", "check_tuning_split",
-           "dev_positions", "order_permutation", "parse_rows", "row_hash", "shuffle_rows", "window"]
+__all__ = ["DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
+           "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "row_hash",
+           "shuffle_rows", "window"]
 
 T = TypeVar("T")
 
@@ -105,6 +106,22 @@ def shuffle_rows(seed: int, stage: str, items: list[T]) -> list[T]:
     salt = int.from_bytes(hashlib.sha256(stage.encode("utf-8")).digest()[:8], "little")
     perm = np.random.default_rng([int(seed), salt]).permutation(len(items))
     return [items[int(i)] for i in perm]
+
+
+# ---------------------------------------------------------------------------- command lines
+def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
+    """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``)."""
+    p.add_argument("--split", choices=SPLITS, default="test",
+                   help="score the test rows (default) or the dev rows (held-out training rows, for tuning)")
+    p.add_argument("--test-rows", metavar="A-B", help="score rows A..B of each stage's evaluated rows (1-based, "
+                   "inclusive; A- runs to the end) instead of the first --limit-per-stage")
+    p.add_argument("--order-seed", type=int, default=0, help="stream order: 0 = the given order (default); k > 0 "
+                   "permutes the stages and the training rows within each stage with seed k")
+
+
+def protocol_kwargs(args: argparse.Namespace) -> dict:
+    """``run_benchmark`` keyword arguments of :func:`add_protocol_arguments`' options."""
+    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed}
 
 
 # ---------------------------------------------------------------------------- tuning guard
