@@ -181,8 +181,8 @@ def run_cell(argv: list[str]) -> int:
         ev.run_benchmark = original
 
 
-def _with_rows(run, rows_kw: dict, command: str, *a, **kw):
-    kw["command"] = command
+def _with_rows(run, rows_kw: dict, cell_command: str, *a, **kw):
+    kw["command"] = cell_command
     return run(*a, **kw, **rows_kw)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from miita_edge.evaluation.aggregate import (Draws, RunScores, aggregate, draw, metrics_on_draws, run_metrics,
-                                             runs_from_results)
+                                             runs_from_results, with_baseline)
 from miita_edge.evaluation.cl_matrix import CLMatrix
 
 NAMES = ["a", "b", "c", "d"]
@@ -110,3 +110,13 @@ def test_runs_from_results_reads_per_query_and_refuses_mismatched_runs():
         runs_from_results([res, other])
     with pytest.raises(ValueError, match="no per_query"):
         runs_from_results([{"stage_names": ["a"]}])
+
+
+def test_fwt_against_another_baseline_uses_its_final_row():
+    res = {"stage_names": ["a", "b"], "per_query": {"final": [[1, 0], [1]], "diagonal": [[1, 1], [0]],
+                                                    "next": [None, [1]], "baseline": [[0, 0], [0]]}}
+    labels = {"stage_names": ["b", "a"], "per_query": {"final": [[1], [1, 1]], "diagonal": [[1], [1, 1]],
+                                                       "next": [None, [1, 1]], "baseline": None}}
+    (run,) = with_baseline(runs_from_results([res]), labels)
+    assert run_metrics(run)["fwt"] == pytest.approx(0.0)  # next[b] = 1 against b's told-labels score 1
+    assert run_metrics(runs_from_results([res])[0])["fwt"] == pytest.approx(100.0)

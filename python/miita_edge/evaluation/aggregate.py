@@ -18,7 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Draws", "RunScores", "aggregate", "draw", "metrics_on_draws", "run_metrics", "runs_from_results"]
+__all__ = ["Draws", "RunScores", "aggregate", "draw", "metrics_on_draws", "run_metrics", "runs_from_results",
+           "with_baseline"]
 
 METRICS = ("op", "bwt", "fwt")
 
@@ -53,6 +54,18 @@ def runs_from_results(results: Sequence[Mapping]) -> list[RunScores]:
             if {n: len(v) for n, v in r.final.items()} != sizes:
                 raise ValueError("runs disagree in their stages or in the number of queries per stage")
     return runs
+
+
+def with_baseline(runs: Sequence[RunScores], baseline: Mapping) -> list[RunScores]:
+    """The runs with FWT's b[τ] replaced by another non-learning method's per-query scores (its
+    result.json, e.g. ``frozen-labels``'), which scored the same rows."""
+    (b,) = runs_from_results([baseline])
+    out = []
+    for r in runs:
+        if {n: len(v) for n, v in b.final.items()} != {n: len(v) for n, v in r.final.items()}:
+            raise ValueError("the baseline scored other stages or another number of queries per stage")
+        out.append(RunScores(r.order, r.final, r.diagonal, r.next, dict(b.final)))
+    return out
 
 
 def _means(scores: dict[str, np.ndarray], idx: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:

@@ -57,6 +57,8 @@ def cut_utf8(text: str, limit: int) -> str:
     if len(b) <= limit:
         return text
     s = b[:max(limit, 0)].decode("utf-8", errors="ignore")
+    if b[len(s.encode("utf-8")):][:1] == b" ":  # the cut falls at the end of a word
+        return s.rstrip()
     cut = s.rfind(" ")
     return (s[:cut] if cut > 0 else s).rstrip()
 
@@ -68,11 +70,13 @@ def _words(text: str) -> set[str]:
 class SummaryMem(Method):
     """A running text summary per stage, written by the model itself, placed in the prompt.
 
-    * Write: a stage's examples are read in chunks of ``CHUNK``; after each chunk the model is
-      asked, greedily, for one line of notes given the notes so far and the chunk's
-      ``input => output`` pairs (inputs cut to ``INPUT_WORDS`` words). The line replaces the
-      stage's notes, cut to the stage's allowance: the budget divided by the number of stages in
-      the stream (``SUMMARY_BYTES`` per stage without a budget). Stored bytes: the notes' UTF-8.
+    * Write: a stage's examples are read in chunks of ``CHUNK``; after each chunk the model
+      continues, greedily, "Notes so far: ... More examples (input => answer): ... Updated notes,
+      one line: the answers are" (inputs cut to ``INPUT_WORDS`` words; a completion prompt,
+      since the bundled model follows no chat format here). Its first line with a word character
+      becomes the stage's notes, cut to the stage's allowance: the budget divided by the number
+      of stages in the stream (``SUMMARY_BYTES`` per stage without a budget). Stored bytes: the
+      notes' UTF-8.
     * Use: the ``TOP`` stages' notes sharing the most words with the query (ties: newer first), put
       before the template's prompt as ``Notes: ...`` lines, most similar next to the query.
     """
@@ -99,9 +103,8 @@ class SummaryMem(Method):
 
         lines = [f"{truncate_words(' '.join(ex.input.split()), self.INPUT_WORDS)} => {ex.output.strip()}"
                  for ex in chunk]
-        return ("Examples of one task (input => answer):\n" + "\n".join(lines) +
-                f"\nNotes so far: {notes or '(none)'}\nRewrite the notes in one short line that says how to "
-                "answer this task and which answers occur:\nNotes:")
+        return (f"Notes so far: {notes or '(none)'}\n\nMore examples (input => answer):\n" + "\n".join(lines) +
+                "\n\nUpdated notes, one line: the answers are")
 
     def learn(self, stage_examples):
         if not stage_examples:
@@ -115,7 +118,9 @@ class SummaryMem(Method):
             toks = c.engine.tokenize(self.summary_prompt(notes, stage_examples[i:i + self.CHUNK]))
             if len(toks) + self.NOTE_TOKENS + 1 > c.engine.config.n_ctx:
                 continue  # a chunk that cannot fit the context is skipped, not cut mid-example
-            notes = cut_utf8(" ".join(generate_text(c.engine, toks, self.NOTE_TOKENS).split()), limit)
+            text = c.engine.generate(c.engine.query(toks), max_tokens=self.NOTE_TOKENS, stop=("\n\n",)).text
+            line = next((ln for ln in text.splitlines() if re.search(r"\w", ln)), "")
+            notes = cut_utf8("the answers are " + " ".join(line.strip(" :").split()), limit)
         self.notes[stage] = notes
 
     def retrieve(self, x: str) -> list[str]:
