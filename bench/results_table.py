@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BENCHES = ["banking77", "dsc", "xquad", "superni"]
 CORE = ["frozen", "miita-default", "miita-paper", "example-mem", "knn-lm", "semantic-mem", "label-vote"]
@@ -27,9 +30,11 @@ BUDGETS = ["1%", "5%", "20%"]
 
 
 def load(sweep: Path) -> dict[tuple[str, str, str], dict]:
+    """Finished jobs of a sweep folder, or of an archive (``--sweep docs/results/runs``)."""
+    from compare_table import job_records
+
     out = {}
-    for f in sorted((sweep / "done").glob("*.json")):
-        r = json.loads(f.read_text())
+    for r in job_records(sweep):
         if r.get("rc") == 0 and r.get("result"):
             res = json.loads(Path(r["result"]).read_text())
             r["per_stage"] = res["per_stage"]
