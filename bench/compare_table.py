@@ -1,4 +1,4 @@
-"""Tables that put sweeps side by side (issue 14: the default preset before and after), each OP with
+"""Tables that put sweeps side by side (e.g. the default preset before and after a change), each OP with
 its bootstrap 95% interval.
 
     python bench/compare_table.py --sweep before=bench-results/before --sweep after=bench-results/after \

@@ -1,4 +1,4 @@
-"""Which keys tell answers apart: a probe over all stages of all four benchmarks (issue 14).
+"""Which keys tell answers apart: a probe over all stages of all four benchmarks.
 
 Two steps, so that the expensive one runs once:
 

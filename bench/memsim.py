@@ -1,5 +1,5 @@
 """The memory without the language model: stage-by-stage learning under a byte budget, scored by
-the anchor vote, from keys extracted once by ``bench/keys.py extract`` (issue 14).
+the anchor vote, from keys extracted once by ``bench/keys.py extract``.
 
 Why: a key design, a repair policy or a relevance rule changes what the memory keeps and what it
 retrieves, and the vote over what it retrieves is the ceiling that generation follows (on

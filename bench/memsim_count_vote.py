@@ -1,4 +1,4 @@
-"""Experiment (issue 14, forgetting): weight each anchor's vote by how many examples it stands for.
+"""Experiment (forgetting): weight each anchor's vote by how many examples it stands for.
 
 A folded anchor (repair's prune step) stands for ``anchor_count`` examples; the shipped vote gives it
 one softmax weight like a single example. This replays ``bench/memsim.py --preset default-v3`` (the

@@ -1,4 +1,4 @@
-"""Which prompt rows a key should pool, layer by layer: a probe over all four benchmarks (issue 14).
+"""Which prompt rows a key should pool, layer by layer: a probe over all four benchmarks.
 
 The default preset pools the mean of every prompt row but BOS at both key layers (12 and 9 on
 Gemma-3-270M). ``bench/keys.py`` chose the layers with that pooling fixed; this probes the pooling

@@ -260,7 +260,7 @@ class MiitaMethod(Method):
 
 class LabelVote(MiitaMethod):
     """Diagnostic, classification only: the weighted majority label of what a default-preset
-    memory retrieves for the query (``Miita.plan``: the anchor vote, and since issue 14 the
+    memory retrieves for the query (``Miita.plan``: the anchor vote, and in later presets the
     centroids and the relevance gate) — the ceiling of retrieval alone; no generation."""
 
     classification_only = True
