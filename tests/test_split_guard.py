@@ -98,3 +98,26 @@ def test_memsim_reads_the_dev_cache_by_default(monkeypatch):
     with pytest.raises(RuntimeError, match="stop"):
         memsim.main(["--benchmarks", "dsc", "--budgets", "none"])
     assert seen == ["dev"]
+
+
+def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
+    sweep = load_bench("sweep")
+    bench, method, budget, opts = sweep.parse_plan_line("dsc miita-default 5% model=smollm2 rows=31-100 seed=2 train=100")
+    import argparse
+
+    args = argparse.Namespace(limits="v2", data=DATA, threads=1, out=tmp_path, baseline_dir=None,
+                              model=["smollm2=/models/smol.gguf"])
+    cmd = sweep.job_command(args, bench, method, budget, opts)
+    assert cmd[2] == "cell" and "--limit-per-stage" not in cmd
+    flags = {cmd[i]: cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i].startswith("--")}
+    assert (flags["--test-rows"], flags["--split"], flags["--order-seed"]) == ("31-100", "test", "2")
+    assert (flags["--model"], flags["--limit-train-per-stage"]) == ("/models/smol.gguf", "100")
+    name = sweep.job_name(bench, method, budget, opts)
+    assert name == "dsc__miita-default__5pct__model-smollm2__rows-31-100__seed-2__train-100"
+    # an old plan line keeps its old job name and command
+    old = sweep.parse_plan_line("dsc miita-default 5%")
+    assert sweep.job_name(*old) == "dsc__miita-default__5pct"
+    assert sweep.job_command(args, *old)[:2] == ["miita-edge", "bench"]
+    for bad in ("dsc miita-default", "dsc m 5% rows", "dsc m 5% colour=red", "dsc m 5% split=train"):
+        with pytest.raises(SystemExit):
+            sweep.parse_plan_line(bad)
