@@ -1,12 +1,19 @@
-"""Tables that put sweeps side by side (issue 14: the default preset before and after), each OP with
+"""Tables that put sweeps side by side (e.g. the default preset before and after a change), each OP with
 its bootstrap 95% interval.
 
     python bench/compare_table.py --sweep before=bench-results/before --sweep after=bench-results/after \
         --archive docs/results/issue14 > /tmp/tables.md
 
-Each ``--sweep LABEL=DIR`` is a ``bench/sweep.py`` output folder. A method that several sweeps ran is
-shown once per sweep (``miita-default (before)``, ``miita-default (after)``); one that only the
-first ran (the frozen model, the outside baselines) once, unlabelled. Cells: OP [95% interval] / BWT
+Each ``--sweep LABEL=DIR`` is a ``bench/sweep.py`` output folder or an archive of one (a folder of
+``*.job.json`` and ``*.result.json``, as ``--archive`` writes them), so the tables of RESULTS.md
+regenerate from the archived files alone:
+
+    python bench/compare_table.py --latest --sweep v4=docs/results/issue14/v4 \
+        --sweep before=docs/results/issue14/before
+
+A method that several sweeps ran is shown once per sweep (``miita-default (before)``,
+``miita-default (after)``); one that only one ran (the frozen model, the outside baselines) once,
+unlabelled. ``--latest`` shows each method once, from the first sweep that ran it, labelled. Cells: OP [95% interval] / BWT
 / FWT, with the interval from the result's per-query final-row scores (``op_ci95``, a percentile
 bootstrap over the queries of each stage; ``evaluation.cl_matrix.op_bootstrap_ci``). ``--archive
 DIR`` copies every finished job's result.json (with those per-query scores) to DIR/LABEL/, so the
@@ -24,10 +31,23 @@ METHODS = ["frozen", "miita-default", "label-vote", "example-mem", "knn-lm"]
 BUDGETS = ["1%", "5%", "20%"]
 
 
+def job_records(sweep: Path) -> list[dict]:
+    """A sweep's job records: ``done/*.json`` of a sweep folder, or an archive's ``*.job.json``
+    with ``result`` pointing at the archived result.json beside it."""
+    if (sweep / "done").is_dir():
+        return [json.loads(f.read_text()) for f in sorted((sweep / "done").glob("*.json"))]
+    out = []
+    for f in sorted(sweep.glob("*.job.json")):
+        r = json.loads(f.read_text())
+        res = f.with_name(f.name.replace(".job.json", ".result.json"))
+        r["result"] = str(res) if res.exists() else None
+        out.append(r)
+    return out
+
+
 def load(sweep: Path) -> dict[tuple[str, str, str], dict]:
     out = {}
-    for f in sorted((sweep / "done").glob("*.json")):
-        r = json.loads(f.read_text())
+    for r in job_records(sweep):
         if r.get("rc") == 0 and r.get("result") and Path(r["result"]).exists():
             res = json.loads(Path(r["result"]).read_text())
             r["op_ci95"] = res.get("op_ci95")
@@ -53,6 +73,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="append", required=True, metavar="LABEL=DIR")
     ap.add_argument("--archive", type=Path)
+    ap.add_argument("--latest", action="store_true", help="each method once, from the first sweep that ran it")
     args = ap.parse_args()
     sweeps = []
     for spec in args.sweep:
@@ -60,8 +81,7 @@ def main() -> int:
         sweeps.append((label, Path(d), load(Path(d))))
     lines: list[str] = []
     for b in BENCHES:
-        first = sweeps[0][2]
-        fr = first.get((b, "frozen", "none"))
+        fr = next((R[(b, "frozen", "none")] for _, _, R in sweeps if (b, "frozen", "none") in R), None)
         if fr is None:
             continue
         lines += [f"### {b}", "", f"{fr.get('n_train', '?')} training rows learned, {fr.get('n_test', '?')} test rows "
@@ -71,10 +91,10 @@ def main() -> int:
                   f"| frozen | {cell(fr)} (no memory) | | | 0 |"]
         for m in METHODS[1:]:
             ran = [(label, R) for label, _, R in sweeps if any((b, m, bud) in R for bud in BUDGETS)]
-            for label, R in ran:
+            for label, R in ran[:1] if args.latest else ran:
                 rows = [R.get((b, m, bud)) for bud in BUDGETS]
                 mem = " / ".join("—" if (r is None or r.get("rc") != 0) else f"{r['memory_bytes']:,}" for r in rows)
-                name = f"{m} ({label})" if len(ran) > 1 else m
+                name = f"{m} ({label})" if len(ran) > 1 or args.latest else m
                 lines.append(f"| {name} | " + " | ".join(cell(r) for r in rows) + f" | {mem} |")
         lines.append("")
     if args.archive:

@@ -1,12 +1,13 @@
-"""Which keys tell answers apart: a probe over all stages of all four benchmarks (issue 14).
+"""Which keys tell answers apart: a probe over all stages of all four benchmarks.
 
 Two steps, so that the expensive one runs once:
 
     python bench/keys.py extract --data ../shared/data --out bench-results/keys   # prompt passes
     python bench/keys.py eval --cache bench-results/keys                           # numpy only
 
-``extract`` decodes every training and test prompt of every stage once (the sweep's subsample:
-bench/sweep.py LIMITS) and keeps the BOS-less mean of *every* layer's output ``l_out-<k>``
+``extract`` decodes every training and evaluated prompt of every stage once (the sweep's subsample:
+bench/sweep.py LIMITS; the evaluated rows are the dev rows, ``--split dev``, unless
+``--split test --report-on-test`` asks for the test rows) and keeps the BOS-less mean of *every* layer's output ``l_out-<k>``
 (k = 0 .. n_layer-2, one prompt pass: the native callback sums several key tensors at once), plus
 the same for the calibration inputs through each benchmark's template. ``eval`` then scores key
 designs without a language model, as the memory would use them after the final stage:
@@ -36,11 +37,27 @@ from sweep import DATA_DIRS, LIMITS  # noqa: E402
 BENCHES = ("banking77", "dsc", "xquad", "superni")
 
 
+def guard(args, script: str) -> None:
+    """Refuse ``--split test`` without ``--report-on-test``: these scripts explore settings."""
+    from miita_edge.errors import InputError
+    from miita_edge.evaluation.splits import check_tuning_split
+
+    try:
+        check_tuning_split(args.split, args.report_on_test, script)
+    except InputError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def cache_file(folder: Path, b: str, split: str) -> Path:
+    """A probe cache's file: ``B.npz`` for test rows (as caches were first written), ``B.dev.npz``."""
+    return folder / (f"{b}.npz" if split == "test" else f"{b}.{split}.npz")
+
+
 def uncached(args):
     """(benchmark, cache path) for each of ``--benchmarks`` not yet extracted into ``--out``: an
     interrupted extraction resumes at the first benchmark it had not finished."""
     for b in args.benchmarks.split(","):
-        path = args.out / f"{b}.npz"
+        path = cache_file(args.out, b, args.split)
         if path.exists():
             print(f"{b}: cached at {path}", flush=True)
             continue
@@ -51,12 +68,13 @@ def extract(args) -> int:
     from miita_edge.method.extract import prompt_tokens
     from miita_edge.runtime.engine import Engine, EngineConfig
 
+    guard(args, "bench/keys.py")
     eng = Engine(args.model, EngineConfig(n_threads=args.threads))
     layers = list(range(0, eng.n_layer - 1))
     eng.set_key_layers(layers)
     args.out.mkdir(parents=True, exist_ok=True)
     for b, path in uncached(args):
-        spec, tpl, stages, rows = probe_rows(b, args.data)
+        spec, tpl, stages, rows = probe_rows(b, args.data, args.split)
         K = np.zeros((len(rows), len(layers), eng.n_embd), np.float32)
         t0 = time.perf_counter()
         for i, (_, _, x, _) in enumerate(rows):
@@ -66,7 +84,7 @@ def extract(args) -> int:
                 print(f"  {b}: {i + 1}/{len(rows)} prompts, {time.perf_counter() - t0:.0f} s", flush=True)
         meta = {"benchmark": b, "layers": layers, "stages": [s.name for s in stages],
                 "split": [r[0] for r in rows], "stage": [r[1] for r in rows], "answers": [r[3] for r in rows],
-                "model": eng.info.path.name, "seconds": time.perf_counter() - t0}
+                "model": eng.info.path.name, "seconds": time.perf_counter() - t0, "eval_split": args.split}
         tmp = path.with_suffix(".tmp.npz")
         np.savez(tmp, keys=K.astype(np.float16) if args.f16 else K, meta=json.dumps(meta))
         tmp.replace(path)
@@ -75,17 +93,19 @@ def extract(args) -> int:
     return 0
 
 
-def probe_rows(b: str, data: Path):
+def probe_rows(b: str, data: Path, split: str = "dev"):
     """(benchmark spec, template, stages, rows) of the sweep's subsample of benchmark ``b``: rows are
-    (split, stage index, input, answer(s)) for every training and test row of every stage, then
-    the calibration inputs (split "calib", stage -1), in the order the probes store their keys."""
+    (kind, stage index, input, answer(s)) for every training and evaluated row of every stage, then
+    the calibration inputs (kind "calib", stage -1), in the order the probes store their keys. The
+    evaluated rows are ``split``'s (dev: held-out training rows) and carry kind "test" (what the
+    probe scores); the training rows never include dev rows."""
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.method.calibration import CALIBRATION_INPUTS
     from miita_edge.method.templates import get_template
 
     spec = get_benchmark(b)
     tr_lim, te_lim = LIMITS[b]
-    _, stages = load_benchmark(spec, data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim)
+    _, stages = load_benchmark(spec, data / DATA_DIRS[b], limit_test=te_lim, limit_train=tr_lim, split=split)
     rows = []
     for si, s in enumerate(stages):
         rows += [("train", si, e.input, [e.output]) for e in s.train]
@@ -120,12 +140,19 @@ def probe_parser(doc: str, results: str, threads: int):
     e = sub.add_parser("eval")
     e.add_argument("--cache", type=Path, default=Path("bench-results") / results)
     e.add_argument("--benchmarks", default=",".join(BENCHES))
+    from miita_edge.evaluation.splits import add_split_arguments
+
+    add_split_arguments(x)
+    add_split_arguments(e)
     return ap, sub, x, e
 
 
-def load(cache: Path, b: str):
-    z = np.load(cache / f"{b}.npz")
+def load(cache: Path, b: str, split: str = "dev"):
+    """(keys, meta, row kinds) of a probe cache, refused if its evaluated rows are not ``split``'s."""
+    z = np.load(cache_file(cache, b, split))
     meta = json.loads(str(z["meta"]))
+    if meta.get("eval_split", "test") != split:  # caches written before the dev split hold test rows
+        raise SystemExit(f"{cache_file(cache, b, split)}: holds {meta.get('eval_split', 'test')} rows, not {split}")
     K = z["keys"].astype(np.float32)
     split = np.array(meta["split"])
     return K, meta, split
@@ -185,11 +212,12 @@ def design_keys(K: np.ndarray, calib: np.ndarray, design: dict) -> np.ndarray:
 
 def evaluate(args) -> int:
     results = {}
+    guard(args, "bench/keys.py")
     for b in args.benchmarks.split(","):
-        if not (args.cache / f"{b}.npz").exists():
+        if not cache_file(args.cache, b, args.split).exists():
             print(f"{b}: not extracted yet")
             continue
-        K, meta, _ = load(args.cache, b)
+        K, meta, _ = load(args.cache, b, args.split)
         tr, te, cal, stage, labels, golds = probe_split(meta)
         H = K.shape[2]
         L = K.shape[1]

@@ -1,5 +1,5 @@
 """The memory without the language model: stage-by-stage learning under a byte budget, scored by
-the anchor vote, from keys extracted once by ``bench/keys.py extract`` (issue 14).
+the anchor vote, from keys extracted once by ``bench/keys.py extract``.
 
 Why: a key design, a repair policy or a relevance rule changes what the memory keeps and what it
 retrieves, and the vote over what it retrieves is the ceiling that generation follows (on
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from keys import load  # noqa: E402
+from keys import guard, load  # noqa: E402
 
 TEMPLATES = {"banking77": "banking77", "dsc": "dsc", "xquad": "qa", "superni": "superni"}
 
@@ -245,7 +245,7 @@ def run_preset(args, bench: str, budget: str) -> dict:
         for part in path:
             obj = getattr(obj, part)
         setattr(obj, last, type(getattr(obj, last))(v))
-    K, meta, split = load(args.cache, bench)
+    K, meta, split = load(args.cache, bench, args.split)
     stage = np.array(meta["stage"])
     answers = meta["answers"]
     cal = split == "calib"
@@ -305,7 +305,7 @@ def run(args, bench: str, budget: str) -> dict:
     from miita_edge.memory.bank import BankConfig
     from miita_edge.memory.budget import parse_budget
 
-    K, meta, split = load(args.cache, bench)
+    K, meta, split = load(args.cache, bench, args.split)
     stage = np.array(meta["stage"])
     answers = meta["answers"]
     cal = split == "calib"
@@ -406,7 +406,11 @@ def main(argv=None) -> int:
     ap.add_argument("--centroids", action="store_true", help="vote over per-answer centroids too")
     ap.add_argument("--hub", type=float, default=0.0, help="hubness correction weight (CSLS: 0.5)")
     ap.add_argument("--T", type=float, default=0.02)
+    from miita_edge.evaluation.splits import add_split_arguments
+
+    add_split_arguments(ap)
     args = ap.parse_args(argv)
+    guard(args, "bench/memsim.py")
     for b in args.benchmarks.split(","):
         for budget in args.budgets.split(","):
             r = run(args, b, budget)

@@ -1,4 +1,4 @@
-"""Experiment (issue 14, forgetting): weight each anchor's vote by how many examples it stands for.
+"""Experiment (forgetting): weight each anchor's vote by how many examples it stands for.
 
 A folded anchor (repair's prune step) stands for ``anchor_count`` examples; the shipped vote gives it
 one softmax weight like a single example. This replays ``bench/memsim.py --preset default-v3`` (the
@@ -21,6 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import memsim  # noqa: E402
+from miita_edge.evaluation.splits import add_split_arguments  # noqa: E402
 from miita_edge.method import plan as P  # noqa: E402
 from miita_edge.method import steering as S  # noqa: E402
 
@@ -79,10 +80,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default="1%,5%,20%,none")
     ap.add_argument("--framing", type=int, default=250)
     ap.add_argument("--preset", default="default-v3", help="as bench/memsim.py --preset")
+    add_split_arguments(ap)
     args = ap.parse_args(argv)
+    memsim.guard(args, "bench/memsim_count_vote.py")
     patch(args.weight, args.centroid, args.per_answer)
     ns = argparse.Namespace(cache=args.cache, data=args.data, framing=args.framing, preset=args.preset, set=[],
-                            centroids_only=False)
+                            centroids_only=False, split=args.split)
     for bench in args.benchmarks.split(","):
         for budget in args.budgets.split(","):
             r = memsim.run_preset(ns, bench, budget)

@@ -1,4 +1,4 @@
-"""Which prompt rows a key should pool, layer by layer: a probe over all four benchmarks (issue 14).
+"""Which prompt rows a key should pool, layer by layer: a probe over all four benchmarks.
 
 The default preset pools the mean of every prompt row but BOS at both key layers (12 and 9 on
 Gemma-3-270M). ``bench/keys.py`` chose the layers with that pooling fixed; this probes the pooling
@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from keys import BENCHES, probe_parser, probe_rows, probe_split, score, uncached  # noqa: E402
+from miita_edge.evaluation.splits import add_split_arguments  # noqa: E402
+from keys import BENCHES, cache_file, guard, probe_parser, probe_rows, probe_split, score, uncached  # noqa: E402
 
 #: pooling -> which rows of the shipped key mask (every prompt row but BOS) it keeps
 POOLINGS = {
@@ -57,13 +58,14 @@ def extract(args) -> int:
     from miita_edge.runtime.engine import Engine, EngineConfig
     from miita_edge.runtime.key_pooling import key_mean
 
+    guard(args, "bench/pooling.py")
     eng = Engine(args.model, EngineConfig(n_threads=args.threads))
     layers = list(default_preset().key_layers(eng.n_layer))
     eng.set_key_layers(layers)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         for b, path in uncached(args):
-            spec, tpl, stages, rows = probe_rows(b, args.data)
+            spec, tpl, stages, rows = probe_rows(b, args.data, args.split)
             toks = [prompt_tokens(eng, tpl, x, spec.max_prompt_tokens) for _, _, x, _ in rows]
             out = {}
             t0 = time.perf_counter()
@@ -76,7 +78,7 @@ def extract(args) -> int:
                 print(f"  {b}: {name} pooled, {time.perf_counter() - t0:.0f} s", flush=True)
             meta = {"benchmark": b, "layers": layers, "split": [r[0] for r in rows], "stage": [r[1] for r in rows],
                     "answers": [r[3] for r in rows], "model": eng.info.path.name, "n_layer": eng.n_layer,
-                    "stages": [s.name for s in stages]}
+                    "stages": [s.name for s in stages], "eval_split": args.split}
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, meta=json.dumps(meta), **out)
             tmp.replace(path)
@@ -85,14 +87,27 @@ def extract(args) -> int:
     return 0
 
 
+def _open(args, b: str):
+    """(arrays, meta) of one pooling cache, or None when not extracted; refused if it holds
+    another split's rows."""
+    path = cache_file(args.cache, b, args.split)
+    if not path.exists():
+        print(f"{b}: not extracted yet")
+        return None
+    z = np.load(path)
+    meta = json.loads(str(z["meta"]))
+    if meta.get("eval_split", "test") != args.split:
+        raise SystemExit(f"{path}: holds {meta.get('eval_split', 'test')} rows, not {args.split}")
+    return z, meta
+
+
 def evaluate(args) -> int:
+    guard(args, "bench/pooling.py")
     for b in args.benchmarks.split(","):
-        path = args.cache / f"{b}.npz"
-        if not path.exists():
-            print(f"{b}: not extracted yet")
+        got = _open(args, b)
+        if got is None:
             continue
-        z = np.load(path)
-        meta = json.loads(str(z["meta"]))
+        z, meta = got
         tr, te, cal, stage, labels, golds = probe_split(meta)
         deep, mid = meta["layers"]
         print(f"\n# {b}: {tr.sum()} anchors, {te.sum()} queries; key layers {deep} + {mid}")
@@ -127,10 +142,13 @@ def memsim_cache(args) -> int:
     """Write ``bench/keys.py``-format caches whose key layers hold one pairing's pooled keys, so that
     ``bench/memsim.py --cache OUT --preset default`` replays the real bank (budgets, repair, the
     relevance gate) with them. Only the preset's key layers are filled; the other slots are zero."""
+    guard(args, "bench/pooling.py")
     args.out.mkdir(parents=True, exist_ok=True)
     for b in args.benchmarks.split(","):
-        z = np.load(args.cache / f"{b}.npz")
-        meta = json.loads(str(z["meta"]))
+        got = _open(args, b)
+        if got is None:
+            continue
+        z, meta = got
         deep, mid = meta["layers"]
         n, _, H = z["mean"].shape
         # as many layer slots as bench/keys.py keeps (n_layer - 1): memsim derives the model's depth,
@@ -139,10 +157,11 @@ def memsim_cache(args) -> int:
         K[:, deep], K[:, mid] = z[args.deep][:, 0], z[args.mid][:, 1]
         stages = meta.get("stages") or [f"stage-{i + 1}" for i in range(max(meta["stage"]) + 1)]
         out = {**meta, "stages": stages, "pooling": {str(deep): args.deep, str(mid): args.mid}}
+        dst = cache_file(args.out, b, args.split)
         tmp = args.out / f"{b}.tmp.npz"
         np.savez(tmp, keys=K, meta=json.dumps(out))
-        tmp.replace(args.out / f"{b}.npz")
-        print(f"{b}: layer {deep} {args.deep} + layer {mid} {args.mid} -> {args.out / (b + '.npz')}", flush=True)
+        tmp.replace(dst)
+        print(f"{b}: layer {deep} {args.deep} + layer {mid} {args.mid} -> {dst}", flush=True)
     return 0
 
 
@@ -155,6 +174,7 @@ def main(argv=None) -> int:
     c.add_argument("--mid", choices=sorted(POOLINGS), required=True, help="pooling of the middle key layer")
     c.add_argument("--benchmarks", default=",".join(BENCHES))
     c.add_argument("--model", default=None, help="the model the cache was extracted with (its depth)")
+    add_split_arguments(c)
     args = ap.parse_args(argv)
     return {"extract": extract, "eval": evaluate, "memsim-cache": memsim_cache}[args.cmd](args)
 

@@ -1,8 +1,9 @@
 """Paper preset vs default preset vs the label-vote ceiling, at several budgets.
 
-Learns one stage of a benchmark (default: Banking77 stage 1, 440 train ->
-220 test) into a fresh memory per (preset, budget) and prints exact-match
-accuracy of the generated, normalised label.
+Learns one stage of a benchmark (default: Banking77 stage 1, its training rows less the dev
+rows) into a fresh memory per (preset, budget) and prints exact-match accuracy of the
+generated, normalised label on the stage's dev rows (``--split dev``, the default); the test rows
+only with ``--split test --report-on-test``.
 
     python bench/presets.py --data ../shared/data/banking77 --budgets none,64KiB,4KiB
 """
@@ -18,13 +19,20 @@ from pathlib import Path
 import numpy as np
 
 
-def load_stage(data: Path, stage: str | None, limit: int | None):
+def load_stage(data: Path, stage: str | None, limit: int | None, split: str = "dev"):
+    """(stage, training rows less the dev rows, evaluated rows: the dev rows or the test rows)."""
+    from miita_edge.evaluation.splits import dev_positions
     from miita_edge.streams import read_examples
 
     meta = json.loads((data / "meta.json").read_text())
     stage = stage or meta["stage_order"][0]
-    tr = [e for e in read_examples(data / "train.jsonl") if e.task == stage]
-    te = [e for e in read_examples(data / "test.jsonl") if e.task == stage]
+    rows = [e for e in read_examples(data / "train.jsonl") if e.task == stage]
+    dev = set(dev_positions(stage, [(e.input, e.output) for e in rows]))
+    tr = [e for i, e in enumerate(rows) if i not in dev]
+    if split == "dev":
+        te = [e for i, e in enumerate(rows) if i in dev]
+    else:
+        te = [e for e in read_examples(data / "test.jsonl") if e.task == stage]
     if limit:
         te = te[:limit]
     return stage, tr, te
@@ -42,7 +50,15 @@ def main(argv=None) -> int:
     ap.add_argument("--eta", default=None, help="comma list of eta values to sweep (relative)")
     ap.add_argument("--set", action="append", default=[], help="preset override, e.g. k_anchors=4 or bank.key_precision=float32")
     ap.add_argument("--frozen", action="store_true", help="also score the frozen model")
+    from miita_edge.errors import InputError
+    from miita_edge.evaluation.splits import add_split_arguments, check_tuning_split
+
+    add_split_arguments(ap)
     args = ap.parse_args(argv)
+    try:
+        check_tuning_split(args.split, args.report_on_test, "bench/presets.py")
+    except InputError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     from miita_edge.runtime.engine import Engine
     from miita_edge.errors import BudgetError
@@ -50,9 +66,9 @@ def main(argv=None) -> int:
     from miita_edge.miita import Miita, get_preset
     from miita_edge.method.steering import knn_prototypes, vote
 
-    stage, train, test = load_stage(args.data, args.stage, args.limit)
+    stage, train, test = load_stage(args.data, args.stage, args.limit, args.split)
     eng = Engine()
-    print(f"# {args.data.name} {stage}: train {len(train)} test {len(test)}  model={eng.info.path.name}", flush=True)
+    print(f"# {args.data.name} {stage}: train {len(train)} {args.split} {len(test)}  model={eng.info.path.name}", flush=True)
     golds = [normalize_label(e.output) for e in test]
 
     if args.frozen:

@@ -6,13 +6,21 @@ Prints Markdown: per benchmark, one row per method with OP / BWT / FWT at each b
 budget in bytes and what the method really stored; jobs that failed (for example a budget too
 small for one prototype) show their one-line reason. ``--heatmaps DIR`` copies the heatmap PNG
 of every finished job into DIR as BENCH__METHOD__BUDGET.png.
+
+``--orders`` reads a sweep whose plan lines name seeds (bench/sweep_plan_report.txt) instead: per
+model and benchmark, one row per method with OP / BWT / FWT at each budget as the mean over the
+stream orders and a 95% bootstrap interval over orders and queries (``evaluation.aggregate``), and
+FWT also against ``frozen-labels`` where it ran.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 BENCHES = ["banking77", "dsc", "xquad", "superni"]
 CORE = ["frozen", "miita-default", "miita-paper", "example-mem", "knn-lm", "semantic-mem", "label-vote"]
@@ -22,9 +30,11 @@ BUDGETS = ["1%", "5%", "20%"]
 
 
 def load(sweep: Path) -> dict[tuple[str, str, str], dict]:
+    """Finished jobs of a sweep folder, or of an archive (``--sweep docs/results/runs``)."""
+    from compare_table import job_records
+
     out = {}
-    for f in sorted((sweep / "done").glob("*.json")):
-        r = json.loads(f.read_text())
+    for r in job_records(sweep):
         if r.get("rc") == 0 and r.get("result"):
             res = json.loads(Path(r["result"]).read_text())
             r["per_stage"] = res["per_stage"]
@@ -63,14 +73,75 @@ def cell(r: dict | None, archive: Path | None = None) -> str:
     return f"{fmt(r['op'])} / {fmt(r['bwt'])} / {fmt(r['fwt'])}" + (NEW_MARK if is_new(r, archive) else "")
 
 
+ORDER_METHODS = ["frozen", "frozen-labels", "miita-default", "miita-paper", "label-vote", "example-mem", "knn-lm",
+                 "semantic-mem", "summary-mem"]
+
+
+def load_order_runs(sweep: Path) -> dict[tuple, list[dict]]:
+    """(model, benchmark, method, budget) -> the finished result.json of each seed, by seed."""
+    out: dict[tuple, list[dict]] = {}
+    for f in sorted((sweep / "done").glob("*.json")):
+        r = json.loads(f.read_text())
+        if r.get("rc") != 0 or not r.get("result"):
+            continue
+        keys = r.get("plan_keys") or {}
+        res = json.loads(Path(r["result"]).read_text())
+        out.setdefault((keys.get("model", "bundled"), r["benchmark"], r["method"], r["budget"]), []).append(res)
+    return out
+
+
+def _ci(a: dict | None) -> str:
+    return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
+
+
+def order_tables(sweep: Path) -> list[str]:
+    """The reporting tables: means over stream orders with bootstrap intervals."""
+    from miita_edge.evaluation.aggregate import aggregate, runs_from_results, with_baseline
+
+    R = load_order_runs(sweep)
+    lines: list[str] = []
+    for model in sorted({k[0] for k in R}):
+        for b in BENCHES:
+            mine = {k[2:]: v for k, v in R.items() if k[0] == model and k[1] == b}
+            if not mine:
+                continue
+            any_res = next(iter(mine.values()))[0]
+            labels = mine.get(("frozen-labels", "none"), [None])[0]
+            lines += [f"### {b} ({model})", "",
+                      f"Test rows {any_res.get('row_window') or 'first rows'} of each stage "
+                      f"({sum(p['n_test'] for p in any_res['per_stage'])} in the final row); split "
+                      f"{any_res.get('split', 'test')}. Cells: mean over stream orders [95% bootstrap interval over "
+                      "orders and queries] for OP / BWT / FWT against frozen"
+                      + (" / FWT against frozen-labels" if labels else "") + "; n = orders run.", "",
+                      "| method | budget | n | OP | BWT | FWT | FWT vs frozen-labels | bytes stored |",
+                      "|---|---|---:|---|---|---|---|---:|"]
+            for m in ORDER_METHODS:
+                for bud in (["none"] if m.startswith("frozen") else BUDGETS):
+                    results = mine.get((m, bud))
+                    if not results:
+                        continue
+                    runs = runs_from_results(results)
+                    a = aggregate(runs)
+                    fl = aggregate(with_baseline(runs, labels))["fwt"] if labels and len(runs[0].order) > 1 else None
+                    mem = max(int(r["memory_bytes"]) for r in results)
+                    lines.append(f"| {m} | {bud} | {a['n_runs']} | {_ci(a['op'])} | {_ci(a['bwt'])} | {_ci(a['fwt'])} | "
+                                 f"{_ci(fl)} | {mem:,} |")
+            lines.append("")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=Path, default=Path("bench-results/sweep"))
+    ap.add_argument("--orders", action="store_true", help="tables over stream orders (a reporting sweep)")
     ap.add_argument("--heatmaps", type=Path)
     ap.add_argument("--archive", type=Path,
                     help="copy each finished job's result.json and the sweep's record of every job (done/*.json, "
                          "failures included) into this folder, so the numbers survive the machine")
     args = ap.parse_args()
+    if args.orders:
+        print("\n".join(order_tables(args.sweep)))
+        return 0
     R = load(args.sweep)
     lines: list[str] = []
     if args.archive and any(is_new(r, args.archive) for r in R.values()):

@@ -10,40 +10,77 @@ so jobs can be appended while workers run.
     python bench/sweep.py --plan bench/sweep_plan.txt --data ../shared/data --out bench-results/sweep &
     python bench/sweep.py --plan bench/sweep_plan.txt --data ../shared/data --out bench-results/sweep &
 
-Plan lines: ``BENCHMARK METHOD BUDGET`` (``#`` starts a comment). Subsample and cells are fixed
-per benchmark below (LIMITS) and recorded in every result.
+Plan lines: ``BENCHMARK METHOD BUDGET [KEY=VALUE ...]`` (``#`` starts a comment). Without keys,
+the subsample is fixed per benchmark below (LIMITS: the first N test rows). Keys (PLAN_KEYS):
+``rows=61-220`` a window of each stage's test rows instead, ``split=dev`` the dev rows instead of
+test rows (tuning only), ``seed=K`` the stream order (0 = the given one), ``train=N`` training rows
+per stage (0 = all), ``model=NAME`` a model named by ``--model NAME=GGUF`` (default: the bundled
+one). Every job runs with ``--cells summary`` and one llama.cpp thread; what it read is recorded in
+its result.json (``split``, ``rows_used``, ``order_seed``).
+
+One job alone, with the row options ``miita-edge bench`` does not take yet:
+
+    python bench/sweep.py cell --benchmark dsc --data ../shared/data/dsc --method frozen --budget none \
+        --test-rows 31-100 --order-seed 1 --out bench-results/one
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import shlex
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 DATA_DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
 
 #: (training rows per stage or None = all, test rows per stage): the first N in file order (the
-#: data builders shuffled within a stage). Banking77 learns its whole stream, so its budgets are
-#: the paper's. Test rows: the sizes issue 14 asks for (the first sweeps scored 20/10/8/2, where
+#: data builders shuffled within a stage). Banking77 learns its whole stream (less the dev rows
+#: since the dev split exists), so its budgets are close to the paper's. Test rows: 60/30/25/6 (the first sweeps scored 20/10/8/2, where
 #: one query moved OP by up to 3.3 points); ``--limits v1`` keeps the old ones for a comparison.
 LIMITS = {"banking77": (None, 60), "dsc": (100, 30), "xquad": (50, 25), "superni": (20, 6)}
 LIMITS_V1 = {"banking77": (None, 20), "dsc": (100, 10), "xquad": (50, 8), "superni": (20, 2)}
 
 
-def job_name(bench: str, method: str, budget: str) -> str:
-    return f"{bench}__{method}__{budget.replace('%', 'pct')}"
+PLAN_KEYS = ("model", "split", "rows", "seed", "train")
 
 
-def read_plan(path: Path) -> list[tuple[str, str, str]]:
+def job_name(bench: str, method: str, budget: str, opts: dict | None = None) -> str:
+    """``bench__method__budget``, then ``__key-value`` for each plan key given (PLAN_KEYS order)."""
+    tail = "".join(f"__{k}-{opts[k]}" for k in PLAN_KEYS if opts and k in opts)
+    return f"{bench}__{method}__{budget.replace('%', 'pct')}{tail}"
+
+
+def parse_plan_line(line: str, where: str = "plan") -> tuple[str, str, str, dict] | None:
+    """(benchmark, method, budget, keys) of one plan line; None for a blank or comment line."""
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        return None
+    parts = line.split()
+    if len(parts) < 3:
+        raise SystemExit(f"{where}: a plan line is BENCHMARK METHOD BUDGET [KEY=VALUE ...], got {line!r}")
+    opts = {}
+    for kv in parts[3:]:
+        k, eq, v = kv.partition("=")
+        if not eq or k not in PLAN_KEYS or not v:
+            raise SystemExit(f"{where}: {kv!r} is not KEY=VALUE with KEY one of {', '.join(PLAN_KEYS)}")
+        opts[k] = v
+    if opts.get("split", "test") not in ("test", "dev"):
+        raise SystemExit(f"{where}: split must be test or dev, got {opts['split']!r}")
+    return parts[0], parts[1], parts[2], opts
+
+
+def read_plan(path: Path) -> list[tuple[str, str, str, dict]]:
     jobs = []
-    for line in path.read_text("utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            b, m, bud = line.split()
-            jobs.append((b, m, bud))
+    for i, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        job = parse_plan_line(line, f"{path}:{i}")
+        if job is not None:
+            jobs.append(job)
     return jobs
 
 
@@ -56,22 +93,40 @@ def claim(out: Path, name: str) -> bool:
         return False
 
 
-def run_job(args, bench: str, method: str, budget: str) -> dict:
-    name = job_name(bench, method, budget)
+def job_command(args, bench: str, method: str, budget: str, opts: dict) -> list[str]:
+    """The command of one plan job: ``miita-edge bench``, or this script's ``cell`` where the job
+    names rows, a split, an order or a model."""
+    name = job_name(bench, method, budget, opts)
     tr, te = (LIMITS_V1 if args.limits == "v1" else LIMITS)[bench]
+    tr = int(opts["train"]) if "train" in opts else tr
+    rows = ["--test-rows", opts["rows"]] if "rows" in opts else ["--limit-per-stage", str(te)]
+    head = ["miita-edge", "bench"]
+    if set(opts) - {"train"}:
+        head = [sys.executable, str(Path(__file__).resolve()), "cell"]
+        rows += ["--split", opts.get("split", "test"), "--order-seed", opts.get("seed", "0")]
+    if "model" in opts:
+        models = dict(m.split("=", 1) for m in args.model)
+        if opts["model"] not in models:
+            raise SystemExit(f"plan names model {opts['model']!r}; give --model {opts['model']}=PATH.gguf")
+        rows += ["--model", models[opts["model"]]]
+    # --limit-train-per-stage 0 = every training row (otherwise --limit-per-stage would cap training too)
+    return head + ["--benchmark", bench, "--data", str(args.data / DATA_DIRS[bench]), "--method", method,
+                   "--budget", budget, "--limit-train-per-stage", str(tr or 0), *rows, "--cells", "summary",
+                   "--threads", str(args.threads), "--out", str(args.out / "runs" / name),
+                   "--baseline-cache", str((args.baseline_dir or args.out / "baseline") / bench),
+                   "--extract-cache", str(args.out / "extract" / bench), "--no-progress", "--json"]
+
+
+def run_job(args, bench: str, method: str, budget: str, opts: dict | None = None) -> dict:
+    opts = opts or {}
+    name = job_name(bench, method, budget, opts)
     jdir = args.out / "runs" / name
-    cmd = ["miita-edge", "bench", "--benchmark", bench, "--data", str(args.data / DATA_DIRS[bench]),
-           "--method", method, "--budget", budget, "--limit-per-stage", str(te),
-           "--cells", "summary", "--threads", str(args.threads), "--out", str(jdir),
-           "--baseline-cache", str((args.baseline_dir or args.out / "baseline") / bench),
-           "--extract-cache", str(args.out / "extract" / bench), "--no-progress", "--json"]
-    # 0 = every training row (otherwise --limit-per-stage would cap training too)
-    cmd[cmd.index("--limit-per-stage"):cmd.index("--limit-per-stage")] = ["--limit-train-per-stage", str(tr or 0)]
+    cmd = job_command(args, bench, method, budget, opts)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
     rec = {"job": name, "benchmark": bench, "method": method, "budget": budget, "rc": p.returncode,
-           "wall_s": round(wall, 1), "command": " ".join(cmd)}
+           "wall_s": round(wall, 1), "command": " ".join(cmd), "plan_keys": opts}
     if p.returncode == 0:
         res = json.loads(p.stdout)
         rec.update({k: res.get(k) for k in ("op", "bwt", "fwt", "budget_bytes", "stream_bytes", "memory_bytes",
@@ -107,20 +162,125 @@ def seed_from_archive(out: Path, archive: Path) -> int:
     return n
 
 
+def run_cell(argv: list[str]) -> int:
+    """One ``miita-edge bench`` run with the row options of ``evaluation.splits``
+    (``--split``, ``--test-rows``, ``--order-seed``) handed to ``run_benchmark``."""
+    import miita_edge.evaluation as ev
+    from miita_edge import cli
+    from miita_edge.evaluation.splits import add_protocol_arguments, protocol_kwargs
+
+    ap = argparse.ArgumentParser(prog="sweep.py cell", add_help=False)
+    add_protocol_arguments(ap)
+    known, rest = ap.parse_known_args(argv)
+    original = ev.run_benchmark
+    command = "python bench/sweep.py cell " + shlex.join(argv)
+    ev.run_benchmark = functools.partial(_with_rows, original, protocol_kwargs(known), command)
+    try:
+        return cli.main(["bench", *rest])
+    finally:
+        ev.run_benchmark = original
+
+
+def _with_rows(run, rows_kw: dict, cell_command: str, *a, **kw):
+    kw["command"] = cell_command
+    return run(*a, **kw, **rows_kw)
+
+
+#: methods never timed in an archive, timed as the method they resemble most in cost
+STAND_INS = {"frozen-labels": "frozen", "summary-mem": "example-mem"}
+
+
+def queries_scored(n_test: list[int], learns: bool) -> int:
+    """Queries a ``--cells summary`` job scores: the final row, the diagonal and the first
+    super-diagonal for a learner (each stage once for a method that learns nothing)."""
+    if not learns or len(n_test) == 1:
+        return sum(n_test)
+    return sum(n_test) + sum(n_test[:-1]) + sum(n_test[1:-1])
+
+
+def archived_timings(archives: list[Path]) -> dict[tuple[str, str, str], dict]:
+    """(benchmark, method, budget) -> wall, eval seconds and queries scored of its latest archived
+    job (later archives win)."""
+    out = {}
+    for a in archives:
+        for f in sorted(a.glob("*.job.json")):
+            rec = json.loads(f.read_text())
+            res = f.with_name(f.name.replace(".job.json", ".result.json"))
+            if rec.get("rc") != 0 or not res.exists():
+                continue
+            r = json.loads(res.read_text())
+            n = [p["n_test"] for p in r["per_stage"]]
+            learns = rec["method"] not in ("frozen", "frozen-labels")
+            out[(rec["benchmark"], rec["method"], rec["budget"])] = {
+                "wall": float(rec["wall_s"]), "eval": float(r["seconds"]["eval"]), "q": queries_scored(n, learns)}
+    return out
+
+
+def estimate(args) -> int:
+    """Print each plan job's expected seconds (archived wall time with its evaluation part scaled to
+    the plan's rows) and the total on ``--workers`` workers."""
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+
+    timings = archived_timings(args.estimate)
+    sizes: dict[tuple[str, str], list[int]] = {}
+    total, missing, groups = 0.0, [], {}
+    for bench, method, budget, opts in read_plan(args.plan):
+        key = (bench, opts.get("rows"))
+        if key not in sizes:
+            te = None if opts.get("rows") else (LIMITS_V1 if args.limits == "v1" else LIMITS)[bench][1]
+            _, st = load_benchmark(get_benchmark(bench), args.data / DATA_DIRS[bench], limit_test=te,
+                                   rows=opts.get("rows"))
+            sizes[key] = [len(s.test) for s in st]
+        m = STAND_INS.get(method, method)
+        q = queries_scored(sizes[key], m not in ("frozen",))
+        t = timings.get((bench, m, budget)) or next((v for (b, mm, _), v in timings.items() if b == bench and mm == m),
+                                                    None)
+        note = ""
+        if t is not None:
+            sec = t["wall"] + t["eval"] * (q / t["q"] - 1.0)
+        else:  # never run on this benchmark: its wall time per query on the others
+            rates = [v["wall"] / v["q"] for (b, mm, _), v in timings.items() if mm == m]
+            if not rates:
+                missing.append(job_name(bench, method, budget, opts))
+                continue
+            sec, note = q * float(np.mean(rates)), "  (rate of other benchmarks)"
+        total += sec
+        g = (opts.get("model", "bundled"), opts.get("seed", "-"))
+        groups[g] = groups.get(g, 0.0) + sec
+        print(f"{job_name(bench, method, budget, opts):72s} {q:6d} queries  ~{sec / 60:6.1f} min{note}", flush=True)
+    for (model, seed), sec in groups.items():
+        print(f"model {model}, seed {seed}: ~{sec / 3600:.1f} h of job time")
+    print(f"total ~{total / 3600:.1f} h of job time; ~{total / 3600 / args.workers:.1f} h on {args.workers} workers"
+          + (f"; no archived timing for: {', '.join(missing)}" if missing else ""))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["cell"]:
+        return run_cell(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", type=Path, required=True)
     ap.add_argument("--data", type=Path, required=True)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=False)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--limits", choices=("v2", "v1"), default="v2",
                     help="test rows per stage: v2 = 60/30/25/6 (default), v1 = the first sweeps' 20/10/8/2")
     ap.add_argument("--baseline-dir", type=Path,
                     help="the frozen baselines' cache of another sweep (its OUT/baseline), to reuse "
                          "instead of recomputing them")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=GGUF",
+                    help="a model that plan lines name with model=NAME")
     ap.add_argument("--resume-from", type=Path, metavar="ARCHIVE",
                     help="first mark the jobs archived in ARCHIVE (docs/results/runs) as done, then run the rest")
+    ap.add_argument("--estimate", type=Path, nargs="+", metavar="ARCHIVE",
+                    help="only print the plan's expected job times from these archives (docs/results/...), "
+                         "later ones preferred; runs nothing")
+    ap.add_argument("--workers", type=int, default=2, help="with --estimate: workers side by side")
     args = ap.parse_args()
+    if args.estimate:
+        return estimate(args)
+    if args.out is None:
+        ap.error("--out is required (except with --estimate)")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "done").mkdir(exist_ok=True)
     if args.resume_from:
@@ -129,17 +289,17 @@ def main() -> int:
         todo = [j for j in read_plan(args.plan) if not (args.out / "claims" / job_name(*j)).exists()]
         if not todo:
             return 0
-        bench, method, budget = todo[0]
-        name = job_name(bench, method, budget)
+        bench, method, budget, opts = todo[0]
+        name = job_name(bench, method, budget, opts)
         if not claim(args.out, name):
             continue
         # the frozen baseline of this benchmark is shared: wait for whoever computes it
-        frozen = job_name(bench, "frozen", "none")
+        frozen = job_name(bench, "frozen", "none", {k: v for k, v in opts.items() if k != "seed"})
         while method != "frozen" and (args.out / "claims" / frozen).exists() \
                 and not (args.out / "done" / f"{frozen}.json").exists():
             time.sleep(5)
         print(f"[{time.strftime('%H:%M:%S')}] start {name}", flush=True)
-        rec = run_job(args, bench, method, budget)
+        rec = run_job(args, bench, method, budget, opts)
         (args.out / "done" / f"{name}.json").write_text(json.dumps(rec, indent=1))
         print(f"[{time.strftime('%H:%M:%S')}] done {name}: rc={rec['rc']} {rec.get('op')} {rec.get('error', '')} "
               f"({rec['wall_s']} s)", flush=True)

@@ -24,13 +24,27 @@ BANKING = Path(__file__).resolve().parents[2] / "shared" / "data" / "banking77" 
 STAGES = ["s1", "s2", "s3"]
 
 
+def _dev_row(stage: str, k: int, rows: list[tuple[str, str]]) -> tuple[str, str]:
+    """A fourth training row that the dev rule (smallest row hash of the stage) holds out, so
+    the three rows below are exactly the ones learned."""
+    from miita_edge.evaluation.splits import row_hash
+
+    low = min(row_hash(stage, x, y) for x, y in rows)
+    j = 0
+    while row_hash(stage, f"{k}-dev{j}", f"label {k}d") >= low:
+        j += 1
+    return f"{k}-dev{j}", f"label {k}d"
+
+
 def _rows():
-    """Per stage: 3 training rows; 4 test rows of which 2 repeat a training input (answerable
-    from memory), 1 is new, 1 starts with "easy" (answered by the baseline double)."""
+    """Per stage: 3 training rows learned and 1 held out as the dev row; 4 test rows of which 2
+    repeat a training input (answerable from memory), 1 is new, 1 starts with "easy" (answered
+    by the baseline double)."""
     train, test = [], []
     for k, s in enumerate(STAGES, 1):
-        for i in range(3):
-            train.append({"task": s, "input": f"{k}-q{i}", "output": f"label {k}{i}"})
+        rows = [(f"{k}-q{i}", f"label {k}{i}") for i in range(3)]
+        for x, y in rows + [_dev_row(s, k, rows)]:
+            train.append({"task": s, "input": x, "output": y})
         test += [{"task": s, "input": f"{k}-q0", "output": f"label {k}0"},
                  {"task": s, "input": f"{k}-q1", "output": f"label {k}1"},
                  {"task": s, "input": f"{k}-new", "output": f"label {k}x"},
@@ -259,6 +273,56 @@ def test_limit_per_stage_caps_test_and_train(bench_dir, tmp_path, stubs):
     assert [(r["n_train"], r["n_test"]) for r in res["per_stage"]] == [(3, 1)] * 3
 
 
+def test_per_query_scores_recompute_op_bwt_fwt(bench_dir, tmp_path, stubs):
+    from miita_edge.evaluation.aggregate import run_metrics, runs_from_results
+
+    res = _run(bench_dir, tmp_path / "out")
+    on_disk = json.loads((tmp_path / "out" / "result.json").read_text())
+    (run,) = runs_from_results([on_disk])
+    m = run_metrics(run)
+    assert (m["op"], m["bwt"], m["fwt"]) == (pytest.approx(res["op"]), pytest.approx(res["bwt"]),
+                                             pytest.approx(res["fwt"]))
+
+
+def test_dev_split_scores_the_held_out_training_rows_and_never_learns_them(bench_dir, tmp_path, stubs):
+    res = _run(bench_dir, tmp_path / "dev", split="dev")
+    predicted = {x for c in CALLS["predict"] + CALLS["predict_base"] for x in c}
+    assert len(predicted) == 3 and all("-dev" in x for x in predicted)
+    learned = {x for stage in CALLS["learn"] for x in stage}
+    assert learned == {f"{k}-q{i}" for k in (1, 2, 3) for i in range(3)}
+    assert res["split"] == "dev" and res["per_stage"][0]["n_test"] == 1
+    # the dev row was never learned: the memorising double cannot answer it
+    assert res["op"] == 0.0
+    assert res["rows_used"] == {"s1": [1, 1], "s2": [1, 1], "s3": [1, 1]}
+
+
+def test_row_window_reads_only_its_rows_and_is_recorded(bench_dir, tmp_path, stubs):
+    res = _run(bench_dir, tmp_path / "w", rows="3-4", cells="summary")
+    assert all(set(c) <= {"1-new", "easy 1", "2-new", "easy 2", "3-new", "easy 3"} for c in CALLS["predict"])
+    assert res["rows_used"] == {"s1": [3, 4], "s2": [3, 4], "s3": [3, 4]} and res["row_window"] == "3-4"
+    cut = _run(bench_dir, tmp_path / "w2", rows="4-99")
+    assert cut["rows_used"]["s1"] == [4, 4]
+    with pytest.raises(InputError, match="window starting at row 5 is empty"):
+        _run(bench_dir, tmp_path / "w3", rows="5-9")
+    with pytest.raises(InputError, match="not both"):
+        _run(bench_dir, tmp_path / "w4", rows="1-2", limit_per_stage=2)
+    with pytest.raises(InputError, match="row window"):
+        _run(bench_dir, tmp_path / "w5", rows="9-2")
+
+
+def test_order_seed_permutes_stages_and_rows_but_not_what_is_learned(bench_dir, tmp_path, stubs):
+    from miita_edge.evaluation.splits import order_permutation
+
+    base = _run(bench_dir, tmp_path / "s0")
+    assert base["stage_names"] == STAGES and base["order_seed"] == 0
+    seed = next(k for k in range(1, 50) if order_permutation(k, 3) != [0, 1, 2])
+    CALLS["learn"].clear()
+    res = _run(bench_dir, tmp_path / "s1", order_seed=seed)
+    assert res["stage_names"] == [STAGES[i] for i in order_permutation(seed, 3)]
+    assert sorted(map(sorted, CALLS["learn"])) == sorted(sorted(f"{k}-q{i}" for i in range(3)) for k in (1, 2, 3))
+    assert res["order_seed"] == seed and res["rows_used"] == base["rows_used"]
+
+
 def test_parse_stages():
     names = ["a", "b", "c", "d"]
     assert ev.parse_stages("1,2", names) == [0, 1]
@@ -323,9 +387,33 @@ def _version_dir_bytes(mem: Path) -> int:
     return sum(f.stat().st_size for f in vpath.iterdir() if f.is_file())
 
 
-def _banking_rows(split: str, stages: list[str], n: int) -> list[dict]:
+def _held_out(stage_rows: list[dict]) -> set[int]:
+    """The dev rule re-derived: the ceil(10%) rows of smallest sha256 over the length-prefixed
+    salt, stage, input and output (docs/evaluation.md), ties by position."""
+    import hashlib
+    import math
+
+    def h(r):
+        d = hashlib.sha256()
+        for part in ("miita-edge dev split v1", r["task"], r["input"], r["output"]):
+            b = part.encode("utf-8")
+            d.update(len(b).to_bytes(8, "little") + b)
+        return d.digest()
+
+    order = sorted(range(len(stage_rows)), key=lambda i: (h(stage_rows[i]), i))
+    return set(order[:math.ceil(len(stage_rows) / 10)])
+
+
+def _banking_rows(split: str, stages: list[str], n: int, learned: bool = True) -> list[dict]:
+    """The first n rows per stage that a run reads: test rows, or the training rows left to learn
+    (``learned=False``: the file's first training rows, dev rows included)."""
     rows = [json.loads(line) for line in (BANKING / f"{split}.jsonl").read_text("utf-8").splitlines() if line]
-    return [r for s in stages for r in [r for r in rows if r["task"] == s][:n]]
+    out = []
+    for s in stages:
+        mine = [r for r in rows if r["task"] == s]
+        dev = _held_out(mine) if split == "train" and learned else set()
+        out += [r for i, r in enumerate(mine) if i not in dev][:n]
+    return out
 
 
 @pytest.mark.model
@@ -470,7 +558,7 @@ def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
-    rows = _banking_rows("train", ["banking77_task1"], 8)
+    rows = _banking_rows("train", ["banking77_task1"], 8, learned=False)
     m = Miita(memory=tmp_path / "mem", preset="paper", template="banking77", engine=engine1)
     m.ingest([Example(r["input"], r["output"]) for r in rows], budget="none")
     D = m.bank.directions(0).astype(np.float64)

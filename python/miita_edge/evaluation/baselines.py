@@ -1,4 +1,4 @@
-"""Two outside baselines of the continual-learning runner (issue 4), held to the same byte budget.
+"""Two outside baselines of the continual-learning runner, held to the same byte budget.
 
 * :class:`SemanticMem` — paper appendix C.2: prototypes of *semantic* embeddings merged by
   semantic redundancy, used through MIITA's retrieval interface, with no correction information.
@@ -366,7 +366,7 @@ class ExampleMem(Method):
         # Only for its key preparation (calibration mean, centring); never ingested into, so its
         # directory is never created.
         # The default preset as it was when this baseline was defined (middle-layer keys): a baseline
-        # does not change when our preset does (issue 14 kept its numbers from the earlier sweep).
+        # does not change when our preset does (its numbers are kept across preset versions).
         from ..method.presets import default_preset_v1
 
         self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset=default_preset_v1(),

@@ -15,8 +15,9 @@ import numpy as np
 
 from ..errors import InputError
 from ..streams import Example, read_examples
+from .splits import SPLITS, dev_positions, order_permutation, parse_rows, shuffle_rows, window
 
-__all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "parse_stages"]
+__all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "parse_stages", "read_meta", "split_train_dev"]
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,17 @@ class TestItem:
 class Stage:
     name: str
     index: int  # 0-based position in meta.json stage_order
-    train: list[Example]
-    test: list[TestItem]
+    train: list[Example]  # in learning order (dev rows left out)
+    test: list[TestItem]  # the evaluated rows: test rows, or dev rows for split "dev"
+    split: str = "test"
+    rows: list[int] | None = None  # [first, last], 1-based, of the evaluated rows in file order
 
 
 def parse_stages(spec: str | Sequence[int | str] | None, names: Sequence[str]) -> list[int]:
     """Stage selection -> sorted 0-based indices into ``names``.
 
     Accepts 1-based numbers, ranges ``2-4`` and stage names, as a comma list or a sequence.
-    The result is sorted: stages are always learned in meta.json order.
+    The result is sorted (meta.json order); load_benchmark applies a stream order after.
     """
     if spec is None:
         return list(range(len(names)))
@@ -110,10 +113,23 @@ def _gold_list(where: str, row: dict, spec: BenchSpec) -> list[str]:
     return list(g)
 
 
-def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, limit_test: int | None = None,
-                   limit_train: int | None = None) -> tuple[dict, list[Stage]]:
-    """(meta.json, selected stages with their train/test rows), validated; one-line errors."""
-    d = Path(data_dir).expanduser()
+def _read_rows(path: Path, spec: BenchSpec, order: list[str]) -> dict[str, list[TestItem]]:
+    """Every row of one JSONL file as a TestItem (example + gold answers), grouped by stage."""
+    by_stage: dict[str, list[TestItem]] = {n: [] for n in order}
+    examples = read_examples(path)  # validates input/output/task on every line
+    lines = path.read_bytes().decode("utf-8-sig").split("\n")
+    for ex in examples:
+        where = f"{path}:{ex.line}:"
+        if ex.task not in by_stage:
+            raise InputError(f"{where} stage {ex.task!r} is not in meta.json stage_order")
+        row = json.loads(lines[ex.line - 1])
+        golds = _gold_list(where, row, spec) if spec.gold_field is None or spec.gold_field in row else [ex.output]
+        by_stage[ex.task].append(TestItem(ex, golds, ex.task if spec.lang_from_task else None))
+    return by_stage
+
+
+def read_meta(spec: BenchSpec, d: Path) -> dict:
+    """meta.json of a benchmark directory, checked to be ``spec``'s, with a valid stage_order."""
     if not d.is_dir():
         raise InputError(f"data directory {d} does not exist")
     meta_path = d / "meta.json"
@@ -131,32 +147,56 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
         raise InputError(f"{meta_path}: \"stage_order\" must be a non-empty list of stage names")
     if len(set(order)) != len(order):
         raise InputError(f"{meta_path}: \"stage_order\" names a stage twice")
+    return meta
+
+
+def split_train_dev(name: str, rows: list[TestItem]) -> tuple[list[TestItem], list[TestItem]]:
+    """(training rows left to learn, dev rows) of one stage by the dev rule (``splits``)."""
+    dev = set(dev_positions(name, [(it.example.input, it.example.output) for it in rows]))
+    return [it for i, it in enumerate(rows) if i not in dev], [it for i, it in enumerate(rows) if i in dev]
+
+
+def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, limit_test: int | None = None,
+                   limit_train: int | None = None, *, split: str = "test", rows: str | None = None,
+                   order_seed: int = 0) -> tuple[dict, list[Stage]]:
+    """(meta.json, selected stages in learning order with their train and evaluated rows), validated.
+
+    ``split``: the evaluated rows are the stage's test rows, or its dev rows (``splits`` rule);
+    dev rows are never among the training rows either way. ``limit_test`` takes the first N
+    evaluated rows, ``rows`` a window of them (not both); ``limit_train`` the first N training
+    rows left after the dev rows. ``order_seed`` permutes the stages and the training rows within
+    each (``splits.order_permutation``; 0 = the given order). One-line errors.
+    """
+    d = Path(data_dir).expanduser()
+    meta = read_meta(spec, d)
+    order = meta["stage_order"]
     check_limit("limit_per_stage", limit_test)
     check_limit("limit_train_per_stage", limit_train)
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+    window_ = parse_rows(rows)
+    if window_ is not None and limit_test is not None:
+        raise InputError("give either a row window or a per-stage test limit, not both")
     chosen = parse_stages(stages, order)
+    chosen = [chosen[i] for i in order_permutation(order_seed, len(chosen))]
 
-    train = {n: [] for n in order}
-    for ex in read_examples(d / "train.jsonl"):
-        if ex.task not in train:
-            raise InputError(f"{d / 'train.jsonl'}:{ex.line}: stage {ex.task!r} is not in meta.json stage_order")
-        train[ex.task].append(ex)
+    train = _read_rows(d / "train.jsonl", spec, order)
     test_path = d / "test.jsonl"
-    test = {n: [] for n in order}
-    examples = read_examples(test_path)  # validates input/output/task on every line
-    lines = test_path.read_bytes().decode("utf-8-sig").split("\n")
-    for ex in examples:
-        where = f"{test_path}:{ex.line}:"
-        if ex.task not in test:
-            raise InputError(f"{where} stage {ex.task!r} is not in meta.json stage_order")
-        row = json.loads(lines[ex.line - 1])
-        test[ex.task].append(TestItem(ex, _gold_list(where, row, spec), ex.task if spec.lang_from_task else None))
+    test = _read_rows(test_path, spec, order) if split == "test" else None
     out = []
     for i in chosen:
         name = order[i]
-        tr, te = train[name][:limit_train], test[name][:limit_test]
+        tr, dev = split_train_dev(name, train[name])
+        ev = test[name] if test is not None else dev
+        if window_ is None:
+            ev, used = ev[:limit_test], [1, len(ev[:limit_test])]
+        else:
+            ev, used = window(name, ev, window_)
+        tr = shuffle_rows(order_seed, name, [it.example for it in tr][:limit_train])
         if not tr:
             raise InputError(f"{d / 'train.jsonl'}: stage {name!r} has no training rows")
-        if not te:
-            raise InputError(f"{test_path}: stage {name!r} has no test rows")
-        out.append(Stage(name, i, tr, te))
+        if not ev:
+            raise InputError(f"{test_path if split == 'test' else d / 'train.jsonl'}: stage {name!r} has no "
+                             f"{split} rows")
+        out.append(Stage(name, i, tr, ev, split, used))
     return meta, out

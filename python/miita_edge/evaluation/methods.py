@@ -47,8 +47,11 @@ class Context:
 
     def __init__(self, spec: BenchSpec, work_dir: Path, budget_bytes: int | None, max_tokens: int,
                  max_prompt_tokens: int | None, engine=None, model=None, threads: int = 0, progress: bool = False,
-                 extract_cache_dir: str | os.PathLike | None = None):
+                 extract_cache_dir: str | os.PathLike | None = None, meta: dict | None = None,
+                 n_stages: int = 1):
         self.spec = spec
+        self.meta = meta or {}  # the benchmark's meta.json (label sets, stage order)
+        self.n_stages = n_stages  # stages in the stream this run learns
         self.extract_cache_dir = extract_cache_dir
         self._extract_cache = None
         self.work_dir = Path(work_dir)
@@ -80,6 +83,14 @@ class Context:
         if c is None:
             return compute()
         return c.get_or_compute(kind, {**fields, "n_batch": self.engine.config.n_batch}, compute)
+
+    def stage_labels(self, stage: str) -> list[str] | None:
+        """The label set meta.json gives stage ``stage`` (verbalised: ``_`` read as a space, as the
+        data's outputs are), or None where the benchmark has none."""
+        per = self.meta.get("labels_per_stage")
+        if not isinstance(per, dict) or not isinstance(per.get(stage), list):
+            return None
+        return [str(v).replace("_", " ") for v in per[stage]]
 
     @property
     def budget_arg(self) -> str:
@@ -249,7 +260,7 @@ class MiitaMethod(Method):
 
 class LabelVote(MiitaMethod):
     """Diagnostic, classification only: the weighted majority label of what a default-preset
-    memory retrieves for the query (``Miita.plan``: the anchor vote, and since issue 14 the
+    memory retrieves for the query (``Miita.plan``: the anchor vote, and in later presets the
     centroids and the relevance gate) — the ceiling of retrieval alone; no generation."""
 
     classification_only = True

@@ -11,6 +11,7 @@ from ..errors import InputError
 from . import baselines
 from .baselines import ExampleMem
 from .methods import Frozen, LabelVote, Method, MiitaMethod
+from .prompted import FrozenLabels, SummaryMem
 
 __all__ = ["METHODS", "MethodInfo", "get_method", "register_method"]
 
@@ -52,6 +53,8 @@ def _baseline(name: str) -> Method:
 def _register_builtins() -> None:
     reg = register_method
     reg("frozen", Frozen, "the model alone, no memory")
+    reg("frozen-labels", FrozenLabels, "classification only: the model alone, its prompt listing the query's stage's "
+        "label set (meta.json), no memory; FWT against it separates the answer format from the task")
     reg("miita-default", lambda: MiitaMethod("default"),
         "MIITA, default preset (1-bit keys, per-position target tokens, prefix-consistent anchor vote)")
     reg("token-mem", lambda: MiitaMethod("default"),
@@ -71,6 +74,9 @@ def _register_builtins() -> None:
         "sample of the stream kept")
     reg("semantic-mem", lambda: _baseline("SemanticMem"), "semantic prototypes (key + answer-state centroids, "
         "merged by key similarity), no correction information, used like MIITA's paper preset (appendix C.2)")
+    reg("summary-mem", SummaryMem, "SummaryMem (appendix C.2): one running line of notes per stage, written by the "
+        "model from the stage's examples, budget split evenly over the stages; the 2 notes sharing most words with "
+        "the query are put in its prompt")
     reg("knn-lm", lambda: _baseline("KnnLM"), "kNN-LM datastore of (final hidden state, next answer token), int8 "
         "keys, k=8, lambda=0.25, a uniform sample of the stream kept (Khandelwal et al. 2020)")
 

@@ -1,0 +1,122 @@
+"""OP / BWT / FWT over stream orders with bootstrap intervals (``evaluation.aggregate``), checked
+against a brute-force numpy recomputation with explicit loops and against ``CLMatrix``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from miita_edge.evaluation.aggregate import (Draws, RunScores, aggregate, draw, metrics_on_draws, run_metrics,
+                                             runs_from_results, with_baseline)
+from miita_edge.evaluation.cl_matrix import CLMatrix
+
+NAMES = ["a", "b", "c", "d"]
+SIZES = {"a": 5, "b": 3, "c": 7, "d": 4}
+
+
+def _run(rng, order, binary=True) -> RunScores:
+    def q(n):
+        return rng.integers(0, 2, SIZES[n]).astype(float) if binary else rng.random(SIZES[n])
+
+    return RunScores(list(order), {n: q(n) for n in order}, {n: q(n) for n in order},
+                     {n: q(n) for n in order[1:]}, {n: q(n) for n in order})
+
+
+def _runs(seed=0):
+    rng = np.random.default_rng(seed)
+    return [_run(rng, NAMES), _run(rng, ["c", "a", "d", "b"]), _run(rng, ["b", "d", "c", "a"], binary=False)]
+
+
+def _matrix(run: RunScores) -> tuple[CLMatrix, list[float]]:
+    T = len(run.order)
+    A = CLMatrix.empty(T)
+    for tau, n in enumerate(run.order):
+        A.set(T - 1, tau, 100 * run.final[n].mean())
+        if tau < T - 1:
+            A.set(tau, tau, 100 * run.diagonal[n].mean())
+        if tau:
+            A.set(tau - 1, tau, 100 * run.next[n].mean())
+    return A, [100 * run.baseline[n].mean() for n in run.order]
+
+
+def test_one_run_equals_the_cl_matrix():
+    for run in _runs():
+        A, b = _matrix(run)
+        m = run_metrics(run)
+        assert m["op"] == pytest.approx(A.op())
+        assert m["bwt"] == pytest.approx(A.bwt())
+        assert m["fwt"] == pytest.approx(A.fwt(b))
+
+
+def _brute(runs, dr: Draws, metric: str) -> np.ndarray:
+    out = []
+    for b in range(dr.seeds.shape[0]):
+        vals = []
+        for s in dr.seeds[b]:
+            r = runs[s]
+            o = r.order
+            m = {n: {k: float(np.mean([getattr(r, k)[n][i] for i in dr.queries[n][b]]))
+                     for k in ("final", "diagonal", "next", "baseline") if n in getattr(r, k)} for n in o}
+            if metric == "op":
+                v = sum(m[n]["final"] for n in o) / len(o)
+            elif metric == "bwt":
+                v = sum(m[n]["final"] - m[n]["diagonal"] for n in o[:-1]) / (len(o) - 1)
+            else:
+                v = sum(m[n]["next"] - m[n]["baseline"] for n in o[1:]) / (len(o) - 1)
+            vals.append(100 * v)
+        out.append(sum(vals) / len(vals))
+    return np.array(out)
+
+
+def test_bootstrap_replicates_equal_a_brute_force_recomputation():
+    runs = _runs(1)
+    dr = draw(runs, 40, np.random.default_rng(3))
+    got = metrics_on_draws(runs, dr)
+    for k in ("op", "bwt", "fwt"):
+        np.testing.assert_allclose(got[k], _brute(runs, dr, k), rtol=0, atol=1e-9)
+
+
+def test_aggregate_mean_is_the_mean_over_runs_and_inside_its_interval():
+    runs = _runs(2)
+    res = aggregate(runs, n_boot=500)
+    for k in ("op", "bwt", "fwt"):
+        per = [run_metrics(r)[k] for r in runs]
+        assert res[k]["mean"] == pytest.approx(np.mean(per))
+        lo, hi = res[k]["ci"]
+        assert lo <= res[k]["mean"] <= hi and lo < hi
+    assert res["n_runs"] == 3
+
+
+def test_constant_scores_give_a_zero_width_interval_and_seed_spread_widens_it():
+    def const(v, order):
+        return RunScores(order, {n: np.full(SIZES[n], v) for n in order}, {n: np.full(SIZES[n], v) for n in order},
+                         {n: np.full(SIZES[n], v) for n in order[1:]}, {n: np.zeros(SIZES[n]) for n in order})
+
+    same = aggregate([const(0.5, NAMES)] * 3, n_boot=200)
+    assert same["op"]["ci"] == pytest.approx([50.0, 50.0])
+    assert same["bwt"]["ci"] == pytest.approx([0.0, 0.0])
+    spread = aggregate([const(0.2, NAMES), const(0.5, NAMES), const(0.8, NAMES)], n_boot=2000)
+    lo, hi = spread["op"]["ci"]
+    assert lo < 40 and hi > 60  # only the draw of orders varies, and it spans 20..80
+
+
+def test_runs_from_results_reads_per_query_and_refuses_mismatched_runs():
+    res = {"stage_names": ["a", "b"], "per_query": {"final": [[1, 0], [1]], "diagonal": [[1, 1], [0]],
+                                                    "next": [None, [0]], "baseline": [[0, 0], [0]]}}
+    (run,) = runs_from_results([res])
+    assert run_metrics(run) == {"op": pytest.approx(75.0), "bwt": pytest.approx(-50.0), "fwt": pytest.approx(0.0)}
+    other = {"stage_names": ["a", "b"], "per_query": {"final": [[1], [1]], "diagonal": [[1], [0]],
+                                                      "next": [None, [0]], "baseline": None}}
+    with pytest.raises(ValueError, match="disagree"):
+        runs_from_results([res, other])
+    with pytest.raises(ValueError, match="no per_query"):
+        runs_from_results([{"stage_names": ["a"]}])
+
+
+def test_fwt_against_another_baseline_uses_its_final_row():
+    res = {"stage_names": ["a", "b"], "per_query": {"final": [[1, 0], [1]], "diagonal": [[1, 1], [0]],
+                                                    "next": [None, [1]], "baseline": [[0, 0], [0]]}}
+    labels = {"stage_names": ["b", "a"], "per_query": {"final": [[1], [1, 1]], "diagonal": [[1], [1, 1]],
+                                                       "next": [None, [1, 1]], "baseline": None}}
+    (run,) = with_baseline(runs_from_results([res]), labels)
+    assert run_metrics(run)["fwt"] == pytest.approx(0.0)  # next[b] = 1 against b's told-labels score 1
+    assert run_metrics(runs_from_results([res])[0])["fwt"] == pytest.approx(100.0)

@@ -1,0 +1,123 @@
+"""Reporting reads test rows no one has read; tuning reads dev rows.
+
+Fails if a reporting sweep plan (bench/sweep_plan_report*.txt) reads a dev row or a test row an
+earlier sweep or probe read, or if a script that explores settings (bench/keys.py, memsim.py,
+pooling.py, presets.py, memsim_count_vote.py) reads a test row without ``--report-on-test``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from _bench_scripts import BENCH, load_bench
+from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+from miita_edge.evaluation.splits import parse_rows
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPORT_PLANS = sorted(BENCH.glob("sweep_plan_report*.txt"))
+TUNING = {"keys": ["eval"], "pooling": ["eval"], "memsim": [], "presets": [], "memsim_count_vote": []}
+
+
+def test_there_is_a_reporting_plan():
+    assert REPORT_PLANS, "bench/sweep_plan_report*.txt is missing"
+
+
+@pytest.mark.parametrize("plan", REPORT_PLANS, ids=lambda p: p.name)
+def test_reporting_plans_read_only_unread_test_rows(plan):
+    sweep = load_bench("sweep")
+    # the most test rows per stage any earlier sweep, and the probes that share its subsample, read
+    read_before = {b: max(sweep.LIMITS[b][1], sweep.LIMITS_V1[b][1]) for b in sweep.LIMITS}
+    jobs = sweep.read_plan(plan)
+    assert jobs
+    windows = {}
+    for bench, method, budget, opts in jobs:
+        where = f"{plan.name}: {bench} {method} {budget}"
+        assert opts.get("split", "test") == "test", f"{where} reads dev rows"
+        assert "rows" in opts, f"{where} reads the first test rows, which earlier sweeps read"
+        lo, _ = parse_rows(opts["rows"])
+        assert lo + 1 > read_before[bench], f"{where}: window {opts['rows']} starts inside rows 1-{read_before[bench]}"
+        windows[bench] = opts["rows"]
+    for bench, rows in windows.items():  # the windows' rows are test rows, none of them a dev row
+        d = DATA / sweep.DATA_DIRS[bench]
+        _, test = load_benchmark(get_benchmark(bench), d, rows=rows)
+        _, dev = load_benchmark(get_benchmark(bench), d, split="dev")
+        dev_inputs = {it.example.input for s in dev for it in s.test}
+        assert not {it.example.input for s in test for it in s.test} & dev_inputs
+
+
+@pytest.mark.parametrize("script", sorted(TUNING))
+def test_tuning_scripts_refuse_the_test_split_without_the_flag(script, capsys):
+    mod = load_bench(script)
+    with pytest.raises(SystemExit) as exc:
+        mod.main(TUNING[script] + ["--split", "test"])
+    msg = str(exc.value.code)
+    assert "--report-on-test" in msg and "\n" not in msg
+
+
+def test_probe_rows_score_dev_rows_by_default():
+    keys = load_bench("keys")
+    _, _, stages, rows = keys.probe_rows("dsc", DATA)
+    test_inputs = {json.loads(x)["input"] for x in (DATA / "dsc" / "test.jsonl").read_text("utf-8").splitlines() if x}
+    scored = [x for kind, _, x, _ in rows if kind == "test"]
+    assert scored and not set(scored) & test_inputs
+    assert all(s.split == "dev" for s in stages)
+
+
+def test_presets_scores_dev_rows_by_default():
+    presets = load_bench("presets")
+    stage, train, scored = presets.load_stage(DATA / "banking77", None, None)
+    test_inputs = {json.loads(x)["input"] for x in (DATA / "banking77" / "test.jsonl").read_text("utf-8").splitlines() if x}
+    assert scored and not {e.input for e in scored} & test_inputs
+    assert not {e.input for e in scored} & {e.input for e in train}
+
+
+def test_a_probe_cache_of_test_rows_is_refused_for_dev_and_needs_its_split(tmp_path):
+    keys = load_bench("keys")
+    meta = {"split": ["test"], "stage": [0], "answers": [["x"]], "eval_split": "test"}
+    np.savez(tmp_path / "dsc.npz", keys=np.zeros((1, 1, 2), np.float32), meta=json.dumps(meta))
+    with pytest.raises(FileNotFoundError):
+        keys.load(tmp_path, "dsc")  # the dev cache is another file
+    np.savez(tmp_path / "dsc.dev.npz", keys=np.zeros((1, 1, 2), np.float32), meta=json.dumps(meta))
+    with pytest.raises(SystemExit, match="holds test rows, not dev"):
+        keys.load(tmp_path, "dsc")
+    assert keys.load(tmp_path, "dsc", "test")[1]["eval_split"] == "test"
+
+
+def test_memsim_reads_the_dev_cache_by_default(monkeypatch):
+    memsim = load_bench("memsim")
+    seen = []
+
+    def fake_load(cache, bench, split="?"):
+        seen.append(split)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(memsim, "load", fake_load)
+    with pytest.raises(RuntimeError, match="stop"):
+        memsim.main(["--benchmarks", "dsc", "--budgets", "none"])
+    assert seen == ["dev"]
+
+
+def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
+    sweep = load_bench("sweep")
+    bench, method, budget, opts = sweep.parse_plan_line("dsc miita-default 5% model=smollm2 rows=31-100 seed=2 train=100")
+    import argparse
+
+    args = argparse.Namespace(limits="v2", data=DATA, threads=1, out=tmp_path, baseline_dir=None,
+                              model=["smollm2=/models/smol.gguf"])
+    cmd = sweep.job_command(args, bench, method, budget, opts)
+    assert cmd[2] == "cell" and "--limit-per-stage" not in cmd
+    flags = {cmd[i]: cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i].startswith("--")}
+    assert (flags["--test-rows"], flags["--split"], flags["--order-seed"]) == ("31-100", "test", "2")
+    assert (flags["--model"], flags["--limit-train-per-stage"]) == ("/models/smol.gguf", "100")
+    name = sweep.job_name(bench, method, budget, opts)
+    assert name == "dsc__miita-default__5pct__model-smollm2__rows-31-100__seed-2__train-100"
+    # an old plan line keeps its old job name and command
+    old = sweep.parse_plan_line("dsc miita-default 5%")
+    assert sweep.job_name(*old) == "dsc__miita-default__5pct"
+    assert sweep.job_command(args, *old)[:2] == ["miita-edge", "bench"]
+    for bad in ("dsc miita-default", "dsc m 5% rows", "dsc m 5% colour=red", "dsc m 5% split=train"):
+        with pytest.raises(SystemExit):
+            sweep.parse_plan_line(bad)

@@ -1,0 +1,82 @@
+"""The dev rule, row windows and stream orders (``evaluation.splits``) on the real benchmark data,
+against an independent re-derivation of the rule."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from miita_edge.errors import InputError
+from miita_edge.evaluation import splits
+from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
+
+
+def _ref_dev(stage: str, rows: list[dict]) -> set[int]:
+    def h(r):
+        d = hashlib.sha256()
+        for part in ("miita-edge dev split v1", stage, r["input"], r["output"]):
+            b = part.encode("utf-8")
+            d.update(len(b).to_bytes(8, "little") + b)
+        return d.digest()
+
+    order = sorted(range(len(rows)), key=lambda i: (h(rows[i]), i))
+    return set(order[:math.ceil(len(rows) / 10)])
+
+
+@pytest.mark.parametrize("bench", sorted(DIRS))
+def test_dev_rows_follow_the_rule_and_are_never_learned(bench):
+    d = DATA / DIRS[bench]
+    if not d.is_dir():
+        pytest.fail(f"benchmark data missing at {d}")
+    rows = [json.loads(x) for x in (d / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
+    _, dev = load_benchmark(get_benchmark(bench), d, split="dev")
+    _, test = load_benchmark(get_benchmark(bench), d, split="test")
+    test_inputs = {it.example.input for s in test for it in s.test}
+    for sd, st in zip(dev, test):
+        mine = [r for r in rows if r["task"] == sd.name]
+        ref = _ref_dev(sd.name, mine)
+        assert [it.example.input for it in sd.test] == [mine[i]["input"] for i in sorted(ref)]
+        assert len(sd.test) == math.ceil(len(mine) / 10)
+        learned = [(e.input, e.output) for e in st.train]
+        assert learned == [(r["input"], r["output"]) for i, r in enumerate(mine) if i not in ref]
+        assert not {it.example.input for it in sd.test} & {x for x, _ in learned}
+        assert sd.train == st.train  # the same stream is learned whichever split is scored
+    assert not {it.example.input for s in dev for it in s.test} & test_inputs  # no dev row is a test row
+
+
+def test_row_window_and_limits():
+    spec, d = get_benchmark("banking77"), DATA / "banking77"
+    _, full = load_benchmark(spec, d)
+    _, win = load_benchmark(spec, d, rows="61-220")
+    for f, w in zip(full, win):
+        assert w.test == f.test[60:220] and w.rows == [61, 220]
+    _, lim = load_benchmark(spec, d, limit_test=60)
+    assert all(s.rows == [1, 60] for s in lim)
+    _, dsc = load_benchmark(get_benchmark("dsc"), DATA / "dsc", rows="31-")
+    assert all(s.rows == [31, 100] for s in dsc)
+    with pytest.raises(InputError, match="is empty"):
+        load_benchmark(spec, d, rows="221-300")
+    for bad in ("0-5", "x", "5-3"):
+        with pytest.raises(InputError, match="row window"):
+            splits.parse_rows(bad)
+
+
+def test_order_seed_zero_is_the_given_order_and_others_permute_only_the_order():
+    spec, d = get_benchmark("dsc"), DATA / "dsc"
+    _, s0 = load_benchmark(spec, d, limit_train=20, limit_test=5)
+    _, s3 = load_benchmark(spec, d, limit_train=20, limit_test=5, order_seed=3)
+    assert [s.index for s in s0] == list(range(10))
+    assert [s.index for s in s3] == splits.order_permutation(3, 10) != list(range(10))
+    by = {s.name: s for s in s0}
+    for s in s3:
+        assert sorted((e.input for e in s.train)) == sorted(e.input for e in by[s.name].train)
+        assert [e.input for e in s.train] != [e.input for e in by[s.name].train]
+        assert s.test == by[s.name].test
+    with pytest.raises(InputError, match="order seed"):
+        splits.order_permutation(-1, 3)
