@@ -108,8 +108,8 @@ inline __m512 exp_ps_nonpos(__m512 x) {
 // (normaliser, then p) over T x V logits, and a load + store of the accumulator per 32-value
 // block. Here the exps are one vectorised pass that writes e_t(v) = exp(z_t(v) - max_t) and sums
 // Z_t, and the weight pbar(v) = sum_t e_t(v) / (T Z_t) is formed per row inside the head pass,
-// which walks the rows in order (a tiled walk that kept accumulators in registers was 3x slower:
-// it defeats the prefetcher, docs/benchmarks.md). E_out = W^T pbar; same sum as the generic path
+// which walks the rows in order (a tiled walk that keeps accumulators in registers is slower: it
+// defeats the prefetcher). E_out = W^T pbar; same sum as the generic path
 // up to float reassociation.
 int correction_mean_q8(const RowReader & rr, int64_t V, int64_t H, const float * logits, int64_t T,
                        float * E_out, int n_threads) {
@@ -512,8 +512,8 @@ int correction_mean_rows(const RowReader & rr, int64_t V, int64_t H, const float
                 // each row dequantised with its weight folded into the block scale, in order (the
                 // walk the prefetcher follows), into an L1 buffer; then the 8 rows summed as a tree
                 // into the accumulator. Visiting the 8 rows block by block with the sums in
-                // registers was 2-3x slower (bench/extract.py, docs/benchmarks.md), and so was a
-                // load-FMA-store of the accumulator per row.
+                // registers is slower (bench/extract.py), and so is a load-FMA-store of the
+                // accumulator per row.
                 for (int g = 0; g < 8; ++g)
                     dequant_q8_row(rr.base + (size_t) (v + g) * rr.stride, NB, buf.data() + g * H, w[g]);
                 sum8_rows_into(a, buf.data(), H);
