@@ -50,7 +50,9 @@ int make_reader(const void * W, int type, int64_t n_rows, int64_t n_embd, RowRea
     return 0;
 }
 
-// fp16 -> fp32 for all 65,536 bit patterns, from ggml's own conversion (256 KiB, built once)
+#if !defined(__F16C__)
+// fp16 -> fp32 for all 65,536 bit patterns, from ggml's own conversion (256 KiB, built once);
+// only where the CPU has no conversion instruction
 const float * fp16_table() {
     static const std::vector<float> table = [] {
         std::vector<float> t(65536);
@@ -59,6 +61,7 @@ const float * fp16_table() {
     }();
     return table.data();
 }
+#endif
 
 int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
     for (int64_t i = 0; i < n; ++i)
@@ -289,7 +292,7 @@ inline f32x8 exp8_nonpos(f32x8 x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
-    return p * reinterpret_cast<const f32x8 &>(bits);
+    return p * (f32x8) bits;  // a vector cast reinterprets the bits (GCC/Clang), no aliasing
 }
 
 // z[t][r] = w_r . h_t for R consecutive float rows (stride H) and TC hidden rows: R*TC independent
