@@ -130,11 +130,11 @@ int miita_state_set_output_rows(miita_state * st, const int64_t * rows, int64_t 
 /* Key snapshots, for a cache of prompt prefixes: before batch row rows[m] (increasing, numbered
  * as the next miita_state_begin_batch's mask numbers them) each key accumulator (double), its
  * pooled count and the key row count are copied aside. Marks stay until set again, until a key
- * list of another length is set, or until miita_state_key_reset. miita_state_key_marks_get fails
- * unless every mark was reached; it writes n_marks * n_keys * n_embd sums, n_marks * n_keys
- * pooled counts and n_marks row counts. miita_state_key_set writes one snapshot back
- * (n_keys * n_embd sums, n_keys counts): continuing a decode from it adds the remaining rows in
- * the order a whole pass adds them. */
+ * list of another length than the current one is set (switching collection off too), or until
+ * miita_state_key_reset. miita_state_key_marks_get fails unless every mark was reached; it writes
+ * n_marks * n_keys * n_embd sums, n_marks * n_keys pooled counts and n_marks row counts.
+ * miita_state_key_set writes one snapshot back (n_keys * n_embd sums, n_keys counts): continuing
+ * a decode from it adds the remaining rows in the order a whole pass adds them. */
 int miita_state_set_key_marks(miita_state * st, const int64_t * rows, int64_t n);
 int64_t miita_state_key_mark_count(const miita_state * st);
 int miita_state_key_marks_get(const miita_state * st, double * sums_out, int64_t * pooled_out, int64_t * rows_out);
