@@ -50,7 +50,9 @@ int make_reader(const void * W, int type, int64_t n_rows, int64_t n_embd, RowRea
     return 0;
 }
 
-// fp16 -> fp32 for all 65,536 bit patterns, from ggml's own conversion (256 KiB, built once)
+#if !defined(__F16C__)
+// fp16 -> fp32 for all 65,536 bit patterns, from ggml's own conversion (256 KiB, built once);
+// only where the CPU has no conversion instruction
 const float * fp16_table() {
     static const std::vector<float> table = [] {
         std::vector<float> t(65536);
@@ -59,6 +61,7 @@ const float * fp16_table() {
     }();
     return table.data();
 }
+#endif
 
 int check_ids(const int32_t * ids, int64_t n, int64_t n_rows) {
     for (int64_t i = 0; i < n; ++i)
@@ -108,8 +111,8 @@ inline __m512 exp_ps_nonpos(__m512 x) {
 // (normaliser, then p) over T x V logits, and a load + store of the accumulator per 32-value
 // block. Here the exps are one vectorised pass that writes e_t(v) = exp(z_t(v) - max_t) and sums
 // Z_t, and the weight pbar(v) = sum_t e_t(v) / (T Z_t) is formed per row inside the head pass,
-// which walks the rows in order (a tiled walk that kept accumulators in registers was 3x slower:
-// it defeats the prefetcher, docs/benchmarks.md). E_out = W^T pbar; same sum as the generic path
+// which walks the rows in order (a tiled walk that keeps accumulators in registers is slower: it
+// defeats the prefetcher). E_out = W^T pbar; same sum as the generic path
 // up to float reassociation.
 int correction_mean_q8(const RowReader & rr, int64_t V, int64_t H, const float * logits, int64_t T,
                        float * E_out, int n_threads) {
@@ -289,7 +292,7 @@ inline f32x8 exp8_nonpos(f32x8 x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     const i32x8 bits = (__builtin_convertvector(n, i32x8) + 127) << 23;
-    return p * reinterpret_cast<const f32x8 &>(bits);
+    return p * (f32x8) bits;  // a vector cast reinterprets the bits (GCC/Clang), no aliasing
 }
 
 // z[t][r] = w_r . h_t for R consecutive float rows (stride H) and TC hidden rows: R*TC independent
@@ -512,8 +515,8 @@ int correction_mean_rows(const RowReader & rr, int64_t V, int64_t H, const float
                 // each row dequantised with its weight folded into the block scale, in order (the
                 // walk the prefetcher follows), into an L1 buffer; then the 8 rows summed as a tree
                 // into the accumulator. Visiting the 8 rows block by block with the sums in
-                // registers was 2-3x slower (bench/extract.py, docs/benchmarks.md), and so was a
-                // load-FMA-store of the accumulator per row.
+                // registers is slower (bench/extract.py), and so is a load-FMA-store of the
+                // accumulator per row.
                 for (int g = 0; g < 8; ++g)
                     dequant_q8_row(rr.base + (size_t) (v + g) * rr.stride, NB, buf.data() + g * H, w[g]);
                 sum8_rows_into(a, buf.data(), H);

@@ -1,4 +1,4 @@
-// kernels_common.h - helpers shared by the native core's translation units (callback.cpp,
+// kernels_common.h - helpers shared by the native core's translation units (callback*.cpp,
 // head_kernels.cpp, recall_scans.cpp). Internal: not part of the C ABI (that is miita_core.h), and
 // nothing here is exported from the extension.
 #pragma once
@@ -35,7 +35,7 @@ int fail(const std::string & msg);
 
 // 8 floats as a GCC/Clang vector: one ymm register on AVX2, half a zmm on AVX-512, two q
 // registers on NEON. Loads go through an unaligned, may_alias twin of the type (one vmovups;
-// a memcpy into the vector went through the stack and stalled on store forwarding, 10x slower).
+// a memcpy into the vector goes through the stack and stalls on store forwarding).
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x8_u __attribute__((vector_size(32), aligned(4), may_alias));
 

@@ -1,35 +1,47 @@
 /*
- * miita_core — the native core of miita-edge.
+ * miita_core — the native core of miita-edge: a small C ABI on the hot path of a llama.cpp model.
  *
- * A small C ABI with two jobs, both on the hot path of a llama.cpp model:
+ * Structure (sections of this header, in order, and the files that implement them):
  *
- *  1. An eval callback (ggml_backend_sched_eval_callback) and its state. Inside
- *     llama_decode it
- *       - sums the rows of one per-layer tensor ("l_out-<k>") that a per-batch
- *         row mask selects, across ubatches and decode calls (the semantic key);
- *       - copies the rows of "result_norm" (the final hidden state, right
- *         before the LM head) into a capture buffer;
- *       - adds eta * alpha * dir to every "result_norm" row, with
- *         alpha = max(0, cos(h, h_q)) (gated), alpha = 1 (ungated) or no
- *         addition (off). Writing t->data there changes every later node, so
- *         the LM head sees the steered state.
- *     The callback asks only for those two tensors and returns true, except
- *     after result_norm when asked to stop there (miita_state_set_stop_after_norm):
- *     returning false makes the scheduler skip the rest of the graph split, which
- *     after result_norm is only llama.cpp's LM-head product; and after the last
- *     key tensor of a key-only pass (miita_state_set_stop_after_keys), which skips
- *     the layers above the deepest key layer.
+ *  1. Conventions: every function that can fail returns 0 (or a count) on success and a negative
+ *     value on error; the text of the thread's last error is miita_last_error() (callback.cpp).
  *
- *  2. LM-head row kernels that read a (possibly quantized) LM-head matrix in
- *     place - e.g. a memory-mapped GGUF tensor - and dequantize only the rows
- *     they touch with ggml's own type traits. No dense float copy of W.
+ *  2. The eval callback and its state (miita_state, opaque; one per llama_context). Inside
+ *     llama_decode the callback (ggml_backend_sched_eval_callback) watches two kinds of tensors:
+ *       - key tensors ("l_out-<k>", one or more per-layer tensors): it pools the rows that a
+ *         per-batch row mask (or per-sequence groups) selects, across ubatches and decode calls,
+ *         into one double sum per key tensor (the semantic key, eq. 1);
+ *       - "result_norm" (the final hidden state, right before the LM head): it copies the rows
+ *         into a capture buffer, then adds eta * alpha * dir to every row, with
+ *         alpha = max(0, cos(h, h_q)) (gated), alpha = 1 (ungated) or no addition (off). Writing
+ *         t->data there changes every later node, so the LM head sees the steered state.
+ *     It returns true, except where asked to end a graph computation early: after result_norm
+ *     (the rest of the split is only llama.cpp's LM-head product), or after the last key tensor of
+ *     a key-only pass (the layers above the deepest key layer).
+ *     The state is a composition of roles (csrc/callback_state.h), and its functions below are
+ *     grouped by them:
+ *       2a. life and the callback                               callback.cpp
+ *       2b. key tensors, pooling and sums                       callback_keys.cpp
+ *       2c. batch rows: mask, per-sequence groups, output rows  callback_keys.cpp
+ *       2d. key marks: snapshots for prefix continuation        callback_keys.cpp
+ *       2e. capture of result_norm rows                         callback_steer.cpp
+ *       2f. steering: the gated pre-LM-head addition            callback_steer.cpp
+ *       2g. early stops                                         callback.cpp
+ *       2h. diagnostics: the callback's sticky error and hits   callback.cpp
  *
- * Threading: the callback state is owned by one llama_context and used from
- * the thread that calls llama_decode; setters must not race with a decode.
- * The LM-head kernels are reentrant and spawn their own worker threads.
+ *  3. LM-head row kernels (head_kernels.cpp) that read a (possibly quantized) LM-head matrix in
+ *     place - e.g. a memory-mapped GGUF tensor - and dequantize only the rows they touch with
+ *     ggml's own type traits. No dense float copy of W.
  *
- * All functions return 0 on success and a negative code on error; the text of
- * the last error is available from miita_last_error() (thread-local).
+ *  4. Retrieval's scans (recall_scans.cpp): 1-bit sign codes and their Hamming searches, the
+ *     inverted file's probe, the query's preparation, int8 shadow scans with exact-recall bounds,
+ *     and top-k.
+ *
+ *  5. ABI facts of the ggml this file was compiled against (callback.cpp).
+ *
+ * Threading: the callback state is owned by one llama_context and used from the thread that
+ * calls llama_decode; setters must not race with a decode. The kernels are reentrant and run on
+ * their own worker threads (OpenMP's pool where the build has it).
  */
 #ifndef MIITA_CORE_H
 #define MIITA_CORE_H
@@ -52,28 +64,45 @@ enum miita_steer_mode {
     MIITA_STEER_GATED = 2,   /* h += eta * max(0, cos(h, h_q)) * dir */
 };
 
+/* --- 1. conventions ------------------------------------------------------ */
 const char * miita_last_error(void);
 
-/* --- eval callback state ------------------------------------------------ */
+/* --- 2a. eval callback state: life and the callback ---------------------- */
 miita_state * miita_state_new(int64_t n_embd);
 void miita_state_free(miita_state * st);
 
 /* The callback itself; pass it as cb_eval with the state as cb_eval_user_data. */
 bool miita_eval_callback(struct ggml_tensor * t, bool ask, void * user_data);
 
+/* --- 2b. key tensors, pooling and sums ----------------------------------- */
 /* Name of the tensor whose rows form the semantic key (e.g. "l_out-9"); "" disables.
  * The same as miita_state_set_key_tensors with one name (or none). */
 int miita_state_set_key_tensor(miita_state * st, const char * name);
 /* Several key tensors at once (e.g. "l_out-6", "l_out-12"): each gets its own sum of the same
  * selected rows, so one prompt pass yields the pooled rows of every listed layer. n = 0 disables
- * collection (the sums are kept, for a decode that needs no key); a list of another length than
- * the last one resets the sums. At most MIITA_MAX_KEY_TENSORS names, no name twice. */
+ * collection (the sums are kept, for a decode that needs no key). A non-empty list of another
+ * length than the list collecting now resets the sums (switching collection off and on does too);
+ * the same length set again while collecting keeps accumulating. At most MIITA_MAX_KEY_TENSORS
+ * names, no name twice. */
 #define MIITA_MAX_KEY_TENSORS 64
 int miita_state_set_key_tensors(miita_state * st, const char * const * names, int64_t n);
 /* Number of key sums kept (the length of the last non-empty list; 1 initially). */
 int64_t miita_state_key_count(const miita_state * st);
-/* Zero the key sum and row count (call per prompt). */
+/* Pooling of each key tensor (n = miita_state_key_count entries): last[k] = 0 sums every selected
+ * row (the mean's numerator), != 0 keeps only the last selected row (in batch-row order, across
+ * ubatches and decode calls; in group mode per group). A list of another length resets every
+ * entry to 0; switching collection off and on with a list of the same length keeps them. */
+int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t n);
+/* Zero the key sums and row count (call per prompt); also drops the key marks and ends group mode. */
 void miita_state_key_reset(miita_state * st);
+/* Copy the key sums (n_keys x n_embd floats, n_keys = miita_state_key_count) and the number of
+ * rows the mask selected. */
+int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
+/* What each key's value stands for, its divisor for eq. 1's pooled key (n_keys int64): the rows
+ * summed for mean pooling, 0 or 1 for last pooling. */
+int miita_state_key_rows(const miita_state * st, int64_t * pooled_out);
+
+/* --- 2c. batch rows: mask, per-sequence groups, output rows -------------- */
 /* Row mask for the next llama_decode: mask[i] != 0 includes batch row i in the key.
  * n = 0 (mask NULL) includes every row. Also resets the batch row counter. */
 int miita_state_begin_batch(miita_state * st, const uint8_t * mask, int64_t n);
@@ -85,14 +114,9 @@ int miita_state_begin_groups(miita_state * st, const int32_t * group, int64_t n,
 /* The group sums (n_groups x n_keys x n_embd, float, summed in double in batch-row order as the
  * single key is) and each group's count of selected rows. */
 int miita_state_group_keys(const miita_state * st, float * sums_out, int64_t * rows_out, int64_t n_groups);
-/* Copy the key sums (n_keys x n_embd floats, n_keys = miita_state_key_count) and the number of
- * rows the mask selected. */
-int miita_state_key_get(const miita_state * st, float * sum_out, int64_t * n_rows_out);
-/* Pooling of each key tensor (n = miita_state_key_count entries): last[k] = 0 sums every selected
- * row (the mean's numerator), != 0 keeps only the last selected row (in batch-row order, across
- * ubatches and decode calls; in group mode per group). A list of another length resets every
- * entry to 0; switching collection off and on with a list of the same length keeps them. */
-int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t n);
+/* The divisors per group and key (n_groups x n_keys int64) for the group sums, as
+ * miita_state_key_rows. */
+int miita_state_group_key_rows(const miita_state * st, int64_t * pooled_out, int64_t n_groups);
 /* Key tensors that hold only the batch's output rows (flags[k] != 0; n = the key list's length,
  * or 0 for none): the deepest key layer of a model cut after it (runtime/key_twin.py), where
  * llama.cpp keeps only the rows whose logits were asked for. Row r of such a tensor is batch row
@@ -101,20 +125,38 @@ int miita_state_set_key_pooling(miita_state * st, const uint8_t * last, int64_t 
  * apply to that batch row. Such tensors refuse key marks. */
 int miita_state_set_key_outputs(miita_state * st, const uint8_t * flags, int64_t n);
 int miita_state_set_output_rows(miita_state * st, const int64_t * rows, int64_t n);
-/* What each key's value stands for, its divisor for eq. 1's pooled key (n_keys int64): the rows
- * summed for mean pooling, 0 or 1 for last pooling. */
-int miita_state_key_rows(const miita_state * st, int64_t * pooled_out);
-/* The same per group and key (n_groups x n_keys int64) for the group sums. */
-int miita_state_group_key_rows(const miita_state * st, int64_t * pooled_out, int64_t n_groups);
 
+/* --- 2d. key marks: snapshots for prefix continuation -------------------- */
+/* Key snapshots, for a cache of prompt prefixes: before batch row rows[m] (increasing, numbered
+ * as the next miita_state_begin_batch's mask numbers them) each key accumulator (double), its
+ * pooled count and the key row count are copied aside. Marks stay until set again, until a key
+ * list of another length than the current one is set (switching collection off too), or until
+ * miita_state_key_reset. miita_state_key_marks_get fails unless every mark was reached; it writes
+ * n_marks * n_keys * n_embd sums, n_marks * n_keys pooled counts and n_marks row counts.
+ * miita_state_key_set writes one snapshot back (n_keys * n_embd sums, n_keys counts): continuing
+ * a decode from it adds the remaining rows in the order a whole pass adds them. */
+int miita_state_set_key_marks(miita_state * st, const int64_t * rows, int64_t n);
+int64_t miita_state_key_mark_count(const miita_state * st);
+int miita_state_key_marks_get(const miita_state * st, double * sums_out, int64_t * pooled_out, int64_t * rows_out);
+int miita_state_key_set(miita_state * st, const double * sums, const int64_t * pooled, int64_t rows);
+
+/* --- 2e. capture of result_norm rows ------------------------------------- */
 /* Capture result_norm rows (pre-steer) into an internal buffer of at most max_rows rows. */
 int miita_state_set_capture(miita_state * st, bool enabled, int64_t max_rows);
 int64_t miita_state_captured_rows(const miita_state * st);
 int miita_state_captured_get(const miita_state * st, float * out, int64_t max_rows);
 void miita_state_capture_clear(miita_state * st);
 
-/* Steering: dir and h_q are n_embd floats (copied); either may be NULL to keep the current one. */
+/* --- 2f. steering: the gated pre-LM-head addition ------------------------ */
+/* dir and h_q are n_embd floats (copied); either may be NULL to keep the current one. A refused
+ * call (unknown mode, eta not finite, no direction or no h_q for the mode) changes nothing. */
 int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode);
+/* alpha of every steered row since the last clear (mode OFF logs nothing). */
+int64_t miita_state_alpha_count(const miita_state * st);
+int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);
+void miita_state_alpha_clear(miita_state * st);
+
+/* --- 2g. early stops ----------------------------------------------------- */
 /* Stop each graph computation right after result_norm (callback returns false there), so that
  * llama.cpp does not compute the logits: for callers that take the captured hidden rows to
  * miita_lm_correction_hidden. The logits buffer then holds stale values and must not be read. */
@@ -125,21 +167,8 @@ int miita_state_set_stop_after_norm(miita_state * st, bool enabled);
  * is not written for these positions, so the caller must clear the sequence before decoding on
  * top of it, and the logits buffer must not be read. */
 int miita_state_set_stop_after_keys(miita_state * st, bool enabled);
-/* Key snapshots, for a cache of prompt prefixes: before batch row rows[m] (increasing, numbered
- * as the next miita_state_begin_batch's mask numbers them) each key accumulator (double), its
- * pooled count and the key row count are copied aside. Marks stay until set again or
- * miita_state_key_reset. miita_state_key_marks_get fails unless every mark was reached; it
- * writes n_marks * n_keys * n_embd sums, n_marks * n_keys pooled counts and n_marks row counts.
- * miita_state_key_set writes one snapshot back (n_keys * n_embd sums, n_keys counts): continuing
- * a decode from it adds the remaining rows in the order a whole pass adds them. */
-int miita_state_set_key_marks(miita_state * st, const int64_t * rows, int64_t n);
-int64_t miita_state_key_mark_count(const miita_state * st);
-int miita_state_key_marks_get(const miita_state * st, double * sums_out, int64_t * pooled_out, int64_t * rows_out);
-int miita_state_key_set(miita_state * st, const double * sums, const int64_t * pooled, int64_t rows);
-/* alpha of every steered row since the last clear (mode OFF logs nothing). */
-int64_t miita_state_alpha_count(const miita_state * st);
-int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);
-void miita_state_alpha_clear(miita_state * st);
+
+/* --- 2h. diagnostics ----------------------------------------------------- */
 /* Sticky error flag set inside the callback (e.g. a tensor that is not contiguous f32,
  * more rows than the mask covers). 0 if none; the message is in err_out (>= 256 bytes). */
 int miita_state_error(const miita_state * st, char * err_out, size_t cap);
@@ -147,7 +176,7 @@ void miita_state_error_clear(miita_state * st);
 /* Number of callback invocations with ask=false on a watched tensor (for tests). */
 int64_t miita_state_hits(const miita_state * st, int which /* 0 key, 1 result_norm, 2 graphs stopped early */);
 
-/* --- LM-head row kernels ----------------------------------------------- */
+/* --- 3. LM-head row kernels --------------------------------------------- */
 /* W: row-major matrix of n_rows rows, each n_embd values of ggml type `type`
  * (row stride = ggml_row_size(type, n_embd) bytes), e.g. a mapped GGUF tensor. */
 
@@ -191,6 +220,7 @@ int miita_lm_correction_hidden(const void * W, int type, int64_t n_rows, int64_t
                                const float * hidden, const int32_t * targets, int64_t T,
                                int per_position, float * out, int n_threads);
 
+/* --- 4. retrieval's scans ---------------------------------------------- */
 /* Dot products of one float query with sign vectors stored as packed bits
  * (np.packbits order: bit 7 of byte 0 is dimension 0): out[a] = sum_i q_i * s_{a,i},
  * s = +1 for a set bit, -1 otherwise. Tables of per-nibble sums make it 1-2 adds per
@@ -225,8 +255,8 @@ int miita_range_min_hamming(const uint8_t * rows, int64_t nbytes, const int64_t 
  * compares it: minus mean (NULL: none; in float32, so signs and zeros are those of numpy's
  * subtraction), each block at unit
  * norm when parts > 1, coordinates gathered by order (NULL: as they are), the first key_dim kept,
- * the whole at unit norm (norms in double). MemoryBank.prepare_key's arithmetic in one call: right
- * after a prompt pass its eight numpy steps cost ~0.1 ms of a retrieval budget of ~0.6 ms. */
+ * the whole at unit norm (norms in double). MemoryBank.prepare_key's arithmetic in one call
+ * instead of eight numpy steps right after a prompt pass. */
 int miita_prepare_query(const float * key, const float * rows, int64_t parts, int64_t n_embd, const float * mean,
                         const int64_t * order, int64_t key_dim, float * out);
 
@@ -255,7 +285,7 @@ typedef struct miita_ivf {
     int64_t n_members;
 } miita_ivf;
 
-/* Retrieval's recall through the inverted file in one call (the default preset's vote, issue 15):
+/* Retrieval's recall through the inverted file in one call (the default preset's vote):
  * codes the float query q (key_dim coordinates, unit) as miita_sign_code does, takes the nprobe
  * nearest centroids and the count nearest distinct rows of their lists (miita_masked_hamming_top,
  * the list pass on up to n_threads threads), scores those exactly as miita_bit_scores does (the
@@ -263,8 +293,9 @@ typedef struct miita_ivf {
  * twins included, whose score reaches the k-th best of that set with twins counted. Writes up to
  * cap of them by row ascending (rows, scores) and returns how many there are (more than cap: call
  * again with room), -1 on bad arguments (a twin group the kernel reads is checked against
- * n_groups and n_members; the rest of the arrays are trusted as their shapes say). Each of these steps from Python cost ~5-30 microseconds
- * right after a prompt pass, when the caches hold the model, not the interpreter. */
+ * n_groups and n_members; the rest of the arrays are trusted as their shapes say). One call
+ * instead of each step from Python, since right after a prompt pass the caches hold the model,
+ * not the interpreter. */
 int64_t miita_ivf_search(const miita_ivf * ivf, const float * q, int64_t key_dim, double root, int64_t nprobe,
                          int64_t count, int64_t k, int n_threads, int64_t * out_rows, double * out_scores, int64_t cap);
 
@@ -298,7 +329,7 @@ int miita_i8_recall_pair(const int8_t * rows_a, const float * scales_a, const fl
 int miita_i8_scores(const int8_t * rows, const float * scales, int64_t n, int64_t H, const float * q,
                     float * out);
 
-/* ABI facts of the ggml this file was compiled against, for the import-time check. */
+/* --- 5. ABI facts of the ggml this file was compiled against, for the import-time check --- */
 /* sizeof(struct ggml_tensor) in the headers this file was compiled against; the
  * loaded library's ggml_tensor_overhead() must equal it plus sizeof(ggml_object). */
 size_t miita_compiled_tensor_size(void);

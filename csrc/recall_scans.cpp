@@ -17,8 +17,8 @@ inline uint64_t load_u64(const uint8_t * p) {
 // nibbles' entries, always added in that order, and a row's score four running sums of those
 // (bytes b = 0, 1, 2, 3 mod 4, so consecutive adds do not wait on each other): every caller
 // (full scan, re-score, the inverted file's search) gets bitwise the same score for the same
-// row. A full table of 256 byte values (160 KB for 1,280 bits) was faster per row, but building
-// it, and the allocation itself (past malloc's mmap threshold: 40 fresh pages a call), cost more
+// row. A full table of 256 byte values (160 KB for 1,280 bits) is faster per row, but building
+// it, and the allocation itself (past malloc's mmap threshold: 40 fresh pages a call), costs more
 // than the few hundred rows a re-score reads right after a prompt pass; the full scan still
 // builds it (bit_byte_lut), from these same nibble sums.
 struct BitNibbles {
@@ -99,8 +99,8 @@ inline int64_t hamming(const uint8_t * a, const uint8_t * b, const uint8_t * mas
 // Threads for a scan of n int8 rows of H, which runs right after a prompt pass: with OpenMP the
 // scan goes to the pool whose workers are still spinning from llama.cpp's last parallel region,
 // one thread per 512 KiB of rows. Without OpenMP a std::thread of ours would compete with those
-// spinning workers instead (measured before OpenMP was used here: 2.9 ms with two threads vs
-// 0.75 ms with one, 10,000 x 640 rows), so the scan stays on the calling thread.
+// spinning workers instead, which makes a split scan slower than one thread, so the scan stays on
+// the calling thread.
 int scan_threads(int64_t n, int64_t H) {
 #if defined(_OPENMP)
     return clamp_threads(0, (n * H) >> 19);

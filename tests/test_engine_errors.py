@@ -90,3 +90,20 @@ def test_native_kernels_reject_bad_input():
         _native.lm_gather(W, 999, 16, 32, 128, np.array([0], np.int32))
     with pytest.raises(ValueError, match="shorter"):
         _native.lm_gather(W[:10], 0, 16, 32, 128, np.array([0], np.int32))
+
+
+def test_refused_steer_leaves_the_state_as_it_was():
+    """A refused miita_state_set_steer copies nothing: its h_q must not serve a later call."""
+    from miita_edge import _native
+
+    st = _native.State(4)
+    h = np.ones(4, np.float32)
+    with pytest.raises(RuntimeError, match="needs a direction"):
+        st.set_steer(None, h, 1.0, _native.STEER_GATED)
+    with pytest.raises(RuntimeError, match="needs h_q"):
+        st.set_steer(np.ones(4, np.float32), None, 1.0, _native.STEER_GATED)
+    with pytest.raises(RuntimeError, match="finite"):
+        st.set_steer(np.ones(4, np.float32), h, float("nan"), _native.STEER_GATED)
+    with pytest.raises(RuntimeError, match="needs a direction"):  # nor the direction of the refused calls
+        st.set_steer(None, None, 1.0, _native.STEER_GATED)
+    st.set_steer(np.ones(4, np.float32), h, 1.0, _native.STEER_GATED)

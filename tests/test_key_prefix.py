@@ -68,6 +68,23 @@ def test_bad_marks_and_states_are_refused():
     assert np.array_equal(sums.reshape(-1), np.arange(8, dtype=np.float32)) and rows == 3
 
 
+def test_marks_are_dropped_with_their_shape():
+    """Marks stay until set again, until a key list of another length, or until key_reset: after
+    either, no snapshot of the old shape is left to read (nor a stale 'not reached')."""
+    from miita_edge import _native
+
+    st = _native.State(8)
+    st.set_key_tensors(["l_out-3"])
+    st.set_key_marks(np.array([4, 8], np.int64))
+    st.key_reset()
+    sums, pooled, rows = st.key_marks()
+    assert sums.shape == (0, 8) and pooled.shape == (0, 1) and rows.shape == (0,)
+    st.set_key_marks(np.array([2], np.int64))
+    st.set_key_tensors(["l_out-3", "l_out-5"])
+    sums, pooled, rows = st.key_marks()
+    assert sums.shape == (0, 16) and pooled.shape == (0, 2) and rows.shape == (0,)
+
+
 
 def _texts():
     instr = "Classify the banking customer query into an intent.\nQuery: "
