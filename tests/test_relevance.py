@@ -219,3 +219,45 @@ def test_key_order_sorts_each_block_by_calibration_spread():
         std = blk.std(0)
         got = order[b * H:(b + 1) * H] - b * H
         assert np.all(np.diff(std[got]) <= 0)  # highest spread first, within the block
+
+
+def test_null_scores_against_numpy():
+    from miita_edge.method.relevance import NULL_Z, null_scores
+
+    rng = np.random.default_rng(0)
+    g = rng.uniform(-0.2, 0.4, size=(40, 7))
+    want = np.array([max(g[:, j].mean() + NULL_Z * g[:, j].std(), g[:, j].max()) for j in range(7)])
+    np.testing.assert_allclose(null_scores(g), want, rtol=1e-12)
+    one = np.array([[0.3, -0.1]])  # a single question: its own scores
+    np.testing.assert_allclose(null_scores(one), [0.3, -0.1])
+
+
+def test_the_null_score_closes_the_gate_and_says_why():
+    from miita_edge.method.relevance import gate
+
+    ids = np.array([0, 1])
+    counts, radius = np.array([3, 3]), np.array([0.1, 0.1])
+    best = np.array([0.30, 0.25])
+    assert gate(ids, best, counts, radius).keep.tolist() == [True, True]
+    d = gate(ids, best, counts, radius, null=np.array([0.35, 0.2]))
+    assert d.keep.tolist() == [False, True]
+    d = gate(ids, best, counts, radius, null=np.array([0.35, 0.3]))
+    assert not d.adapted and "general questions" in d.reason
+    assert gate(ids, np.array([1.0, 0.0]), counts, radius, null=np.array([1.0, 1.0])).keep.tolist() == [True, False]
+
+
+def test_generic_best_against_brute_force():
+    """Each generic question's best sign-vector cosine to every prototype's anchors, by the native
+    popcount kernel, against numpy over the unpacked ±1 vectors."""
+    from miita_edge.method.plan import generic_best
+
+    rng = np.random.default_rng(3)
+    K, owner = 80, np.array([0, 0, 1, 2, 2, 2])
+    signs = rng.choice([-1, 1], size=(len(owner), K))
+    start = np.array([0, 2, 3, 6])
+    index = SimpleNamespace(key_dim=K, anchor_start=start, packed=np.packbits(signs > 0, axis=1))
+    q = rng.choice([-1, 1], size=(5, K))
+    got = generic_best(index, np.packbits(q > 0, axis=1))
+    want = np.array([[max(q[g] @ signs[a] / K for a in range(start[j], start[j + 1])) for j in range(3)]
+                     for g in range(5)])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)

@@ -21,12 +21,13 @@ from .memory import meta as meta_mod
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, parse_budget
-from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order
+from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order, raw_key
 from .method.extract import prompt_tokens
 from .method.ingest import IngestReport, StreamCounts, call_stream_bytes, extract_examples, learn, progress_bar
 from .method.head_geometry import HeadGeometry, head_geometry
 from .method.key_layers import choose_key_layers
-from .method.plan import QueryPlan, RetrievalIndex, plan_query
+from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
+from .method.relevance import GENERIC_QUESTIONS, null_scores
 from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
 from .method.templates import get_template
 from .runtime.engine import Engine, EngineConfig, Generation
@@ -128,6 +129,7 @@ class Miita:
         self.engine = engine or Engine(model, engine_config)
         self._fingerprint = None
         self._geometry: HeadGeometry | None = None
+        self._generic_raw: np.ndarray | None = None  # raw keys of the gate's generic questions
         self.key_layers: list[int] = []  # the memory's key layers: its manifest's, or the preset's
         opened = self._read_snapshot()
         if opened is not None:
@@ -490,6 +492,8 @@ class Miita:
         eng = self._use_keys()
         if adapt and self.bank.n_prototypes and (pr.direction == "head" or pr.eta_unit == "push"):
             self.geometry()  # first use decodes calibration prompts: before this query's pass
+        if adapt and self.bank.n_prototypes:
+            self.retrieval_index()  # may decode the gate's generic questions: before this query's pass
         toks = (list(prompt_tokens_override) if prompt_tokens_override is not None
                 else prompt_tokens(eng, self.template, text, self.max_prompt_tokens))
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
@@ -528,8 +532,22 @@ class Miita:
     def retrieval_index(self) -> RetrievalIndex:
         """The matrices retrieval reads, cached per memory version."""
         if self._index is None:
-            self._index = RetrievalIndex.build(self.bank, self._entries, centroids=self.preset.centroid_vote)
+            index = RetrievalIndex.build(self.bank, self._entries, centroids=self.preset.centroid_vote)
+            if self.preset.null_gate and index.packed is not None and self.bank.n_prototypes:
+                index.null = null_scores(generic_best(index, self._generic_bits()))
+            self._index = index
         return self._index
+
+    def _generic_bits(self) -> np.ndarray:
+        """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
+        cached per model, template and key layers; the preparation follows the bank's centring,
+        order and width, which repair may narrow)."""
+        if self._generic_raw is None:
+            eng = self._use_keys()
+            self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
+                                          for x in GENERIC_QUESTIONS])
+        K = self.bank.key_dim
+        return np.stack([np.packbits(self.bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
 
     # ---------------------------------------------------------------- info
     def info(self) -> dict:

@@ -112,6 +112,7 @@ class RetrievalIndex:
     # the relevance gate's statistics and the centroid vote (1-bit keys, default preset)
     counts: np.ndarray | None = None  # (J,) each prototype's n
     radius: np.ndarray | None = None  # (J,) each prototype's radius
+    null: np.ndarray | None = None  # (J,) each prototype's null score (relevance.null_scores), if used
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
@@ -227,4 +228,22 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     d = _native.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
                                   np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
     best = [(K - 2 * x) / K if x >= 0 else -math.inf for x in d]
-    return gate(ids, np.array(best, np.float64), index.counts, index.radius)
+    return gate(ids, np.array(best, np.float64), index.counts, index.radius, index.null)
+
+
+def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:
+    """(G, J): each generic question's best cosine to every prototype's anchors, from their packed
+    sign bits (G, ceil(K/8)), by the popcount kernel the gate itself uses."""
+    K, J = index.key_dim, len(index.anchor_start) - 1
+    starts, ends = index.anchor_start[:-1], index.anchor_start[1:]
+    out = np.full((len(bits), J), -np.inf)
+    for g, q in enumerate(bits):
+        d = np.asarray(_native_min_hamming(index.packed, starts, ends, q))
+        out[g] = np.where(d >= 0, (K - 2 * d) / K, -np.inf)
+    return out
+
+
+def _native_min_hamming(packed, starts, ends, q):
+    from .. import _native
+
+    return _native.range_min_hamming(packed, starts, ends, q)

@@ -58,6 +58,9 @@ class Preset:
     # measured on the model (method/key_layers.py: one last-row layer, one averaged layer, in that
     # order, so key_pooling must be ("last", "mean")). A memory stores its layers either way.
     key_select: str = "depths"
+    # The relevance gate also asks a query to come nearer to an answer's examples than any of
+    # relevance.GENERIC_QUESTIONS does (each answer's null score).
+    null_gate: bool = False
     # What eta is relative to: "hidden", the query's hidden norm ‖h_q‖ (the addition is
     # eta·‖h_q‖·α·d̄); or "push", the model's measured logit push G (eta·G·α·Σ w d, in logits).
     eta_unit: str = "hidden"
@@ -221,6 +224,7 @@ def default_preset() -> Preset:
     p.direction = "head"
     p.eta_unit = "push"
     p.key_select = "paraphrase"
+    p.null_gate = True
     # the full push at every answer position: the relevance gate decides whether to steer and the
     # prefix rule where to stop; the paper's α = cos(h_t, h_q) fell to ~0.5 after one token and
     # let the model end a taught two-word answer after its first word

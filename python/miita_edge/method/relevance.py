@@ -26,7 +26,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EXACT_REPEAT", "GateDecision", "best_per_prototype", "gate"]
+__all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "GateDecision", "best_per_prototype", "gate", "null_scores"]
+
+#: Questions and small talk that no taught answer is meant for: the gate's reference for how close
+#: text the memory has nothing to say about comes to each answer's examples (``null_scores``).
+#: Written for this purpose; disjoint from the test suite's off-topic prompts and from check-model's.
+GENERIC_QUESTIONS = [
+    "Who was the first emperor of Rome?", "How many moons does Jupiter have?", "What is a prime number?",
+    "Can you tell me a story about a dragon?", "What's the weather like on Mars?", "How do magnets work?",
+    "Nice to meet you!", "What should I read next?", "How old is the universe?", "What does a lighthouse do?",
+    "Explain how a bicycle works.", "What is the national dish of Japan?", "Why do stars twinkle?",
+    "How do I draw a cat?", "Which is bigger, a whale or an elephant?", "What rhymes with moon?",
+    "Say something nice about Mondays.", "How does the heart pump blood?", "What is the capital of Brazil?",
+    "Give me a word that means big.", "What do frogs eat?", "How are clouds formed?", "What is jazz?",
+    "Who invented the printing press?", "What is the speed of sound?", "Do you dream?",
+    "How many sides does a triangle have?", "What is the longest word you know?", "Why do dogs wag their tails?",
+    "Recommend a song for a rainy day.", "What is the difference between a frog and a toad?",
+    "How do volcanoes erupt?", "What is the oldest tree in the world?", "Good night!",
+    "How many players are in a chess game?", "What is a sonnet?", "Why is grass green?",
+    "What is the population of the moon?", "How do you make bread rise?", "What is the meaning of life?",
+]
 
 #: A cosine this close to 1 between sign vectors means every bit is equal (1 - 2/H for one flip).
 EXACT_REPEAT = 1.0 - 1e-6
@@ -55,11 +74,31 @@ def best_per_prototype(scores: np.ndarray, owner: np.ndarray, ids: np.ndarray) -
     return out
 
 
-def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray) -> GateDecision:
+#: The null score sits this many standard deviations above the generic questions' mean best cosine:
+#: the one-sided normal tail of 1 in 1,000, the share of questions the memory has nothing to say
+#: about that may still pass one answer's test (never below the highest generic question itself).
+NULL_Z = 3.09
+
+
+def null_scores(generic_best: np.ndarray) -> np.ndarray:
+    """Each prototype's null score, from ``generic_best`` (G, J), generic question g's best cosine to
+    prototype j's anchors: max(mean_j + NULL_Z·std_j, max_g): how near text it has nothing to say
+    about may come, extrapolated from G such questions to a 1-in-1,000 tail."""
+    g = np.asarray(generic_best, np.float64)
+    if not g.size:
+        return np.full(g.shape[1:], -np.inf)
+    return np.maximum(g.mean(axis=0) + NULL_Z * g.std(axis=0), g.max(axis=0))
+
+
+def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
+         null: np.ndarray | None = None) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
-    ``counts`` (J,): every prototype's n; ``radius`` (J,): every prototype's radius."""
+    ``counts`` (J,): every prototype's n; ``radius`` (J,): every prototype's radius; ``null`` (J,),
+    if given: every prototype's null score (``null_scores``): a query must also come nearer than
+    any generic question does, so a memory whose examples share a template's instruction, where
+    radii are wide, still leaves questions it has nothing to say about alone."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -69,12 +108,17 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     n = np.asarray(counts)[ids].tolist()
     r = np.asarray(radius, np.float64)[ids].tolist()
     b = best.tolist()
+    z = np.asarray(null, np.float64)[ids].tolist() if null is not None else [-np.inf] * len(b)
     recurring = [x >= 2 for x in n]
-    keep = [bj >= EXACT_REPEAT or (rec and bj >= rj) for bj, rec, rj in zip(b, recurring, r)]
+    keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
     if any(keep):
         return GateDecision(np.array(keep, bool), None)
     if not any(recurring):
         why = "no recurring answer: each retrieved answer was taught by one example only"
+    elif all(bj <= zj for bj, rec, zj in zip(b, recurring, z) if rec):
+        j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - z[i], -i))
+        why = (f"not relevant: the query is no nearer to the retrieved answers' examples (best cosine "
+               f"{b[j]:.3f}) than general questions come (up to {z[j]:.3f})")
     else:
         j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - r[i], -i))
         why = (f"not relevant: the query is farther from the retrieved answers' examples (best cosine "
