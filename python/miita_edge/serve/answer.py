@@ -2,6 +2,7 @@
 ``n`` times, and describe what steered the answer (the ``miita`` object) and each token's logprob."""
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,14 +54,30 @@ def prompt_for(m, text: str, messages, adapt: bool) -> list[int]:
     return prompt_tokens(eng, m.template, text, m.max_prompt_tokens)
 
 
-class LogprobRecorder:
-    """``Engine.generate``'s ``on_logits`` hook: log-softmax of the logits each token was sampled
-    from (steered ones when the answer is adapted; before temperature and top_p)."""
+class TokenTap:
+    """``Engine.generate``'s ``on_logits`` hook, once per answer token: counts the tokens, streams
+    the text so far (decoded incrementally with the final text's rule, so the streamed text is the
+    answer's own prefix: invalid bytes become U+FFFD, an unfinished character waits), and records
+    logprobs: the log-softmax of the logits the token was sampled from (steered ones when adapted;
+    before temperature and top_p)."""
 
-    def __init__(self, eng, k: int):
-        self.eng, self.k, self.rows = eng, k, []
+    def __init__(self, eng, k: int | None, on_text=None):
+        self.eng, self.k, self.on_text = eng, k, on_text
+        self.n, self.rows, self.text = 0, [], ""
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, tok: int, logits: np.ndarray) -> None:
+        self.n += 1
+        b = self.eng.token_bytes(tok)
+        if self.on_text is not None:
+            piece = self._dec.decode(b)
+            if piece:
+                self.text += piece
+                self.on_text(self.text)
+        if self.k is not None:
+            self.rows.append(self._logprobs(tok, b, logits))
+
+    def _logprobs(self, tok: int, b: bytes, logits: np.ndarray) -> dict:
         z = logits.astype(np.float64)
         zmax = z.max()
         lse = zmax + np.log(np.exp(z - zmax).sum())
@@ -68,15 +85,17 @@ class LogprobRecorder:
         if self.k:
             ids = np.argpartition(-z, self.k - 1)[: self.k]
             ids = ids[np.argsort(-z[ids], kind="stable")]
-            top = [self._entry(int(t), z[t] - lse) for t in ids]
-        self.rows.append(dict(self._entry(tok, z[tok] - lse), top_logprobs=top))
+            top = [self._entry(self.eng.token_bytes(int(t)), z[t] - lse) for t in ids]
+        return dict(self._entry(b, z[tok] - lse), top_logprobs=top)
 
-    def _entry(self, tok: int, lp: float) -> dict:
-        b = self.eng.token_bytes(tok)
+    @staticmethod
+    def _entry(b: bytes, lp: float) -> dict:
         return {"token": b.decode("utf-8", "replace"), "logprob": float(lp), "bytes": list(b)}
 
-    def cut(self, text: str) -> list[dict]:
-        """The entries of the tokens that start inside ``text`` (the answer up to its stop)."""
+    def cut(self, text: str) -> list[dict] | None:
+        """The logprob entries of the tokens that start inside ``text`` (the answer up to its stop)."""
+        if self.k is None:
+            return None
         limit, at, out = len(text.encode("utf-8")), 0, []
         for row in self.rows:
             if at >= limit:
@@ -97,20 +116,12 @@ def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=
                        f"{eng.config.n_ctx} tokens", "context_length_exceeded", "max_tokens")
     choices, first = [], None
     for i in range(p.n):
-        n_gen = [0]
-        rec = LogprobRecorder(eng, p.top_logprobs) if p.top_logprobs is not None else None
-
-        def counted(so_far, i=i, n_gen=n_gen):
-            n_gen[0] += 1
-            if on_token is not None:
-                on_token(i, so_far)
-
+        tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far, i=i: on_token(i, so_far)))
         ans = m.ask(text, max_tokens=p.max_tokens, adapt=adapt, stop=p.stop, temperature=p.temperature,
-                    seed=(p.seed + i) % (1 << 63), top_p=p.top_p, on_token=counted, prompt_tokens_override=toks,
-                    on_logits=rec)
+                    seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks, on_logits=tap)
         first = first or ans
         finish = "length" if ans.stop_reason == "length" else "stop"
-        choices.append(Choice(ans.text, finish, n_gen[0], rec.cut(ans.text) if rec else None))
+        choices.append(Choice(ans.text, finish, tap.n, tap.cut(ans.text)))
     return Result(choices, len(toks), describe(m, name, first, p))
 
 
