@@ -103,7 +103,7 @@ def tiny_client(tmp: Path, **settings):
     from miita_edge.serve.app import create_app
     from miita_edge.serve.settings import Settings
 
-    st = Settings(model=str(tiny_model(tmp)), threads=1, n_ctx=512, **settings)
+    st = Settings(model=str(tiny_model(tmp)), **{"threads": 1, "n_ctx": 512, **settings})
     return TestClient(create_app(st), base_url="http://127.0.0.1")
 
 
