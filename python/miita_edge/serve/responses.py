@@ -72,21 +72,27 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+class _Choice(BaseModel):
     index: int
-    message: ChatMessageOut
-    logprobs: Optional[ChatLogprobs] = None
     finish_reason: Literal["stop", "length"]
 
 
-class ChatCompletion(BaseModel):
+class ChatChoice(_Choice):
+    message: ChatMessageOut
+    logprobs: Optional[ChatLogprobs] = None
+
+
+class _Answer(BaseModel):
     id: str
-    object: Literal["chat.completion"]
     created: int
     model: str
-    choices: list[ChatChoice]
     usage: Usage
     miita: MiitaExt
+
+
+class ChatCompletion(_Answer):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
 
 
 class CompletionLogprobs(BaseModel):
@@ -96,21 +102,14 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
-class CompletionChoice(BaseModel):
-    index: int
+class CompletionChoice(_Choice):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Literal["stop", "length"]
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(_Answer):
     object: Literal["text_completion"]
-    created: int
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    miita: MiitaExt
 
 
 class ModelCard(BaseModel):
