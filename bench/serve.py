@@ -13,7 +13,10 @@
 4. requests/s with 1 and with 4 concurrent clients (the server answers one at a time).
 
     python bench/serve.py [--threads 2] [--rounds 7] [--requests 16] [--seed 0]
-Exits 1 if the served/in-process ratio is above --target (default 1.10).
+
+Both sides run with the server's OpenMP wait policy (serve/openmp.py: OMP_WAIT_POLICY=PASSIVE unless
+OMP_WAIT_POLICY or GOMP_SPINCOUNT is set in the environment; the bench re-runs itself with it, as
+the server does). Exits 1 if the served/in-process ratio is above --target (default 1.10).
 """
 from __future__ import annotations
 
@@ -43,8 +46,9 @@ def machine() -> str:
                 if ln.startswith("model name")), platform.processor() or "?")
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     vers = ", ".join(f"{p} {version(p)}" for p in ("llama-cpp-python", "fastapi", "uvicorn", "pydantic", "openai"))
+    omp = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
     return (f"machine: {cpu}, {n} cores usable, load average {os.getloadavg()[0]:.1f}; Python "
-            f"{platform.python_version()}, {vers}")
+            f"{platform.python_version()}, {vers}; OpenMP wait: {omp or 'libgomp default'}")
 
 
 def proc_cpu(pid: int) -> float:
@@ -141,6 +145,9 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=1.10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    from miita_edge.serve.openmp import reexec_passive
+
+    reexec_passive([__file__, *sys.argv[1:]])  # the server's OpenMP policy, on this side too
     import openai
 
     from miita_edge import Example, Miita

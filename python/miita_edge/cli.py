@@ -378,6 +378,10 @@ def cmd_forget(args) -> int:
 
 def cmd_serve(args) -> int:
     from .memory.budget import parse_budget
+    from .serve.openmp import reexec_passive
+
+    # OMP_WAIT_POLICY=PASSIVE unless set (the same arguments; main(argv) called in process: its argv)
+    reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
 
     try:
         import fastapi  # noqa: F401
