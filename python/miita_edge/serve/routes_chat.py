@@ -84,12 +84,14 @@ async def _serve(request: Request, body, text: str, messages, task: str | None):
     return shape.full(res)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletion, responses=SSE)
+# exclude_unset: the miita object keeps only the keys that apply (no "steered_by": null when unsteered)
+@router.post("/v1/chat/completions", response_model=ChatCompletion, responses=SSE,
+             response_model_exclude_unset=True)
 async def chat_completions(request: Request, body: ChatRequest):
     text, task = check_chat(body)
     return await _serve(request, body, text, body.messages, task)
 
 
-@router.post("/v1/completions", response_model=Completion, responses=SSE)
+@router.post("/v1/completions", response_model=Completion, responses=SSE, response_model_exclude_unset=True)
 async def completions(request: Request, body: CompletionRequest):
     return await _serve(request, body, check_completion(body), None, None)
