@@ -53,3 +53,13 @@ def test_cli_passes_in_process_argv(execs, monkeypatch):
     with pytest.raises(Stop):
         cli.main(["serve", "--port", "9", "--threads", "1"])
     assert execs[-1][1] == [sys.executable, "-m", "miita_edge.cli", "serve", "--port", "9", "--threads", "1"]
+
+
+def test_bad_arguments_fail_before_any_rerun(execs, capsys):
+    from miita_edge import cli
+
+    assert cli.main(["serve", "--port", "0"]) == 2
+    assert cli.main(["serve", "--allow-origin", "evil.example/*"]) == 2
+    assert execs == []
+    err = capsys.readouterr().err
+    assert "--port in 1..65535" in err and "--allow-origin" in err

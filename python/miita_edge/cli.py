@@ -378,10 +378,6 @@ def cmd_forget(args) -> int:
 
 def cmd_serve(args) -> int:
     from .memory.budget import parse_budget
-    from .serve.openmp import reexec_passive
-
-    # OMP_WAIT_POLICY=PASSIVE unless set (the same arguments; main(argv) called in process: its argv)
-    reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
 
     try:
         import fastapi  # noqa: F401
@@ -409,7 +405,10 @@ def cmd_serve(args) -> int:
                   allow_origins=tuple(check_origin_arg(o) for o in args.allow_origin),
                   allow_hosts=tuple(args.allow_host), max_memories=args.max_memories)
     from .serve.memories import Registry
+    from .serve.openmp import reexec_passive
 
+    # the arguments are good: run again with OMP_WAIT_POLICY=PASSIVE unless set (main(argv): its argv)
+    reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
     registry = Registry(st)  # load the model here: a bad model is a one-line error, not a startup traceback
     uvicorn.run(create_app(st, registry), host=args.host, port=args.port, log_level="warning")
     return 0
