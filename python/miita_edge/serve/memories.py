@@ -1,13 +1,13 @@
 """The memories one server serves, and the single worker that owns the llama.cpp context.
 
-Concurrency: every piece of model work (answering, teaching, forgetting, opening a memory) is a
-job on one worker thread (``worker.Worker``), so the one llama.cpp context serves requests one at a
-time in arrival order (background tasks after the queued foreground jobs). A job first brings its memory up to the committed
-version on disk (another process may have written), then runs start to end on that version: a
-teach is itself a job, so it can never land in the middle of an answer, and each response names
-the version it used. Writes go through the facade (``Miita.ingest``/``forget``), under the store's
-lock, committed atomically; a write that finds the memory changed (or locked) by another process
-reopens it and retries.
+Concurrency: every piece of model work (answering, teaching, forgetting, opening a memory) is a job
+on one worker thread (``worker.Worker``), so the one llama.cpp context serves requests one at a time
+in arrival order (background tasks after the queued foreground jobs). A job first brings its memory
+up to the committed version on disk (another process may have written), then runs start to end on
+that version: a teach is itself a job, so it can never land in the middle of an answer, and each
+response names the version it used. Writes go through the facade (``Miita.ingest``/``forget``),
+under the store's lock, committed atomically; a write that finds the memory changed (or locked) by
+another process reopens it and retries.
 """
 from __future__ import annotations
 

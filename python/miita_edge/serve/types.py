@@ -120,5 +120,5 @@ def _teach_shape(v) -> str:
 
 
 # The teach body: a bare list of examples, or {"examples": [...], "budget": ...}
-TeachBody = Annotated[Union[Annotated[list[ExampleIn], Field(min_length=1), Tag("list")], Annotated[TeachObject, Tag("object")]],
-                      Discriminator(_teach_shape)]
+TeachBody = Annotated[Union[Annotated[list[ExampleIn], Field(min_length=1), Tag("list")],
+                            Annotated[TeachObject, Tag("object")]], Discriminator(_teach_shape)]
