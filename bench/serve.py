@@ -1,22 +1,31 @@
-"""The server's overhead, measured in one run (issue 12): prints ratios only, since the machines
-this runs on are noisy.
+"""The server's overhead, measured in one run: prints the machine, then ratios and where the time goes.
 
-1. served answer wall time (non-streamed chat, over HTTP through the ``openai`` client) against
-   ``Miita.ask`` in process, for the same 32-token answer (stop disabled; target <= 1.10);
-2. time to the first streamed token against the non-streamed wall time;
-3. requests/s with 1 and with 4 concurrent clients (the server answers one at a time).
-
-A/B rounds alternate (in process, served); medians. The server runs as a subprocess with the
-same --threads; the in-process model sits idle while the server works.
+1. parsing: a chat request with Open WebUI's ~26 KB tool list (tests/data/open_webui) against one
+   without, through what the server does before an answer (strict JSON, the pydantic model, the
+   parameter checks, background-task recognition);
+2. served answer wall time (non-streamed chat over HTTP) against ``Miita.ask`` in process, for the
+   same 32-token answer (newline stop off; target <= 1.10), in alternating rounds; between them
+   the same answer through the server's own answer job on its worker thread, in process (the
+   hand-off and the serve layer, without HTTP), and the served answer through a raw ``http.client``
+   request (without the openai client). CPU seconds per request of the server process and of this
+   (client) process say whose CPU the difference is;
+3. time to the first streamed token against the non-streamed wall time;
+4. requests/s with 1 and with 4 concurrent clients (the server answers one at a time).
 
     python bench/serve.py [--threads 2] [--rounds 7] [--requests 16] [--seed 0]
-Exits 1 if the served/in-process ratio is above --target (default 1.10).
+
+Both sides run with the server's OpenMP wait policy (serve/openmp.py: OMP_WAIT_POLICY=PASSIVE unless
+OMP_WAIT_POLICY or GOMP_SPINCOUNT is set in the environment; the bench re-runs itself with it, as
+the server does). Exits 1 if the served/in-process ratio is above --target (default 1.10).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
+import http.client
 import json
 import os
+import platform
 import shlex
 import socket
 import statistics
@@ -26,7 +35,105 @@ import tempfile
 import threading
 import time
 import urllib.request
+from importlib.metadata import version
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor() or "?")
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    vers = ", ".join(f"{p} {version(p)}" for p in ("llama-cpp-python", "fastapi", "uvicorn", "pydantic", "openai"))
+    omp = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
+    return (f"machine: {cpu}, {n} cores usable, load average {os.getloadavg()[0]:.1f}; Python "
+            f"{platform.python_version()}, {vers}; OpenMP wait: {omp or 'libgomp default'}")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def parse_cost(reps: int = 200) -> tuple[float, float]:
+    """Median microseconds to take a request body to the answer job's parameters, with and without tools."""
+    from miita_edge.serve.guard import strict_loads
+    from miita_edge.serve.params import check_chat, gen_params
+    from miita_edge.serve.types import ChatRequest
+
+    body = json.loads((ROOT / "tests" / "data" / "open_webui" / "chat_with_tools.json").read_text("utf-8"))
+    plain = {k: v for k, v in body.items() if k != "tools"}
+
+    def once(raw: bytes) -> float:
+        t0 = time.perf_counter()
+        req = ChatRequest.model_validate(strict_loads(raw))
+        _, task = check_chat(req)
+        gen_params(req, 32, task)
+        return time.perf_counter() - t0
+
+    out = []
+    for b in (body, plain):
+        raw = json.dumps(b).encode()
+        out.append(statistics.median(once(raw) for _ in range(reps)) * 1e6)
+    return out[0], out[1]
+
+
+def start_server(mem: Path, threads: int, tmp: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__import__("miita_edge").__file__).resolve().parent.parent)] + [os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "miita_edge.cli", "serve", "--memory", f"mem={mem}", "--port",
+                             str(port), "--threads", str(threads), "--ctx", "1024"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/v1/models", timeout=2)
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("the server did not start")
+
+
+class InProcessServe:
+    """The server's answer job on its own worker thread, awaited from an event loop, in this process."""
+
+    def __init__(self, mem: Path, threads: int):
+        from miita_edge.serve.memories import Registry
+        from miita_edge.serve.settings import Settings
+
+        self.reg = Registry(Settings(memories={"mem": mem}, threads=threads, n_ctx=1024))
+        self.loop = asyncio.new_event_loop()
+
+    def ask(self, query: str, tokens: int) -> str:
+        from miita_edge.serve.answer import answer_job
+        from miita_edge.serve.params import gen_params
+        from miita_edge.serve.types import ChatRequest
+
+        async def go():
+            req = ChatRequest(model="mem", messages=[{"role": "user", "content": query}], max_tokens=tokens,
+                              miita={"newline_stop": False})
+            p = gen_params(req, 32, None)
+            return await self.reg.run(answer_job, self.reg, "mem", query, req.messages, p, None)
+
+        return self.loop.run_until_complete(go()).choices[0].text
+
+    def close(self):
+        self.reg.close()
+        self.loop.close()
+
+
+def raw_post(url: str, body: dict) -> dict:
+    host, port = url.removeprefix("http://").split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=600)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    out = json.loads(c.getresponse().read())
+    c.close()
+    return out
 
 
 def main() -> int:
@@ -38,10 +145,18 @@ def main() -> int:
     ap.add_argument("--target", type=float, default=1.10)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    from miita_edge.serve.openmp import reexec_passive
+
+    reexec_passive([__file__, *sys.argv[1:]])  # the server's OpenMP policy, on this side too
     import openai
 
     from miita_edge import Example, Miita
     from miita_edge.runtime.engine import EngineConfig
+
+    print(f"command: python bench/serve.py {shlex.join(sys.argv[1:])}")
+    print(machine())
+    tools_us, plain_us = parse_cost()
+    print(f"parse a chat request: with Open WebUI's 26 KB tools {tools_us:7.0f} us, without {plain_us:5.0f} us")
 
     rows = [json.loads(x) for x in (Path(__import__("miita_edge").__file__).parent / "demo" / "stream.jsonl")
             .read_text().splitlines()]
@@ -49,48 +164,44 @@ def main() -> int:
     query = [r for r in rows if r["split"] == "test"][args.seed % 80]["input"]
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     mem = tmp / "mem"
-    cfg = EngineConfig(n_threads=args.threads, n_ctx=1024)
-    m = Miita(memory=mem, engine_config=cfg)
+    m = Miita(memory=mem, engine_config=EngineConfig(n_threads=args.threads, n_ctx=1024))
     m.ingest([Example(r["input"], r["output"]) for r in train])
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__import__("miita_edge").__file__).resolve().parent.parent)] + [os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "miita_edge.cli", "serve", "--memory", f"mem={mem}", "--port",
-                             str(port), "--threads", str(args.threads), "--ctx", "1024"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=2)
-            break
-        except OSError:
-            time.sleep(0.2)
+    proc, url = start_server(mem, args.threads, tmp)
+    inproc = InProcessServe(mem, args.threads)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     msgs = [{"role": "user", "content": query}]
-    kw = dict(model="mem", messages=msgs, max_tokens=args.tokens, stop=[], temperature=0)
+    kw = dict(model="mem", messages=msgs, max_tokens=args.tokens, temperature=0,
+              extra_body={"miita": {"newline_stop": False}})
+    raw_body = {"model": "mem", "messages": msgs, "max_tokens": args.tokens, "miita": {"newline_stop": False}}
 
+    t = {k: [] for k in ("local", "job", "served", "raw", "ttft", "srv_cpu", "cli_cpu", "local_cpu")}
     try:
-        local_t, served_t, ttft_t, n_tok = [], [], [], None
-        client.chat.completions.create(**kw)  # warm both
-        m.ask(query, max_tokens=args.tokens, stop=())
+        client.chat.completions.create(**kw)  # warm everything
+        want = m.ask(query, max_tokens=args.tokens, stop=()).text
+        inproc.ask(query, args.tokens)
         for _ in range(args.rounds):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             a = m.ask(query, max_tokens=args.tokens, stop=())
-            local_t.append(time.perf_counter() - t0)
+            t["local"].append(time.perf_counter() - t0)
+            t["local_cpu"].append(time.process_time() - c0)
             t0 = time.perf_counter()
+            assert inproc.ask(query, args.tokens) == a.text == want
+            t["job"].append(time.perf_counter() - t0)
+            s0, c0, t0 = proc_cpu(proc.pid), time.process_time(), time.perf_counter()
             r = client.chat.completions.create(**kw)
-            served_t.append(time.perf_counter() - t0)
+            t["served"].append(time.perf_counter() - t0)
+            t["cli_cpu"].append(time.process_time() - c0)
+            t["srv_cpu"].append(proc_cpu(proc.pid) - s0)
             assert r.choices[0].message.content == a.text, (r.choices[0].message.content, a.text)
-            n_tok = r.usage.completion_tokens
             t0 = time.perf_counter()
-            first = None
+            assert raw_post(url, raw_body)["choices"][0]["message"]["content"] == a.text
+            t["raw"].append(time.perf_counter() - t0)
+            t0, first = time.perf_counter(), None
             for ch in client.chat.completions.create(**kw, stream=True):
                 if first is None and ch.choices and ch.choices[0].delta.content:
                     first = time.perf_counter() - t0
-            ttft_t.append(first)
+            t["ttft"].append(first)
+        n_tok = r.usage.completion_tokens
 
         def rps(n_clients: int) -> float:
             per = max(1, args.requests // n_clients)
@@ -102,26 +213,31 @@ def main() -> int:
                     c.chat.completions.create(**small)
             ts = [threading.Thread(target=work) for _ in range(n_clients)]
             t0 = time.perf_counter()
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+            for th in ts:
+                th.start()
+            for th in ts:
+                th.join()
             return per * n_clients / (time.perf_counter() - t0)
 
         r1, r4 = rps(1), rps(4)
     finally:
         proc.terminate()
         proc.wait(20)
+        inproc.close()
         m.close()
-    lm, sm, tm = statistics.median(local_t), statistics.median(served_t), statistics.median(ttft_t)
-    ratio = sm / lm
-    print(f"command: python bench/serve.py {shlex.join(sys.argv[1:])}")
+    med = {k: statistics.median(v) * 1000 for k, v in t.items()}
+    lm = med["local"]
+    ratio = med["served"] / lm
     print(f"answer: {n_tok} tokens, adapted, memory of {len(train)} demo rows, --threads {args.threads}, "
-          f"{args.rounds} rounds (medians)")
-    print(f"Miita.ask in process      {lm * 1000:8.1f} ms")
-    print(f"served (HTTP, openai)     {sm * 1000:8.1f} ms   ratio served/in-process {ratio:.3f} "
-          f"(target <= {args.target:.2f})")
-    print(f"first streamed token      {tm * 1000:8.1f} ms   ratio TTFT/non-streamed {tm / sm:.3f}")
+          f"{args.rounds} rounds (medians); load average now {os.getloadavg()[0]:.1f}")
+    print(f"Miita.ask in process           {lm:8.1f} ms   CPU {med['local_cpu']:7.1f} ms")
+    print(f"answer job on the worker       {med['job']:8.1f} ms   ratio {med['job'] / lm:.3f}  (hand-off + serve "
+          f"layer, in process)")
+    print(f"served, raw http.client        {med['raw']:8.1f} ms   ratio {med['raw'] / lm:.3f}")
+    print(f"served, openai client          {med['served']:8.1f} ms   ratio served/in-process {ratio:.3f} "
+          f"(target <= {args.target:.2f})   CPU: server {med['srv_cpu']:.1f} ms, client {med['cli_cpu']:.1f} ms")
+    print(f"first streamed token           {med['ttft']:8.1f} ms   ratio TTFT/non-streamed "
+          f"{med['ttft'] / med['served']:.3f}")
     print(f"requests/s (8-token answers): 1 client {r1:.2f}, 4 clients {r4:.2f}   ratio 4/1 {r4 / r1:.2f}")
     return 0 if ratio <= args.target else 1
 

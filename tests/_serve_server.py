@@ -87,3 +87,29 @@ def demo_rows(split: str = "train") -> list[dict]:
 
     text = files("miita_edge.demo").joinpath("stream.jsonl").read_text()
     return [r for r in map(json.loads, text.splitlines()) if r.get("split") == split]
+
+
+def tiny_model(out_dir: Path) -> Path:
+    """A tiny generated GGUF (tests/tiny_gguf.py): random weights, fast to load and to answer."""
+    import tiny_gguf
+
+    return tiny_gguf.make("llama", "Q8_0", False, out_dir)
+
+
+def tiny_client(tmp: Path, **settings):
+    """The app in process (FastAPI's TestClient, Host 127.0.0.1) on a tiny model; a context manager."""
+    from fastapi.testclient import TestClient
+
+    from miita_edge.serve.app import create_app
+    from miita_edge.serve.settings import Settings
+
+    st = Settings(model=str(tiny_model(tmp)), **{"threads": 1, "n_ctx": 512, **settings})
+    return TestClient(create_app(st), base_url="http://127.0.0.1")
+
+
+def error_shape(body) -> bool:
+    """OpenAI's error object, exactly."""
+    return (isinstance(body, dict) and set(body) == {"error"} and set(body["error"]) == {"message", "type", "param",
+                                                                                          "code"}
+            and isinstance(body["error"]["message"], str) and body["error"]["message"]
+            and "Traceback" not in body["error"]["message"])

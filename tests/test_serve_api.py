@@ -1,7 +1,8 @@
 """The OpenAI-compatible server, driven by the real ``openai`` client against a subprocess
 (``miita-edge serve`` on 127.0.0.1, a free port): chat and completions, streamed and not; teach ->
-ask on the demo stream (the taught answer only with adapt on); forget; every bad input of issue 12
-(OpenAI-style error JSON, right status, nothing stored, still serving). One server for the module."""
+ask on the demo stream (the taught answer only with adapt on); forget; the bad inputs of
+docs/serving.md ("Bad input": OpenAI-style error JSON, right status, nothing stored, still serving).
+One server for the module."""
 from __future__ import annotations
 
 import json

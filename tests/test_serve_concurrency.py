@@ -1,4 +1,4 @@
-"""Concurrency (issue 12): 8 clients x 10 requests while another client teaches 50 examples one by
+"""Concurrency: 8 clients x 10 requests while another client teaches 50 examples one by
 one -- every request succeeds and names the committed memory version it used, and the final memory
 equals a serial ingest of the same examples (stored arrays compared); then two server processes
 on one memory directory: one writes under the store's lock, the other answers from the new version

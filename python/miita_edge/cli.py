@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
     p.add_argument("--ctx", type=int, default=4096, help="context size in tokens (default: 4096)")
     p.add_argument("--max-body", default="1MiB", help="largest request body (default: 1MiB)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN", help="a web page origin "
+                   "(e.g. http://localhost:3000) that may call the API besides the server's own; repeatable "
+                   "(default: none, every other Origin is refused)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="a Host header name to "
+                   "answer besides 127.0.0.1, localhost, [::1] and --host; repeatable (default: none)")
+    p.add_argument("--max-memories", type=int, default=64, metavar="N", help="most memories POST /v1/memories "
+                   "keeps under --memory-root (default: 64)")
 
     p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",
                        description="Show a memory without loading the model.")
@@ -385,10 +392,10 @@ def cmd_serve(args) -> int:
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
     from .serve.app import create_app
-    from .serve.settings import Settings, parse_memory_arg
+    from .serve.settings import Settings, check_origin_arg, parse_memory_arg
 
-    if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64:
-        raise InputError("--threads must be >= 0, --port in 1..65535, --ctx >= 64")
+    if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64 or args.max_memories < 0:
+        raise InputError("--threads must be >= 0, --port in 1..65535, --ctx >= 64, --max-memories >= 0")
     mems = {}
     for spec in args.memory:
         name, path = parse_memory_arg(spec)
@@ -400,9 +407,14 @@ def cmd_serve(args) -> int:
         raise InputError("--max-body must be a size")
     st = Settings(model=args.model, memories=mems, host=args.host, port=args.port, api_key=args.api_key,
                   threads=args.threads, n_ctx=args.ctx, max_body_bytes=limit.resolve(0),
-                  memory_root=Path(args.memory_root).expanduser() if args.memory_root else None)
+                  memory_root=Path(args.memory_root).expanduser() if args.memory_root else None,
+                  allow_origins=tuple(check_origin_arg(o) for o in args.allow_origin),
+                  allow_hosts=tuple(args.allow_host), max_memories=args.max_memories)
     from .serve.memories import Registry
+    from .serve.openmp import reexec_passive
 
+    # the arguments are good: run again with OMP_WAIT_POLICY=PASSIVE unless set (main(argv): its argv)
+    reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
     registry = Registry(st)  # load the model here: a bad model is a one-line error, not a startup traceback
     uvicorn.run(create_app(st, registry), host=args.host, port=args.port, log_level="warning")
     return 0

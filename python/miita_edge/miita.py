@@ -484,7 +484,8 @@ class Miita:
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
             mode: str | None = None, gate: str | None = None, eta: float | None = None,
             temperature: float = 0.0, seed: int = 0, oracle_dir: np.ndarray | None = None,
-            top_p: float = 1.0, on_token=None, prompt_tokens_override: Sequence[int] | None = None) -> Answer:
+            top_p: float = 1.0, on_token=None, prompt_tokens_override: Sequence[int] | None = None,
+            on_logits=None) -> Answer:
         """Answer one query; the hidden-state update is discarded afterwards.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (an upper bound)."""
@@ -497,7 +498,8 @@ class Miita:
         toks = (list(prompt_tokens_override) if prompt_tokens_override is not None
                 else prompt_tokens(eng, self.template, text, self.max_prompt_tokens))
         state = eng.query(toks, skip_bos_in_key=pr.skip_bos)
-        gen_kw = {"top_p": top_p, "on_token": on_token} if (top_p != 1.0 or on_token is not None) else {}
+        gen_kw = ({"top_p": top_p, "on_token": on_token, "on_logits": on_logits}
+                  if (top_p != 1.0 or on_token is not None or on_logits is not None) else {})
         if not adapt or self.bank.n_prototypes == 0:
             g = eng.generate(state, max_tokens=max_tokens, stop=stop, temperature=temperature, seed=seed, **gen_kw)
             return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason,

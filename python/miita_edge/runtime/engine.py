@@ -813,7 +813,8 @@ class Engine:
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
-                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None) -> Generation:
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None,
+                 on_logits=None) -> Generation:
         """Generate after ``query(state.tokens)``; the KV cache must still hold that prompt.
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
@@ -844,6 +845,8 @@ class Engine:
                 reason = "eog"
                 break
             generated.append(tok)
+            if on_logits is not None:  # logprobs (serve): the logits this token was sampled from
+                on_logits(tok, logits)
             text_bytes += self.token_bytes(tok)
             text = text_bytes.decode("utf-8", errors="ignore")
             if on_token is not None:  # streaming (serve): the text so far, after each sampled token

@@ -1,10 +1,14 @@
 """``miita-edge serve``: an OpenAI-compatible HTTP server whose memories learn while it serves.
 
 A layer above the facade (``miita.py``), beside ``evaluation``. Modules, one job each:
-``settings`` (the server's options), ``types`` (request schemas), ``errors`` (OpenAI-style error
-JSON), ``memories`` (the registry: one engine, one worker thread, the memories it serves),
-``chat`` (messages -> the prompt and the key text), ``page`` (the page at ``/``), ``app``
-(``create_app()``). See docs/serving.md.
+``settings`` (the server's options), ``types``/``responses`` (request and response schemas),
+``errors`` (OpenAI-style error JSON), ``guard`` (Host, Origin, content type, body size, strict
+JSON), ``security`` (the API key), ``worker`` (the thread that owns the llama.cpp context),
+``memories`` (the registry: one engine, the memories it serves), ``chat`` (messages -> the key
+text), ``tasks`` (background task recognition), ``params`` (OpenAI conventions, refused options),
+``answer`` (the answer job), ``stream`` (server-sent events), ``page`` (the page at ``/``), one
+router per concern (``routes_chat``, ``routes_memories``, ``routes_models``, ``routes_page``) and
+``app`` (``create_app()``). See docs/serving.md.
 """
 from __future__ import annotations
 

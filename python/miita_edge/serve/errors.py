@@ -1,11 +1,30 @@
-"""OpenAI-style error JSON: ``{"error": {"message", "type", "param", "code"}}`` with its status."""
+"""OpenAI-style error JSON: ``{"error": {"message", "type", "param", "code"}}`` for every error on
+every route (FastAPI's own 404/405/validation errors included, through ``install_handlers``)."""
 from __future__ import annotations
+
+import re
 
 from ..errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError, StoreConflict, StoreError
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
-         500: "server_error", 503: "server_error"}
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+         413: "invalid_request_error", 415: "invalid_request_error", 421: "permission_error",
+         422: "invalid_request_error", 500: "server_error", 503: "server_error"}
+_TAG = re.compile(r"str|int|float|bool|dict|none|[a-z_-]+\[.*\]")
+MAX_ECHO = 64  # characters of client input an error message may quote
+
+
+def bounded(text, limit: int = MAX_ECHO) -> str:
+    """``repr`` of client input, cut to ``limit`` characters: an error never echoes unbounded input
+    (and never a lone surrogate, which no JSON encoder downstream may accept)."""
+    s = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return repr(s if len(s) <= limit else s[:limit] + "…")
+
+
+def bounded_list(names, limit: int = 8) -> str:
+    names = list(names)
+    head = ", ".join(names[:limit])
+    return (head or "none") + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 class APIError(Exception):
@@ -20,7 +39,7 @@ class APIError(Exception):
 
 def from_miita(exc: MiitaError) -> APIError:
     """A library error (one line, no traceback) as an API error."""
-    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    msg = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
     if isinstance(exc, BudgetError):
         return APIError(422, msg, "budget_exceeded")
     if isinstance(exc, InputError):
@@ -34,11 +53,36 @@ def from_miita(exc: MiitaError) -> APIError:
     return APIError(500, msg, "internal_error")
 
 
+def as_api_error(exc: BaseException) -> APIError:
+    """Any exception as the error a client sees (a 500 names the exception's type, no traceback)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, MiitaError):
+        return from_miita(exc)
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return APIError(500, f"internal error: {type(exc).__name__}: {bounded(first, 200)}", "internal_error")
+
+
+def param_path(loc) -> str | None:
+    """pydantic's error location as a JSON path: ``("messages", 0, "role")`` -> ``messages[0].role``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part not in ("body", "list", "object") and not _TAG.fullmatch(str(part)):
+            out += ("." if out else "") + str(part)  # (the body, and pydantic's union branch tags)
+    return out or None
+
+
 def validation_error(errors: list[dict]) -> APIError:
-    """FastAPI's RequestValidationError: malformed JSON is 400, a wrong schema 422."""
+    """FastAPI's RequestValidationError: malformed JSON is 400, a wrong schema 422. The teach body
+    given as a bare list (pydantic's tag "list") is named ``examples``, as in its object form."""
     first = errors[0] if errors else {}
-    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
     if first.get("type") == "json_invalid":
-        return APIError(400, f"malformed JSON body: {first.get('msg', '')}", "json_invalid")
-    param = ".".join(loc) or None
-    return APIError(422, f"{param or 'body'}: {first.get('msg', 'invalid value')}", first.get("type"), param)
+        return APIError(400, "malformed JSON body", "json_invalid")
+    loc = list(first.get("loc", ()))
+    param = param_path(loc)
+    if loc[:2] == ["body", "list"]:
+        param = "examples" + (param or "")
+    msg = str(first.get("msg", "invalid value"))[:200]
+    return APIError(422, f"{param or 'body'}: {msg}", first.get("type"), param)

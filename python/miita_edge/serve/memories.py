@@ -1,26 +1,25 @@
 """The memories one server serves, and the single worker that owns the llama.cpp context.
 
-Concurrency: every piece of model work (answering, teaching, forgetting, opening a memory) is a
-job on one worker thread fed by a FIFO queue (a one-thread executor), so the one llama.cpp context
-serves requests one at a time in arrival order. A job first brings its memory up to the committed
-version on disk (another process may have written), then runs start to end on that version: a
-teach is itself a job, so it can never land in the middle of an answer, and each response names
-the version it used. Writes go through the facade (``Miita.ingest``/``forget``), under the store's
-lock, committed atomically; a write that finds the memory changed (or locked) by another process
-reopens it and retries.
+Concurrency: every piece of model work (answering, teaching, forgetting, opening a memory) is a job
+on one worker thread (``worker.Worker``), so the one llama.cpp context serves requests one at a time
+in arrival order (background tasks after the queued foreground jobs). A job first brings its memory
+up to the committed version on disk (another process may have written), then runs start to end on
+that version: a teach is itself a job, so it can never land in the middle of an answer, and each
+response names the version it used. Writes go through the facade (``Miita.ingest``/``forget``),
+under the store's lock, committed atomically; a write that finds the memory changed (or locked) by
+another process reopens it and retries.
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 from pathlib import Path
 
 from ..errors import InputError, StoreConflict
 from ..memory import store as store_mod
 from ..miita import Miita
 from ..runtime.engine import Engine, EngineConfig
-from .errors import APIError
+from .errors import APIError, bounded, bounded_list
 from .settings import Settings
+from .worker import FOREGROUND, Worker
 
 
 def committed_version(store: store_mod.Store) -> int:
@@ -31,7 +30,7 @@ def committed_version(store: store_mod.Store) -> int:
 class Registry:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="miita-llama")
+        self.worker = Worker()
         self.engine = Engine(settings.model, EngineConfig(n_threads=settings.threads, n_ctx=settings.n_ctx))
         stem = self.engine.info.path.name
         for suffix in (".gguf", ".GGUF"):
@@ -42,12 +41,12 @@ class Registry:
         self.frozen: Miita | None = None  # no memory: the plain template, nothing stored
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True)
+        self.worker.close()
         self.engine.close()
 
-    async def run(self, fn, *args):
+    async def run(self, fn, *args, priority: int = FOREGROUND):
         """Queue ``fn`` on the worker that owns the context; await its result."""
-        return await asyncio.wrap_future(self.executor.submit(fn, *args))
+        return await self.worker.run(fn, *args, priority=priority)
 
     # -------------------------------------------------------------- naming
     def resolve(self, model: str) -> str | None:
@@ -57,7 +56,7 @@ class Registry:
         name = model.rsplit(":", 1)[1] if ":" in model else model  # MODEL:NAME (any model prefix) or NAME
         if name in self.dirs:
             return name
-        raise APIError(404, f"model {model!r} not found: served are {', '.join(self.model_ids())}",
+        raise APIError(404, f"model {bounded(model)} not found: served are {bounded_list(self.model_ids())}",
                        "model_not_found", "model")
 
     def model_ids(self) -> list[str]:
@@ -65,7 +64,7 @@ class Registry:
 
     def known(self, name: str) -> Path:
         if name not in self.dirs:
-            raise APIError(404, f"memory {name!r} not found: served are {', '.join(self.dirs) or 'none'}",
+            raise APIError(404, f"memory {bounded(name)} not found: served are {bounded_list(self.dirs)}",
                            "memory_not_found")
         return self.dirs[name]
 
@@ -113,6 +112,10 @@ class Registry:
         root = self.settings.memory_root
         if root is None:
             raise APIError(400, "this server has no --memory-root: new memories cannot be created", "no_memory_root")
+        created = sum(1 for p in self.dirs.values() if Path(p).parent == Path(root))
+        if created >= self.settings.max_memories:
+            raise APIError(409, f"--memory-root holds {created} memories, the most this server creates "
+                           f"(--max-memories {self.settings.max_memories})", "too_many_memories")
         path = Path(root) / name
         m = Miita(memory=path, template=template, preset=preset, engine=self.engine)
         if m.store.exists():

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import InputError
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
 @dataclass
@@ -22,6 +23,21 @@ class Settings:
     n_ctx: int = 4096
     max_body_bytes: int = 1 << 20
     default_max_tokens: int = 32
+    # Browser pages (Origin values such as "http://localhost:3000") besides the server's own that
+    # may call the API; every other Origin is refused (cross-site requests from any web page).
+    allow_origins: tuple[str, ...] = ()
+    # Host header names besides the loopback names and --host (DNS rebinding: a foreign name that
+    # resolves to this machine is refused).
+    allow_hosts: tuple[str, ...] = ()
+    max_memories: int = 64  # memories POST /v1/memories may hold under --memory-root
+
+    def host_names(self) -> frozenset[str]:
+        """The Host header names (port stripped, lower case) this server answers to."""
+        names = {*LOOPBACK_NAMES, self.host, *self.allow_hosts}
+        return frozenset(n.lower().strip("[]") for n in names if n)
+
+    def origins(self) -> frozenset[str]:
+        return frozenset(o.rstrip("/").lower() for o in self.allow_origins)
 
 
 def parse_memory_arg(text: str) -> tuple[str, Path]:
@@ -32,3 +48,10 @@ def parse_memory_arg(text: str) -> tuple[str, Path]:
     if not NAME_RE.fullmatch(name or ""):
         raise InputError(f"--memory {text!r}: memory name {name!r} must be 1-64 letters, digits, '.', '_' or '-'")
     return name, Path(path).expanduser()
+
+
+def check_origin_arg(text: str) -> str:
+    """An --allow-origin value: scheme://host[:port], nothing else (no path, no '*')."""
+    if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+", text.rstrip("/")):
+        raise InputError(f"--allow-origin {text!r}: an origin is scheme://host[:port], e.g. http://localhost:3000")
+    return text.rstrip("/")

@@ -1,0 +1,119 @@
+"""Open WebUI's background task requests (tests/data/open_webui/, written from its source):
+recognised by their templates' fixed phrases, answered unadapted with the reason in the ``miita``
+object, and queued behind foreground jobs on the single worker; a 26 KB tool list the user did not
+ask to call is accepted and answered with text."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+
+from _serve_server import tiny_client  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "open_webui"
+
+
+def payload(name: str) -> dict:
+    return json.loads((DATA / name).read_text("utf-8"))
+
+
+def msgs(body: dict):
+    from miita_edge.serve.types import ChatRequest
+
+    return ChatRequest.model_validate(body)
+
+
+@pytest.mark.parametrize("name,task", [("title.json", "title_generation"), ("tags.json", "tags_generation"),
+                                       ("follow_up.json", "follow_up_generation"), ("chat_with_tools.json", None)])
+def test_recorded_payloads_are_classified(name, task):
+    from miita_edge.serve.tasks import background_task
+
+    assert background_task(msgs(payload(name))) == task
+
+
+def test_classification_phrases_and_overrides():
+    from miita_edge.serve.tasks import background_task, classify
+
+    def one(text, role="user"):
+        return msgs({"model": "m", "messages": [{"role": role, "content": text}]})
+
+    assert background_task(one("### Task:\nGenerate a concise title summarizing the chat history.\n")) \
+        == "title_generation"  # the newer title template
+    assert background_task(one("### Task:\nSomething custom\n<chat_history>\nUSER: hi\n</chat_history>")) == "task"
+    assert background_task(one("Your task is to reflect the speaker's likely facial expression through a fitting "
+                               "emoji. Interpret emotions...\n\nMessage: ```hi```")) == "emoji_generation"
+    assert background_task(one("What is a good title for my essay on rivers?")) is None
+    assert background_task(one("my card was charged twice")) is None
+    tools = msgs({"model": "m", "messages": [
+        {"role": "system", "content": "Available Tools: [" + "{}," * 5000 + "]\n\nYour task is to choose and "
+                                      "return the correct tool(s) from the list of available tools based on the "
+                                      "query."},
+        {"role": "user", "content": "Query: History:\nUSER: weather?\nQuery: weather in Berlin"}]})
+    assert classify(tools.messages) == "function_calling"
+    forced = msgs({"model": "m", "messages": [{"role": "user", "content": "hi"}], "miita": {"background": True}})
+    assert background_task(forced) == "task"
+    body = payload("title.json")
+    body["miita"] = {"background": False}
+    assert background_task(msgs(body)) is None
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tasks")
+    with tiny_client(d, memories={"support": d / "support"}, n_ctx=2048) as c:
+        r = c.post("/v1/memories/support/examples", json=[{"input": "My parcel never arrived, where is it?",
+                                                          "output": "shipping desk"}] * 2)
+        assert r.status_code == 200
+        yield c
+
+
+@pytest.mark.parametrize("name,task", [("title.json", "title_generation"), ("tags.json", "tags_generation"),
+                                       ("follow_up.json", "follow_up_generation")])
+def test_task_answered_unadapted(client, name, task):
+    body = payload(name)
+    body["model"] = "x:support"
+    body.pop("max_completion_tokens", None)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    x = r.json()["miita"]
+    assert x == {**x, "adapted": False, "reason": "background_task", "task": task, "memory": "support"}
+    assert "steered_by" not in x and "alphas" not in x  # only the keys that apply
+
+
+def test_chat_with_26kb_of_tools_is_answered(client):
+    body = payload("chat_with_tools.json")
+    assert len(json.dumps(body["tools"])) >= 26 * 1024
+    body["model"] = "x:support"
+    r = client.post("/v1/chat/completions", json=body)  # stream: true, as Open WebUI sends it
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    last = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")][-1]
+    assert last["miita"].get("task") is None and last["miita"]["adapted"] is True  # steered as usual
+    body["stream"] = False
+    out = client.post("/v1/chat/completions", json=body).json()
+    assert out["choices"][0]["message"]["content"] is not None and out["choices"][0]["finish_reason"] in (
+        "stop", "length")
+
+
+def test_worker_runs_background_jobs_after_queued_foreground_ones():
+    from miita_edge.serve.worker import BACKGROUND, FOREGROUND, Worker
+
+    w, order, gate = Worker(), [], threading.Event()
+    try:
+        first = w.submit(gate.wait)  # holds the worker while the others queue
+        futs = [w.submit(order.append, "title", priority=BACKGROUND), w.submit(order.append, "answer1"),
+                w.submit(order.append, "tags", priority=BACKGROUND), w.submit(order.append, "teach",
+                                                                              priority=FOREGROUND)]
+        gate.set()
+        for f in [first, *futs]:
+            f.result(10)
+        assert order == ["answer1", "teach", "title", "tags"]
+        boom = w.submit(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            boom.result(10)
+        assert w.submit(lambda: 7).result(10) == 7  # an error does not stop the worker
+    finally:
+        w.close()
