@@ -103,3 +103,32 @@ def test_templates_fit_shared_data_if_present(folder, name):
             assert p.endswith("Output: ") and not t.render_target(r["output"]).startswith(" ")
         else:
             assert not p.endswith(" ")  # the target supplies the space
+
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def test_a_chat_template_renders_one_user_turn():
+    from miita_edge.method.templates import chat_template
+
+    t = chat_template(CHATML)
+    assert t.special and t.name == "chat"
+    assert t.render_prompt("where is my card") == "<|im_start|>user\nwhere is my card<|im_end|>\n<|im_start|>assistant\n"
+    assert t.render_target("card arrival") == "card arrival\n"
+
+
+def test_template_resolution_follows_the_model():
+    from miita_edge.errors import InputError
+    from miita_edge.method.templates import resolve_template
+
+    assert resolve_template(None, None).name == "plain"
+    assert resolve_template("auto", CHATML).name == "chat"
+    assert resolve_template(None, CHATML).special
+    assert resolve_template("banking77", CHATML).name == "banking77"
+    with pytest.raises(InputError, match="no chat template"):
+        resolve_template("chat", None)
+    with pytest.raises(InputError, match="cannot be rendered"):
+        resolve_template("chat", "{% for %}")
+    with pytest.raises(InputError, match="exactly once"):
+        resolve_template("chat", "no messages here")

@@ -36,8 +36,8 @@ def test_demo_stream(real_model):
     name, path = real_model
     res = run_demo(model=path, quiet=True)
     assert res["frozen_accuracy"] <= 5.0
-    # measured 86.2 and 62.5 (docs/method.md §12); the target for SmolLM2 is 70, not yet reached
-    assert res["adapted_accuracy"] >= {"gemma-3-270m": 82.5, "smollm2-135m": 55.0}[name], res
+    # measured 86.2 and 70.0 (SmolLM2 through its chat template; docs/method.md §12)
+    assert res["adapted_accuracy"] >= {"gemma-3-270m": 82.5, "smollm2-135m": 65.0}[name], res
 
 
 def test_taught_answers_come_back_and_the_rest_is_untouched(real_model):
@@ -61,9 +61,8 @@ def _stage_one(name: str, n: int) -> list:
 
 def test_a_banking_memory_leaves_offtopic_questions_alone(real_model, tmp_path):
     """With a memory of Banking77's first stage, general questions and small talk get the frozen
-    model's answer on most of the 202 prompts of tests/data/offtopic.txt (measured 92-94% on half of
-    them; the target is 95%, not yet reached: docs/method.md §12), and the memory still answers
-    Banking77's own test queries."""
+    model's answer on most of the 202 prompts of tests/data/offtopic.txt (measured 95.0% on Gemma,
+    94.6% on SmolLM2, against a target of 95%: docs/method.md §12)."""
     from miita_edge import Miita
 
     if not (SHARED_DATA / "banking77").is_dir():

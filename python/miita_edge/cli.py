@@ -50,8 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", help="memory budget: bytes with a unit (64KiB, 1.5MB, 4096), a percentage of the UTF-8 "
                    "bytes of all inputs and outputs ingested into this memory, this file included (1%%), or none "
                    "(default: 64KiB for a new memory, else the memory's own)")
-    p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni "
-                   "(default: plain; an existing memory keeps its own)")
+    p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni, chat "
+                   "(the model's own chat template) or auto (chat where the model has one, else plain; the "
+                   "default); an existing memory keeps its own")
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET",
                    help="method preset for a new memory: default (version 4), paper (the method exactly as "
                    "published), or an earlier version such as default/3 (keys averaged over the prompt at both "
@@ -247,14 +248,14 @@ def cmd_ingest(args) -> int:
     from .memory.budget import parse_budget
     from .miita import Miita
     from .streams import read_examples
-    from .method.templates import get_template
+    from .method.templates import AUTO, CHAT, get_template
 
     if args.contexts < 1:
         raise InputError(f"--contexts must be >= 1, got {args.contexts}")
     examples = read_examples(args.data)  # validates the whole file first
     if args.budget is not None:
         parse_budget(args.budget)
-    if args.template is not None:
+    if args.template is not None and args.template.strip().lower() not in (AUTO, CHAT):
         get_template(args.template)
     with Miita(args.model, args.memory, preset=args.preset, template=args.template,
                engine_config=_engine_config(args)) as m:

@@ -29,7 +29,7 @@ from .method.key_layers import choose_key_layers
 from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .method.relevance import GENERIC_QUESTIONS, null_scores
 from .method.presets import PRESETS, Preset, default_preset, get_preset, paper_preset
-from .method.templates import get_template
+from .method.templates import AUTO, resolve_template
 from .runtime.engine import Engine, EngineConfig, Generation
 from .streams import Example
 
@@ -139,10 +139,11 @@ class Miita:
             if asked is not None and asked != stored.name:
                 raise InputError(f"memory {self.memory_dir} was built with preset {stored.name!r}; "
                                  f"use another --memory for preset {asked!r}")
-            if template is not None and template != meta["template"]:
+            if template not in (None, AUTO) and template != meta["template"]:
                 raise InputError(f"memory {self.memory_dir} was built with template {meta['template']!r}, not {template!r}")
             self.preset = stored
-            self.template = get_template(meta["template"])
+            self.template = resolve_template(meta["template"], self.engine.chat_template())
+            self.engine.parse_special = self.template.special
             try:
                 mean, order = self._key_frame()
                 self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
@@ -159,7 +160,8 @@ class Miita:
             self._entries = snap.entries  # what the retrieval index's derived caches are keyed on
         else:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
-            self.template = get_template(template or "plain")
+            self.template = resolve_template(template, self.engine.chat_template())
+            self.engine.parse_special = self.template.special
             if self.preset.key_select == "paraphrase" and self.engine.n_layer - 2 >= 2:  # method/key_layers.py
                 self.key_layers = choose_key_layers(self.engine, self.template, self.fingerprint_sha()).layers
             else:
@@ -256,6 +258,7 @@ class Miita:
     def _use_keys(self) -> Engine:
         """The engine, pooling keys from this memory's layers: an engine may be shared by memories
         of different presets (the server, the bench), so each use sets the layers it needs."""
+        self.engine.parse_special = self.template.special  # a chat template's prompts hold special tokens
         pooling = tuple(self.key_pooling)
         if (self.engine.key_layers, self.engine.key_pooling) != (tuple(self.key_layers), pooling):
             self.engine.set_key_layers(self.key_layers, pooling)

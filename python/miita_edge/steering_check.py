@@ -111,12 +111,13 @@ def synthetic_pairs(n_answers: int = 24, seed: int = 0) -> list[Example]:
 
 def steering_check(model=None, preset: str = "default", engine: Engine | None = None, n_answers: int = 24,
                    seed: int = 0, max_tokens: int = 8) -> SteeringCheck:
-    """Teach ``synthetic_pairs`` to a fresh memory with ``preset`` (template ``plain``), then measure
+    """Teach ``synthetic_pairs`` to a fresh memory with ``preset`` (the default template: the model's
+    chat template where it has one, else ``plain``), then measure
     recall of the taught inputs and the untouched share of ``UNRELATED``."""
     pairs = synthetic_pairs(n_answers, seed)
     failures: list = []
     with tempfile.TemporaryDirectory(prefix="miita-check-") as tmp, \
-            Miita(model, tmp, preset=preset, template="plain", engine=engine) as m:
+            Miita(model, tmp, preset=preset, engine=engine) as m:  # the template users get
         m.ingest(pairs, budget="none")
         hits = 0
         for ex in pairs:

@@ -31,7 +31,7 @@ def run_demo(model=None, memory=None, budget="16KiB", preset="default", threads=
     train, test = demo_stream()
     mem = memory or tempfile.mkdtemp(prefix="miita-demo-")
     t0 = time.perf_counter()
-    with Miita(model, mem, preset=preset, template="plain", engine_config=EngineConfig(n_threads=threads)) as m:
+    with Miita(model, mem, preset=preset, template=None, engine_config=EngineConfig(n_threads=threads)) as m:
         say(f"model  {m.engine.info.path.name}   memory {m.memory_dir}   preset {m.preset.name}")
         say(f"learning {len(train)} examples of {len({e.task for e in train})} tasks (budget {budget}) ...")
         rep = m.ingest(train, budget=budget)

@@ -52,6 +52,9 @@ class Template:
     target: str
     max_input_words: int | None = None
     description: str = ""
+    # The prompt holds the model's special tokens as text (a chat template's <|im_start|>...):
+    # tokenise prompts with special-token parsing on (``Engine.parse_special``).
+    special: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt.count("{input}") != 1:
@@ -115,10 +118,57 @@ TEMPLATES: dict[str, Template] = {
 }
 
 
+#: The name that asks for the model's own chat template (``chat_template``), and the one that picks
+#: it when the model has one and ``plain`` otherwise (the default for a new memory).
+CHAT = "chat"
+AUTO = "auto"
+
+
+def chat_template(source: str, name: str = CHAT) -> Template:
+    """A template from a GGUF's Jinja chat template (``tokenizer.chat_template``): one user turn
+    holding the input, then the assistant's turn, as the model was tuned to see a request. An
+    instruct model's taught inputs and chat messages then render the same way, and its keys and
+    answers come from the states it was trained on. Rendered once, sandboxed, with ``{input}`` as
+    the message; the answer ends at the model's end of turn or the newline stop."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(msg):
+        raise InputError(f"chat template: {msg}")
+
+    env.globals["raise_exception"] = raise_exception
+    try:
+        prompt = env.from_string(source).render(messages=[{"role": "user", "content": "{input}"}],
+                                                bos_token="", eos_token="", add_generation_prompt=True)
+    except InputError:
+        raise
+    except Exception as exc:  # jinja's own errors: a template we cannot render is the user's to know
+        raise InputError(f"the model's chat template cannot be rendered: {type(exc).__name__}: {exc}"[:200]) from None
+    if prompt.count("{input}") != 1:
+        raise InputError("the model's chat template does not render one user message exactly once")
+    return Template(name, prompt, "{output}\n", description="the model's own chat template", special=True)
+
+
+def resolve_template(name: str | None, model_chat_template: str | None) -> Template:
+    """The template a memory uses: ``chat`` (the model's own; an error for a model without one),
+    ``auto``/None (``chat`` where the model has one, else ``plain``), or a named template."""
+    key = name.strip().lower() if isinstance(name, str) else name
+    if key in (None, AUTO):
+        return chat_template(model_chat_template) if model_chat_template else TEMPLATES["plain"]
+    if key == CHAT:
+        if not model_chat_template:
+            raise InputError("template 'chat': this model has no chat template (tokenizer.chat_template); "
+                             "use --template plain")
+        return chat_template(model_chat_template)
+    return get_template(name)
+
+
 def get_template(name: str) -> Template:
     """Look a template up by name (case-insensitive); unknown -> one-line InputError."""
     key = name.strip().lower() if isinstance(name, str) else name
     try:
         return TEMPLATES[key]
     except (KeyError, TypeError):
-        raise InputError(f"unknown template {name!r}; known templates: {', '.join(sorted(TEMPLATES))}") from None
+        raise InputError(f"unknown template {name!r}; known templates: "
+                         f"{', '.join(sorted(TEMPLATES) + [AUTO, CHAT])}") from None

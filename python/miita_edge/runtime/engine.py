@@ -306,6 +306,7 @@ class Engine:
         self._key_prefix: KeyPrefix | None = None
         self.key_rows_reused = 0  # prompt rows key-only passes took from the previous pass (benches, tests)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
+        self.parse_special = False  # set by whoever renders prompts with a chat template
         self.bos = int(L.llama_vocab_bos(self._vocab))
         self._lm = None
         self._closed = False
@@ -445,15 +446,23 @@ class Engine:
 
     # ------------------------------------------------------------ tokens
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text``; special tokens written as text (``<|im_start|>``) are parsed only
+        while ``parse_special`` is on (a chat template's prompts), else they are plain text."""
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (self._L.llama_token * cap)()
-        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, False)
+        special = self.parse_special
+        n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, special)
         if n < 0:
             cap = -n
             buf = (self._L.llama_token * cap)()
-            n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, False)
+            n = self._L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_bos and self.add_bos, special)
         return list(buf[:n])
+
+    def chat_template(self) -> str | None:
+        """The model's own Jinja chat template (GGUF ``tokenizer.chat_template``), or None."""
+        raw = self._L.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
 
     def token_bytes(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
