@@ -3,7 +3,7 @@ module imports from a layer above its own.
 
 Layers, bottom to top (README "Layout"):
 
-    base        errors, streams, the _native extension
+    base        errors, streams, native (the one door to the _native extension)
     runtime     llama.cpp engine, GGUF inspection, ABI check, default model, fingerprint
     memory      bank, budget, codecs, store          (beside runtime: neither imports the other)
     method      templates, extraction, ingest pipeline, retrieval, steering, presets
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 LAYERS = {
-    "base": ("errors", "streams", "_native"),
+    "base": ("errors", "streams", "native", "_native"),
     "runtime": ("runtime",),
     "memory": ("memory",),
     "method": ("method",),

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import codecs
 from ..errors import BudgetError
+from ..native import ext
 
 PAYLOADS = ("mean", "sequence", "tokens")
 ANCHOR_FOLDS = ("closest", "ward")
@@ -345,12 +346,10 @@ class MemoryBank:
         ``key_pooling.key_mean`` divides, bitwise.
         Retrieval calls it once per answer, right after a prompt pass, when each numpy step costs
         several microseconds of cold caches (issue 15)."""
-        from .. import _native
-
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
-        return _native.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
+        return ext.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
 
     def store_key(self, key: np.ndarray) -> np.ndarray:
         """What a prepared key becomes on disk (decoded), shape (1, H)."""

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..native import ext
 from .exact_scores import bit_top
 from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, write_container
 
@@ -71,9 +72,7 @@ def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed signs, packed mask of the stronger half of the coordinates) of a float query:
     ``index_files.strong_half`` packed, in one native call (its numpy steps cost ~0.05 ms right
     after a prompt pass)."""
-    from .. import _native
-
-    return _native.sign_code(np.asarray(q, np.float32).reshape(-1))
+    return ext.sign_code(np.asarray(q, np.float32).reshape(-1))
 
 
 class IvfIndex:
@@ -89,7 +88,7 @@ class IvfIndex:
         self.dups = DuplicateGroups(*dups, n_rows=self.n_rows)
         self.nprobe = 0  # override (benchmarks); 0: probe_count's
         self.list_twins = self.dups.twins(order)  # in list order: read beside the probed lists
-        self._search = None  # the native view (_native.IvfSearch), made on the first scored_top
+        self._search = None  # the native view (ext.IvfSearch), made on the first scored_top
         self._candidates = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
         self._all_cent = (np.zeros(1, np.int64), np.array([len(cent)], np.int64))
 
@@ -111,17 +110,15 @@ class IvfIndex:
         the table and sum of the exact scan, so bitwise its scores) and cut to the rows a top-``k``
         vote can use, twins included (``DuplicateGroups.top_rows``): (rows ascending, scores).
 
-        One native call (``_native.ivf_search``); the lists hold the same bytes as ``rows``, so
+        One native call (``ext.ivf_search``); the lists hold the same bytes as ``rows``, so
         ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
         ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
         workers are still spinning from the prompt pass and take the work at once (0.34 -> 0.25 ms
         at 100,000 prototypes with 2 threads); with a single llama.cpp thread a second one would
         have to be woken, which cost more than it saved (docs/benchmarks.md, issue 15)."""
-        from .. import _native
-
         if self._search is None:
             d = self.dups
-            self._search = _native.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
+            self._search = ext.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
                                              d.start, d.members)
         nprobe = self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
         return self._search.search(q, root, nprobe, self._count(k), k, threads)
@@ -138,22 +135,18 @@ class IvfIndex:
 
     def _probe(self, q: np.ndarray, count: int, nprobe: int = 0) -> np.ndarray:
         """Positions in ``lists`` of the ``count`` nearest distinct rows of the probed lists."""
-        from .. import _native
-
         if self.lists.shape[0] == 0:
             return np.zeros(0, np.int64)
         code, mask = query_code(q)
         nprobe = nprobe or self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
-        best = _native.masked_hamming_top(self.cent, *self._all_cent, code, mask, min(nprobe, len(self.cent)))
-        return _native.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
+        best = ext.masked_hamming_top(self.cent, *self._all_cent, code, mask, min(nprobe, len(self.cent)))
+        return ext.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
 
     # ------------------------------------------------------------------ build / file
     @classmethod
     def build(cls, rows: np.ndarray, kind: str = "bits", threads: int = BUILD_THREADS, seed: int = 0,
               nlist: int = 0) -> "IvfIndex":
         """An inverted file over packed rows (n, B) uint8; ``nlist`` overrides ``list_count``."""
-        from .. import _native
-
         if kind != "bits":
             raise ValueError("an inverted file indexes packed 1-bit rows only")
         rows = np.ascontiguousarray(rows, np.uint8)
@@ -168,7 +161,7 @@ class IvfIndex:
         sample = rows[np.sort(rng.choice(reps, min(n, SAMPLE_PER_LIST * nlist), replace=False))]
         cent = sample[rng.choice(len(sample), nlist, replace=False)].copy()
         for _ in range(ROUNDS):
-            a = _native.hamming_nearest(sample, cent, threads)
+            a = ext.hamming_nearest(sample, cent, threads)
             by = np.argsort(a, kind="stable")
             bounds = np.searchsorted(a[by], np.arange(nlist + 1))
             full = np.flatnonzero(bounds[1:] > bounds[:-1])
@@ -178,7 +171,7 @@ class IvfIndex:
             cent[full] = np.packbits(votes * 2 >= sizes[:, None], axis=1)  # ties to 1, as codecs store 0
         assign = np.empty(n, np.int32)
         for s in range(0, n, 262_144):  # the distinct rows are gathered a slice at a time
-            assign[s:s + 262_144] = _native.hamming_nearest(rows[reps[s:s + 262_144]], cent, threads)
+            assign[s:s + 262_144] = ext.hamming_nearest(rows[reps[s:s + 262_144]], cent, threads)
         by = np.argsort(assign, kind="stable")
         starts = np.searchsorted(assign[by], np.arange(nlist + 1)).astype(np.int64)
         order = reps[by].astype(np.int64)

@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..memory.bank import MemoryBank
+from ..native import ext
 from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
@@ -171,8 +172,6 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         return QueryPlan(res.ids, res.scores, res.weights, (lambda step, gen: d_bar))
     scores = None
     if index.packed is not None:
-        from .. import _native
-
         q = k_q  # unit float32 (MemoryBank.prepare_query): scored as it is
         root = math.sqrt(index.key_dim)  # cos: stored keys are ±1/√K (scores divide in float64)
         rows, owner = index.voters, index.voter_owner
@@ -182,7 +181,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
             cand, scores = ann.scored_top(q, pr.k_anchors, rows, root, threads)
             owner = owner[cand]
         else:
-            scores = _native.bit_scores(rows, q).astype(np.float64) / root if len(rows) else np.zeros(0)
+            scores = ext.bit_scores(rows, q).astype(np.float64) / root if len(rows) else np.zeros(0)
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     decision = None
@@ -217,11 +216,9 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     prototype's nearest anchor is found by popcount, in one native call over its anchor rows: the
     float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
     more than the few rows the gate reads right after a prompt pass (issue 15, sixth pass)."""
-    from .. import _native
-
     ids = np.asarray(ids, np.int64)
     K = index.key_dim
-    d = _native.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
+    d = ext.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
                                   np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
     best = [(K - 2 * x) / K if x >= 0 else -math.inf for x in d]
     return gate(ids, np.array(best, np.float64), index.counts, index.radius)

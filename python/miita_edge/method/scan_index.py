@@ -9,6 +9,7 @@ from functools import cached_property
 
 import numpy as np
 
+from ..native import ext
 from .exact_scores import ExactOnDemand
 from .vectors import NORM_EPS, cos_rows, as_f64, float_rows, normalize, top_indices
 
@@ -209,7 +210,7 @@ class ScanIndex:
 class RecallScores(ExactOnDemand):
     """Scores known within bounds for every row and exactly on demand: ``top(R)`` is the exact
     ``Top_R`` (ties -> lower index, as top_indices). The bounds, the R-th largest lower bound and
-    the rows whose upper bound reaches it are one native pass (``_native.i8_recall``); only those
+    the rows whose upper bound reaches it are one native pass (``ext.i8_recall``); only those
     rows are re-scored in float32. (In numpy this was a dozen passes over 10,000-element arrays
     per query, more time than the scan itself.) ``owners`` maps segments to prototypes (None: identity);
     prototypes without a segment (no anchors) have score -inf and are never in Top_R."""
@@ -227,17 +228,13 @@ class RecallScores(ExactOnDemand):
         more bytes per second than two scans each split over the threads (docs/benchmarks.md)."""
         if R_a <= 0 or R_b <= 0 or a.args[0].shape[1] != b.args[0].shape[1]:
             return
-        from .. import _native
-
-        a._scanned[int(R_a)], b._scanned[int(R_b)] = _native.i8_recall_pair(*a.args, int(R_a), *b.args, int(R_b))
+        a._scanned[int(R_a)], b._scanned[int(R_b)] = ext.i8_recall_pair(*a.args, int(R_a), *b.args, int(R_b))
 
     def top(self, R: int) -> np.ndarray:
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
-        from .. import _native
-
         segs = self._scanned.pop(int(R), None)
         if segs is None:
-            segs = _native.i8_recall(*self.args, int(R))
+            segs = ext.i8_recall(*self.args, int(R))
         cand = segs if self.owners is None else np.sort(self.owners[segs])
         return self.rescore_top(cand, R)

@@ -6,7 +6,7 @@ and we need a *native* callback (a Python ctypes callback costs ~2.5 µs per
 graph node, ~1.8 ms per token on Gemma-3-270M; DESIGN.md §3).
 
 What the callback does is configured between decode calls through
-``Engine.native`` (a ``_native.State``); nothing Python runs per graph node.
+``Engine.native`` (a ``native.ext.State``); nothing Python runs per graph node.
 The state object is created before the context and freed after it, so the
 callback never sees a dangling pointer.
 """
@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from ..errors import ContextOverflow, ModelError
+from ..native import ext
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS, key_mean
 from .key_prefix import KeyPrefix, mark_rows, tiled
@@ -159,7 +160,6 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike | None = None, config: EngineConfig | None = None):
-        from .. import _native
         from .abi import check_abi
         from .default_model import resolve_model_path
 
@@ -167,7 +167,6 @@ class Engine:
         import llama_cpp as L
 
         self._L = L
-        self._native_mod = _native
         self.config = config or EngineConfig()
         self.info: ModelInfo = inspect_gguf(resolve_model_path(model))
         from .support import refusal_reason
@@ -221,7 +220,7 @@ class Engine:
         if self._closed:
             raise ModelError("engine is closed")
         sib = object.__new__(Engine)
-        sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "_native_mod", "info", "n_embd", "n_layer",
+        sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "info", "n_embd", "n_layer",
                                                            "_model", "_vocab", "n_vocab")})
         sib.config = dataclasses.replace(self.config, n_threads=max(1, int(n_threads)),
                                          n_seq_max=max(1, int(n_seq_max)))
@@ -274,9 +273,9 @@ class Engine:
 
     def _make_context(self) -> None:
         """The llama.cpp context, its callback state and its batch, on the loaded model."""
-        L, _native = self._L, self._native_mod
+        L = self._L
         # The callback state must outlive the context: created first, freed last.
-        self.native = _native.State(self.n_embd)
+        self.native = ext.State(self.n_embd)
         self.key_layers: tuple[int, ...] = (self.key_layer,)
         self.key_pooling: tuple[str, ...] = ("mean",)
         self._key_outputs: list[bool] = [False]  # per key layer: its tensor holds only output rows
@@ -292,7 +291,7 @@ class Engine:
         if self._n_seq_ctx > 1:  # llama.cpp asserts n_outputs <= n_seq_max... keep n_seq_max <= n_batch
             cparams.n_seq_max = self._n_seq_ctx
             cparams.kv_unified = True
-        self._cb = ctypes.cast(ctypes.c_void_p(_native.callback_address()), L.ggml_backend_sched_eval_callback)
+        self._cb = ctypes.cast(ctypes.c_void_p(ext.callback_address()), L.ggml_backend_sched_eval_callback)
         cparams.cb_eval = self._cb
         cparams.cb_eval_user_data = ctypes.c_void_p(self.native.user_data)
         self._ctx = L.llama_init_from_model(self._model, cparams)
@@ -876,9 +875,6 @@ class LMHeadRows:
     """Row kernels over the LM head mapped from the GGUF (quantized, read in place)."""
 
     def __init__(self, info: ModelInfo, n_threads: int = 0):
-        from .. import _native
-
-        self._n = _native
         self.info = info
         self.head = info.lm_head
         self.W = info.map_lm_head()
@@ -890,11 +886,11 @@ class LMHeadRows:
 
     def rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """W[ids] as float32 (n, H)."""
-        return self._n.lm_gather(*self._args(), np.asarray(ids, np.int32), self.n_threads)
+        return ext.lm_gather(*self._args(), np.asarray(ids, np.int32), self.n_threads)
 
     def weighted_sum(self, ids, weights) -> np.ndarray:
         """Σ_i w_i W[ids_i] (eq. 7's W_Vᵀ g)."""
-        return self._n.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
+        return ext.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
                                        np.asarray(weights, np.float32), self.n_threads)
 
     def restricted_uncertainty(self, logits: np.ndarray, K: int):
@@ -903,7 +899,7 @@ class LMHeadRows:
         tested against those). ValueError for NaN/+inf or all -inf logits."""
         z = np.ascontiguousarray(logits, np.float32)
         try:
-            ids, p, g, H, r = self._n.restricted_uncertainty(*self._args(), z, int(min(max(K, 1), z.shape[0])))
+            ids, p, g, H, r = ext.restricted_uncertainty(*self._args(), z, int(min(max(K, 1), z.shape[0])))
         except RuntimeError as e:
             raise ValueError(f"top_k_restricted: {e}") from e
         return ids.astype(np.int64), p, g, float(H), r
@@ -914,13 +910,13 @@ class LMHeadRows:
         c = self.info.logit_mult  # logits = c W h (granite: c = 1 / logit_scale)
         if c != 1.0:
             hidden = np.asarray(hidden, np.float32) * np.float32(c)
-        return self._n.lm_correction_hidden(*self._args(), np.ascontiguousarray(hidden, np.float32),
+        return ext.lm_correction_hidden(*self._args(), np.ascontiguousarray(hidden, np.float32),
                                             np.asarray(targets, np.int32), bool(per_position), self.n_threads)
 
     def correction(self, logits: np.ndarray, targets: Sequence[int], top_k: int = 0,
                    per_position: bool = False) -> np.ndarray:
         """R = mean_t (W[y_t] − Σ_v p_t(v) W[v]) (eq. 2), or one R_t per position."""
-        return self._n.lm_correction(*self._args(), np.ascontiguousarray(logits, np.float32),
+        return ext.lm_correction(*self._args(), np.ascontiguousarray(logits, np.float32),
                                      np.asarray(targets, np.int32), int(top_k), bool(per_position),
                                      self.n_threads)
 
