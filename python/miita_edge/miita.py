@@ -312,11 +312,6 @@ class Miita:
         return None if b.unlimited else b.resolve(self.stream_bytes if stream is None else stream)
 
     # ---------------------------------------------------------------- ingest
-    def calibration_mean(self) -> np.ndarray:
-        """The centring vector (``method.calibration``): derived, not stored, not budgeted."""
-        return calibration_keys(self._use_keys(), self.template, self.preset.skip_bos,
-                                self.fingerprint()).mean(axis=0).astype(np.float32)
-
     def ingest(self, examples: Iterable[Example], budget: str | None = None, progress: bool | None = None,
                dry_run: bool = False, ray: str | bool | None = None, ray_workers: int = 2) -> IngestReport:
         """Extract, write, repair and commit atomically (all or nothing for this call).

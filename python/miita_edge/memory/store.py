@@ -47,7 +47,6 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -76,25 +75,6 @@ class Snapshot:
     #: version file, which covers every array): what derived caches (the ANN index) are keyed on.
     #: Empty for format 1, whose versions are then not cached.
     entries: dict = field(default_factory=dict)
-
-
-def _first_difference(key: str, actual: Any, expected: Any) -> tuple[str, Any, Any]:
-    """Descend into nested dicts to name the innermost differing key (e.g. fingerprint.layer)."""
-    while isinstance(actual, dict) and isinstance(expected, dict):
-        diff = [k for k in sorted(set(actual) | set(expected), key=str) if actual.get(k, _MISSING) != expected.get(k, _MISSING)]
-        if len(diff) != 1 or diff[0] not in actual or diff[0] not in expected:
-            break
-        key = f"{key}.{diff[0]}"
-        actual, expected = actual[diff[0]], expected[diff[0]]
-    return key, actual, expected
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING = _Missing()
 
 
 class _Retry(Exception):
@@ -141,12 +121,9 @@ class Store:
             raise self._fail(f"{CURRENT} is corrupt (expected a version name, got {_compact(text, 40)})")
         return text
 
-    def read(self, *, expect: dict | None = None) -> Snapshot:
+    def read(self) -> Snapshot:
         """Open the committed version: its size checked against its header before it is mapped, its
         CRC32 before anything is returned (a format-1 version: every file against its manifest).
-
-        ``expect``: manifest keys whose values must match (e.g. the model fingerprint), so a
-        memory built for another model is refused with a message naming the key.
 
         Concurrency: a writer may commit and delete the version we picked between reading
         CURRENT and opening its files. Versions are immutable and only ever deleted after
@@ -165,8 +142,6 @@ class Store:
                 snap = self._load_version(name, verify=True)
             except _Retry:
                 continue
-            if expect:
-                self._check_expect(snap.manifest, expect)
             return snap
         raise self._fail(f"kept changing while being read ({READ_RETRIES} attempts); is a writer looping?")
 
@@ -214,15 +189,6 @@ class Store:
             entries = {k: {"dtype": v.dtype.str, "shape": list(v.shape), "crc32": crc} for k, v in arrays.items()}
         return Snapshot(version=int(name[1:]), arrays=arrays, manifest=meta, bytes_on_disk=size, format_version=fmt,
                         entries=entries)
-
-    def _check_expect(self, manifest: dict, expect: dict) -> None:
-        for key, want in expect.items():
-            have = manifest.get(key, _MISSING)
-            if have != want:
-                path, a, b = _first_difference(str(key), have, want)
-                shown_a = "missing" if a is _MISSING else _compact(a)
-                shown_b = "missing" if b is _MISSING else _compact(b)
-                raise self._fail(f"{path} is {shown_a}, expected {shown_b}")
 
 
 # --------------------------------------------------------------------------- writer

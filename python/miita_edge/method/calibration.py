@@ -15,7 +15,7 @@ from ..runtime.engine import Engine
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
-__all__ = ["CALIBRATION_INPUTS", "calibration_keys", "calibration_mean", "key_order", "raw_key"]
+__all__ = ["CALIBRATION_INPUTS", "calibration_keys", "key_order", "raw_key"]
 
 # key mean, the centring vector is the mean key of these through the template.
 CALIBRATION_INPUTS = [
@@ -64,11 +64,6 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
     except OSError:
         pass
     return keys
-
-
-def calibration_mean(engine: Engine, template: Template, skip_bos: bool, fingerprint: dict) -> np.ndarray:
-    """The mean key of CALIBRATION_INPUTS through ``template`` (float32, (L·H,)): the centring vector."""
-    return calibration_keys(engine, template, skip_bos, fingerprint).mean(axis=0).astype(np.float32)
 
 
 def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:

@@ -858,11 +858,6 @@ class Engine:
             text = text[:cut]
         return Generation(text, generated, alphas, reason)
 
-    def complete(self, prompt: str, max_tokens: int = 32, stop: Sequence[str] = ("\n",), **kw) -> Generation:
-        """Plain completion of a text prompt (no memory)."""
-        state = self.query(self.tokenize(prompt))
-        return self.generate(state, max_tokens=max_tokens, stop=stop, **kw)
-
     # ------------------------------------------------------------ LM head
     @property
     def lm_head(self) -> "LMHeadRows":
