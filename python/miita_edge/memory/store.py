@@ -40,13 +40,16 @@ an array mapped past the end of its file would be a SIGBUS.
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
 import shutil
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -100,6 +103,46 @@ class Store:
     def writer(self, *, wait: bool = False) -> "Writer":
         """The single writer, as a context manager; the lock is taken on ``__enter__``."""
         return Writer(self, wait=wait)
+
+    @contextmanager
+    def transaction(self, opened_version: int, action: str, state: object, names: tuple[str, ...]
+                    ) -> Iterator["Writer"]:
+        """The store's lock, held while ``state`` (an object whose attributes ``names`` are what a
+        commit is made of) is changed on copies: if another writer committed since the caller read
+        ``opened_version``, StoreConflict before anything changes (merging into a bank read before
+        that commit would drop its examples); if the block raises, or sets ``writer.keep = False``,
+        the attributes get their old values back. The caller commits with ``writer.commit``."""
+        with self.writer() as writer:
+            current = self.read().version if self.exists() else 0
+            if current != opened_version:
+                raise StoreConflict(f"memory {self.path} changed since it was opened (version {opened_version} -> "
+                                    f"{current}: another writer committed); nothing was written: open it again and "
+                                    f"rerun this {action}")
+            saved = {n: getattr(state, n) for n in names}
+            for n, v in saved.items():
+                setattr(state, n, copy.deepcopy(v))
+            writer.keep = True
+            try:
+                yield writer
+            except BaseException:
+                writer.keep = False
+                raise
+            finally:
+                if not writer.keep:
+                    for n, v in saved.items():
+                        setattr(state, n, v)
+
+    def refuse_foreign(self) -> None:
+        """Before a first commit: StoreError unless the directory is absent, empty or holds only the
+        store's own debris (the writer's lock, an unpublished pointer or version, e.g. after a first
+        ingest that failed; the next writer cleans those up)."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise self._fail("is not a directory")
+        if not (self.path / CURRENT).exists() and any(
+                p.name not in (LOCK, CURRENT_TMP) and not VERSION_RE.fullmatch(p.name) for p in self.path.iterdir()):
+            raise self._fail("directory exists but is not a miita-edge memory")
 
     # ---------------------------------------------------------------- reading
 
@@ -206,6 +249,7 @@ class Writer:
         self.wait = wait
         self._fd: int | None = None
         self._current: int = 0  # version CURRENT names; 0 = nothing committed yet
+        self.keep = True  # Store.transaction: False puts the caller's state back
 
     def __enter__(self) -> "Writer":
         if self._fd is not None:
