@@ -81,8 +81,8 @@ class MemoryBank(QueryView):
     @property
     def protos(self) -> list[Prototype]:
         """The prototypes, in order. A bank opened by ``from_arrays`` makes these Python objects on
-        first use, not at open: 1,000,000 of them take ~14 s, while answering needs only the views
-        below, which read the stored arrays directly (issue 15)."""
+        first use, not at open: a large memory's objects take seconds to make, while answering
+        needs only the views (``bank_view``), which read the stored arrays directly."""
         if self._protos is None:
             self._protos = self._stored.prototypes()
             self._stored = None

@@ -6,22 +6,17 @@ value fits; format 1 memories (``anchor_owner``, int32 ``tokens`` with separator
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from . import codecs
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
-if TYPE_CHECKING:  # the bank imports this module; its type only names the argument
-    from .bank import MemoryBank
-
 __all__ = ["Seqs", "StoredArrays", "to_arrays"]
 
 
-def to_arrays(bank: "MemoryBank", shapes_only: bool = False) -> dict[str, np.ndarray]:
-    """The arrays that persist this bank. With ``shapes_only`` they are
-    zero-cost broadcast views of the right shape/dtype (for exact sizing).
+def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
+    """The arrays that persist ``bank`` (a ``MemoryBank``: the bank imports this module). With
+    ``shapes_only`` they are zero-cost broadcast views of the right shape/dtype (for exact sizing).
 
     Layout (every byte counts against the budget, so integers take the narrowest unsigned
     type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
@@ -234,7 +229,7 @@ class StoredArrays:
         return D
 
     def prototypes(self) -> list[Prototype]:
-        """The Prototype objects (what ``from_arrays`` built at open before issue 15)."""
+        """The Prototype objects, made when a bank is first changed (writes and repair need them)."""
         cfg, H, raw, scale, acount = self.config, self.H, self.raw, self.scale, self.acount
         by_owner = np.arange(len(self.owner)) if self.by_owner is None else self.by_owner
         bounds = np.searchsorted(self.owner[by_owner], np.arange(self.J + 1))

@@ -136,7 +136,7 @@ class QueryView:
         row count (``pooled_rows``; one count for all blocks, 0 as 1), divided as
         ``key_pooling.key_mean`` divides, bitwise.
         Retrieval calls it once per answer, right after a prompt pass, when each numpy step costs
-        several microseconds of cold caches (issue 15)."""
+        several microseconds of cold caches."""
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")

@@ -65,7 +65,7 @@ class Prototype:
     ``anchor_sum`` is only read when the bank changes (ingest, repair), so a prototype loaded
     from the store derives it on first use — unit anchor × count, the best estimate from the
     stored form — instead of at load: a memory opened to answer questions then holds one float
-    copy of its anchors, not two (peak memory of ``ask``, issue 15). Replacing ``anchors`` or
+    copy of its anchors, not two (the peak memory of ``ask``). Replacing ``anchors`` or
     ``anchor_n`` first fixes the estimate from the values being replaced, so the lazy value is
     always the one an eager load would have computed.
     """
