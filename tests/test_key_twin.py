@@ -12,6 +12,10 @@ import os
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
+
+from miita_edge.runtime import contexts
+
 
 def _random_q5_0(n_blocks: int, rng) -> np.ndarray:
     d = rng.uniform(-2, 2, n_blocks).astype(np.float16)  # any finite scale, either sign
@@ -151,7 +155,7 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
         fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain")
         fast.fast_keys = True
         fast.ingest(rows, budget="none", progress=False)
-        twin = eng.q8_twin()
+        twin = contexts.q8_twin(eng)
         assert twin is not None and twin.info.path != eng.info.path
         assert fast._thread_extractor.engine is twin and fast._thread_extractor.contexts == 2
         assert fast.fingerprint()["sha256"] == Miita(engine=eng, memory=str(tmp_path / "x"),
@@ -220,15 +224,15 @@ def test_the_cut_twin_keeps_the_keys(twin_cache):
 
     with Engine(None, EngineConfig(n_threads=2, n_batch=64)) as eng:
         eng.set_key_layers([12, 9], ["last", "mean"])
-        twin = eng.q8_twin()
+        twin = contexts.q8_twin(eng)
         assert twin.n_layer == 13 and twin.keys_on_output_rows and twin.config.key_cut
         texts = ["where is my new card", "I was charged twice for the same coffee at the station",
                  "why " * 150]  # the last: 150+ tokens, three chunks of 64
         for text in texts:
             toks = eng.tokenize(text)
             for mask in ([False] + [True] * (len(toks) - 1), [False] + [True] * (len(toks) - 2) + [False]):
-                a_sum, a_rows = eng.prompt_key(toks, mask)
-                b_sum, b_rows = twin.prompt_key(toks, mask)
+                a_sum, a_rows = key_pass.prompt_key(eng, toks, mask)
+                b_sum, b_rows = key_pass.prompt_key(twin, toks, mask)
                 assert list(a_rows) == list(b_rows) == [1, sum(mask)]
                 a, b = a_sum.reshape(2, -1), b_sum.reshape(2, -1)
                 assert np.array_equal(a[1], b[1]), text

@@ -9,6 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
+
+from miita_edge.runtime import contexts
+
 pytestmark = pytest.mark.model
 
 ROWS = [(f"{w} question number {i} about my card and the transfer", f"answer {i % 5}")
@@ -46,7 +50,7 @@ def test_keys_do_not_depend_on_the_contexts_that_ran_them(engine, template):
     from miita_edge.method.extract import extract_keys
     from miita_edge.method.thread_ingest import KEY_SEQS_PER_DECODE
 
-    one = engine.siblings(1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
+    one = contexts.siblings(engine, 1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
     ref = [e for i in range(0, len(ROWS), 8) for e in extract_keys(one, template, ROWS[i:i + 8], skip_bos=True)]
     for contexts in (3, 2):
         got = _threaded(engine, template, ROWS, contexts)
@@ -75,14 +79,14 @@ def test_siblings_share_the_model_and_close_with_it():
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(None, EngineConfig(n_ctx=512, n_batch=256, n_threads=2))
-    a, b = eng.siblings(2, 1, 4)
+    a, b = contexts.siblings(eng, 2, 1, 4)
     assert a is not b and a._model is eng._model and a.config.n_threads == 1 and a.config.n_seq_max == 4
-    assert eng.siblings(2, 1, 4) == [a, b]  # kept, not made again
-    assert eng.sibling(1, 4)._owner is eng
+    assert contexts.siblings(eng, 2, 1, 4) == [a, b]  # kept, not made again
+    assert contexts.sibling(eng, 1, 4)._owner is eng
     a.close()  # a sibling frees its context only: the engine and the other sibling still decode
     assert a not in eng._siblings
-    k1 = b.prompt_key(eng.tokenize("where is my card"), [False] + [True] * 4)
-    k2 = eng.prompt_key(eng.tokenize("where is my card"), [False] + [True] * 4)
+    k1 = key_pass.prompt_key(b, eng.tokenize("where is my card"), [False] + [True] * 4)
+    k2 = key_pass.prompt_key(eng, eng.tokenize("where is my card"), [False] + [True] * 4)
     assert np.array_equal(k1[0], k2[0]) and k1[1] == k2[1] == 4  # one prompt per decode: bitwise
     eng.close()
     assert b._closed and not eng._siblings

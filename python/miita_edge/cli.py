@@ -8,10 +8,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
+from .demo.run import run_demo
 from .errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError
+from .evaluation import BENCHMARKS, METHODS, run_benchmark
+from .evaluation.report import _json_default
+from .memory import store as store_mod
+from .memory.budget import parse_budget
+from .method import ann_index
+from .method.extract import prompt_tokens
+from .method.presets import preset_names
+from .method.templates import get_template
+from .miita import KeyOptions, Miita, default_memory_dir, memory_fields
+from .runtime.engine import EngineConfig
+from .runtime.model_check import check_model_isolated
+from .streams import read_examples
 
 EPILOG = """environment:
   MIITA_EDGE_MODEL   GGUF used when --model is not given (default: the embedded Gemma-3-270M)
@@ -30,8 +44,6 @@ def _add_common(p: argparse.ArgumentParser, memory: bool = True, model: bool = T
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .method.presets import preset_names
-
     ap = argparse.ArgumentParser(
         prog="miita-edge",
         description="Memory-Induced Inference-Time Adaptation on llama.cpp: a small model learns from "
@@ -53,9 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", help="prompt template for a new memory: plain, banking77, dsc, qa, superni "
                    "(default: plain; an existing memory keeps its own)")
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET",
-                   help="method preset for a new memory: default (version 4), paper (the method exactly as "
-                   "published), or an earlier version such as default/3 (keys averaged over the prompt at both "
-                   "layers: measured better than version 4 on mixed-task streams, docs/method.md 10.7)")
+                   help="method preset for a new memory: default, or paper (the method exactly as published); "
+                   "an existing memory keeps the preset and version it was built with")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
@@ -65,15 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray workers, each loading the model once (default: 2)")
     p.add_argument("--contexts", type=int, default=1, metavar="N",
                    help="llama.cpp contexts extracting keys side by side (default preset), sharing the loaded "
-                        "model, each with its share of --threads and 32 prompts per decode: ~1.2-1.4x the default's "
-                        "rate with 2 on 2 cores, keys within rounding of one-by-one extraction, so a stored input "
-                        "is no longer an exact repeat of the same query (default: 1, one prompt per decode, bitwise)")
+                        "model, each with its share of --threads and 32 prompts per decode; keys within rounding "
+                        "of one-by-one extraction, so a stored input is no longer an exact repeat of the same "
+                        "query (default: 1, one prompt per decode, bitwise; rates in docs/benchmarks.md)")
     p.add_argument("--fast-keys", action="store_true",
                    help="key-only presets: extract keys from a twin of the model cut after its key layers, its Q5_0 "
                         "weights re-encoded losslessly as Q8_0 (written once per model to the user cache, ~250 MB "
-                        "for the bundled model), on --contexts contexts (at least 2): ~1.7x the default's ingest "
-                        "rate on a 2-core AVX-512 CPU; keys within rounding of one-by-one extraction, as with "
-                        "--contexts (docs/benchmarks.md)")
+                        "for the bundled model), on --contexts contexts (at least 2); keys within rounding of "
+                        "one-by-one extraction, as with --contexts (rates in docs/benchmarks.md)")
     _add_common(p)
 
     p = sub.add_parser("ask", help="answer a query with the memory applied",
@@ -120,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="16KiB", help="memory budget (default: 16KiB)")
     p.add_argument("--memory", metavar="DIR", help="where to keep the demo memory (default: a temporary directory)")
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET", default="default",
-                   help="default, paper, or an earlier version such as default/3")
+                   help="default or paper")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -144,8 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _bench_epilog() -> str:
-    from .evaluation import BENCHMARKS, METHODS
-
     lines = ["benchmarks (data directory under shared/data; metric; max new tokens; prompt cut):"]
     for b in BENCHMARKS.values():
         cut = "none" if b.max_prompt_tokens is None else f"{b.max_prompt_tokens} tokens"
@@ -204,8 +212,6 @@ def _add_bench(sub) -> None:
 
 
 def _engine_config(args):
-    from .runtime.engine import EngineConfig
-
     return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
 
 
@@ -216,7 +222,6 @@ def _model_error_line(m, examples, exc) -> str:
     fine is not tokenised twice."""
     if not isinstance(exc, ContextOverflow):
         return ""
-    from .method.extract import prompt_tokens
 
     n_ctx = m.engine.config.n_ctx
     decodes_answer = m.preset.bank.payload != "tokens"
@@ -231,32 +236,18 @@ def _model_error_line(m, examples, exc) -> str:
 
 
 def cmd_ingest(args) -> int:
-    from .memory.budget import parse_budget
-    from .miita import Miita
-    from .streams import read_examples
-    from .method.templates import get_template
-
-    if args.contexts < 1:
-        raise InputError(f"--contexts must be >= 1, got {args.contexts}")
+    keys = KeyOptions(contexts=args.contexts, fast=args.fast_keys, ray=args.ray, ray_workers=args.ray_workers)
     examples = read_examples(args.data)  # validates the whole file first
-    if args.budget is not None:
-        parse_budget(args.budget)
+    budget = None if args.budget is None else parse_budget(args.budget)
     if args.template is not None:
         get_template(args.template)
     with Miita(args.model, args.memory, preset=args.preset, template=args.template,
-               engine_config=_engine_config(args)) as m:
-        m.key_contexts = args.contexts
-        if args.fast_keys:
-            if args.ray:
-                raise InputError("--fast-keys and --ray: choose one (Ray workers extract with the model itself)")
-            if m.preset.bank.payload != "tokens":
-                raise InputError(f"--fast-keys: preset {m.preset.name!r} computes corrections at ingest, not only "
-                                 f"keys; drop --fast-keys")
-            m.fast_keys = True
+               engine_config=_engine_config(args), keys=keys) as m:
+        keys.check_preset(m.preset)
+        if keys.fast:
             m.fast_key_engine()  # the twin written or found before the stream: its errors are not a row's
         try:
-            rep = m.ingest(examples, budget=args.budget, progress=args.progress, ray=args.ray,
-                           ray_workers=args.ray_workers)
+            rep = m.ingest(examples, budget=budget, progress=args.progress)
         except BudgetError as exc:  # it names the line; name the file too
             raise BudgetError(f"{args.data}: {exc}") from None
         except ModelError as exc:  # e.g. a row longer than the context: name the file and the row
@@ -273,8 +264,6 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from .miita import Miita
-
     text = args.text
     if text is None:
         if sys.stdin is None or sys.stdin.isatty():
@@ -306,11 +295,6 @@ def _graph_rows(preset, meta) -> int:
 
 
 def cmd_info(args) -> int:
-    from .memory import store as store_mod
-    from .memory.budget import parse_budget
-    from .method import ann_index
-    from .miita import default_memory_dir, memory_fields
-
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
     st = store_mod.Store(path)
     if not st.exists():
@@ -353,8 +337,6 @@ def cmd_info(args) -> int:
 
 
 def cmd_forget(args) -> int:
-    from .miita import Miita
-
     if not args.output.strip():
         raise InputError("--output must be a non-empty answer")
     with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
@@ -370,15 +352,13 @@ def cmd_forget(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .memory.budget import parse_budget
-
-    try:
+    try:  # the server stack is an optional extra: imported only when serving
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
         import uvicorn
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
-    from .serve.app import create_app
+    from .serve.app import create_app  # needs the server extra (checked above)
     from .serve.settings import Settings, parse_memory_arg
 
     if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64:
@@ -403,8 +383,6 @@ def cmd_serve(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo.run import run_demo
-
 
     res = run_demo(model=args.model, memory=args.memory, budget=args.budget, preset=args.preset,
                    threads=args.threads, quiet=args.json)
@@ -414,10 +392,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import shlex
-
-    from .evaluation import run_benchmark
-
     out = args.out
     if out is None:
         tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in args.budget.replace("%", "pct"))
@@ -438,8 +412,6 @@ def cmd_bench(args) -> int:
                         extract_cache_dir=args.extract_cache,
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
-        from .evaluation.report import _json_default
-
         print(json.dumps(res, default=_json_default, allow_nan=False))
         return 0
     A = res["matrix"].A
@@ -464,8 +436,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_check_model(args) -> int:
-    from .runtime.model_check import check_model_isolated
-
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print

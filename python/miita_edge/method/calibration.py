@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime import key_pass
 from ..runtime.engine import Engine
+from ..runtime.fingerprint import cache_dir
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
@@ -30,7 +32,7 @@ CALIBRATION_INPUTS = [
 def raw_key(engine: Engine, template: Template, x: str, skip_bos: bool) -> np.ndarray:
     """Eq. 1's pooled key of ``x`` through ``template``, before any centring ((L·H,) for L key layers)."""
     toks = engine.tokenize(template.render_prompt(x))
-    s, n = engine.prompt_key(toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
+    s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
     return key_mean(s, n)
 
 
@@ -67,7 +69,7 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
 
 
 def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
-    """The order in which a key's coordinates are kept when a tight budget narrows it (issue 14):
+    """The order in which a key's coordinates are kept when a tight budget narrows it:
     layer block by layer block (the first key layer first), and inside a block by the spread of the
     calibration keys after centring and per-block normalisation, highest first (ties: lower index).
 
@@ -85,6 +87,4 @@ def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
 
 
 def _cache_dir() -> Path:
-    from ..runtime.fingerprint import cache_dir
-
     return cache_dir()
