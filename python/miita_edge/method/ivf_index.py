@@ -1,14 +1,12 @@
 """An inverted file over packed 1-bit keys: the recall front of the default preset's vote for
-large memories (issue 15).
+large memories.
 
 Why not the usearch graph that came first (``ann_index.AnnIndex``, still used for the paper
 preset's float rows): right after a prompt pass the caches are cold, and a graph walk is a chain
-of dependent reads through memory the prompt evicted. At 100,000 prototypes its search alone took
-1.4% of the prompt pass at the breadth that keeps recall >= 0.99, so retrieval could not reach the
-1% target however little the code around it cost; at 1,000,000 it needed breadth 2,048 (3.7 ms).
-An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
-each one native call (``bench/ann_breadth.py --ivf-native``: 0.28 ms for recall 0.993 at 100,000
-rows, 0.30 ms for recall 0.993 at 1,000,000; docs/benchmarks.md). It needs no optional package.
+of dependent reads through memory the prompt evicted, too slow at the breadth that keeps recall
+high. An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
+each one native call (``bench/ann_breadth.py --ivf-native``; docs/benchmarks.md). It needs no
+optional package.
 
 How it scores: the query is coded as the signs of its coordinates, and the stronger half of them
 (|q_i| at or above the median) is a mask: the masked Hamming distance counts disagreements where
@@ -70,8 +68,8 @@ def probe_count(n: int, nlist: int) -> int:
 
 def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed signs, packed mask of the stronger half of the coordinates) of a float query:
-    ``index_files.strong_half`` packed, in one native call (its numpy steps cost ~0.05 ms right
-    after a prompt pass)."""
+    ``index_files.strong_half`` packed, in one native call (its numpy steps are slow right after a
+    prompt pass)."""
     return ext.sign_code(np.asarray(q, np.float32).reshape(-1))
 
 
@@ -113,9 +111,9 @@ class IvfIndex:
         One native call (``ext.ivf_search``); the lists hold the same bytes as ``rows``, so
         ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
         ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
-        workers are still spinning from the prompt pass and take the work at once (0.34 -> 0.25 ms
-        at 100,000 prototypes with 2 threads); with a single llama.cpp thread a second one would
-        have to be woken, which cost more than it saved (docs/benchmarks.md, issue 15)."""
+        workers are still spinning from the prompt pass and take the work at once; with a single
+        llama.cpp thread a second one would have to be woken, which costs more than it saves
+        (docs/benchmarks.md)."""
         if self._search is None:
             d = self.dups
             self._search = ext.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,

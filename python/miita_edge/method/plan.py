@@ -47,8 +47,7 @@ def centroid_bits(packed: np.ndarray, owner: np.ndarray, counts: np.ndarray, J: 
     One pass over the anchors grouped by owner (as the bank lays them out; others are sorted first),
     ``chunk`` rows at a time: each chunk's owner runs are summed with ``reduceat`` and a run that
     goes on into the next chunk is carried over. Nothing of size J x width is held: a (J, width)
-    int64 accumulator with ``np.add.at`` took 10 s per 100,000 one-anchor prototypes and would
-    have held 10 GB at 1,000,000 (bench/ann.py, issue 15)."""
+    int64 accumulator with ``np.add.at`` is slow and grows with J x width (bench/ann.py)."""
     owner = np.asarray(owner, np.int64).reshape(-1)
     counts = np.asarray(counts, np.int64).reshape(-1)
     if len(owner) > 1 and (owner[1:] < owner[:-1]).any():
@@ -98,8 +97,8 @@ class RetrievalIndex:
 
     1-bit keys are scored in packed form by the native popcount kernel: 80 bytes per anchor to
     read instead of 2,560 (the float matrix falls out of the caches during the prompt pass), and
-    no float copy of the anchors is built at all (a 3,000-anchor memory would hold two: 15 MiB of
-    the ask's peak memory, issue 15). Float keys keep unit float32 rows for one BLAS product.
+    no float copy of the anchors is built at all (it would count in the ask's peak memory).
+    Float keys keep unit float32 rows for one BLAS product.
     """
 
     anchors_unit: np.ndarray | None  # (A, H) float32 unit rows; None for 1-bit keys (see packed)
@@ -215,7 +214,7 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     The cosine of two sign vectors of K bits at Hamming distance d is exactly (K - 2d) / K, so each
     prototype's nearest anchor is found by popcount, in one native call over its anchor rows: the
     float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
-    more than the few rows the gate reads right after a prompt pass (issue 15, sixth pass)."""
+    more than the few rows the gate reads right after a prompt pass."""
     ids = np.asarray(ids, np.int64)
     K = index.key_dim
     d = ext.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],

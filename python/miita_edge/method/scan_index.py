@@ -10,6 +10,8 @@ from functools import cached_property
 import numpy as np
 
 from ..native import ext
+from . import ann_index
+from .ann_index import AnnScores
 from .exact_scores import ExactOnDemand
 from .vectors import NORM_EPS, cos_rows, as_f64, float_rows, normalize, top_indices
 
@@ -125,8 +127,6 @@ class ScanIndex:
         """Put a usearch graph in front of both recall scans when the memory is large enough
         (``ann_index.front``: None below ``MIN_ROWS`` or without usearch, then nothing changes)."""
         if self.shadow is not None:
-            from . import ann_index
-
             self.ann = (ann_index.front(self.A_unit, "f16", entries, "paper-anchors"),
                         ann_index.front(self.D_unit, "f16", entries, "paper-dirs"))
         return self
@@ -189,8 +189,6 @@ class ScanIndex:
             return out
 
         if (ann := self._ann_ready(0)) is not None:
-            from .ann_index import AnnScores
-
             return AnnScores(ann, u, self.row_owner, self.n_protos, exact)
         return RecallScores(A_q, A_s, A_err, self.seg_start, u, self.seg_owner, self.n_protos, exact)
 
@@ -201,8 +199,6 @@ class ScanIndex:
         D_q, D_s, D_err = self.shadow[3:]
         exact = lambda ids: (self.D_unit[ids] @ u).astype(np.float64)  # noqa: E731
         if (ann := self._ann_ready(1)) is not None:
-            from .ann_index import AnnScores
-
             return AnnScores(ann, u, None, self.n_protos, exact)
         return RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos, exact)
 

@@ -24,7 +24,7 @@ _REINSTALL = (
 
 def ggml_library() -> ctypes.CDLL:
     """The libggml-base.so that llama_cpp itself loaded (same path, so the same handle)."""
-    import llama_cpp
+    import llama_cpp  # here: the package imports abi first, and a missing llama.cpp is this check's error
 
     path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
     lib = ctypes.CDLL(path)
