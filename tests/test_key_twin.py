@@ -14,7 +14,7 @@ import pytest
 
 from miita_edge.runtime import key_pass
 
-from miita_edge.runtime import contexts
+from miita_edge.runtime import contexts as runtime_contexts
 
 
 def _random_q5_0(n_blocks: int, rng) -> np.ndarray:
@@ -155,7 +155,7 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
         fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain")
         fast.fast_keys = True
         fast.ingest(rows, budget="none", progress=False)
-        twin = contexts.q8_twin(eng)
+        twin = runtime_contexts.q8_twin(eng)
         assert twin is not None and twin.info.path != eng.info.path
         assert fast._thread_extractor.engine is twin and fast._thread_extractor.contexts == 2
         assert fast.fingerprint()["sha256"] == Miita(engine=eng, memory=str(tmp_path / "x"),
@@ -224,7 +224,7 @@ def test_the_cut_twin_keeps_the_keys(twin_cache):
 
     with Engine(None, EngineConfig(n_threads=2, n_batch=64)) as eng:
         eng.set_key_layers([12, 9], ["last", "mean"])
-        twin = contexts.q8_twin(eng)
+        twin = runtime_contexts.q8_twin(eng)
         assert twin.n_layer == 13 and twin.keys_on_output_rows and twin.config.key_cut
         texts = ["where is my new card", "I was charged twice for the same coffee at the station",
                  "why " * 150]  # the last: 150+ tokens, three chunks of 64

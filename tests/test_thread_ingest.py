@@ -11,7 +11,7 @@ import pytest
 
 from miita_edge.runtime import key_pass
 
-from miita_edge.runtime import contexts
+from miita_edge.runtime import contexts as runtime_contexts
 
 pytestmark = pytest.mark.model
 
@@ -50,7 +50,7 @@ def test_keys_do_not_depend_on_the_contexts_that_ran_them(engine, template):
     from miita_edge.method.extract import extract_keys
     from miita_edge.method.thread_ingest import KEY_SEQS_PER_DECODE
 
-    one = contexts.siblings(engine, 1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
+    one = runtime_contexts.siblings(engine, 1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
     ref = [e for i in range(0, len(ROWS), 8) for e in extract_keys(one, template, ROWS[i:i + 8], skip_bos=True)]
     for contexts in (3, 2):
         got = _threaded(engine, template, ROWS, contexts)
@@ -79,10 +79,10 @@ def test_siblings_share_the_model_and_close_with_it():
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(None, EngineConfig(n_ctx=512, n_batch=256, n_threads=2))
-    a, b = contexts.siblings(eng, 2, 1, 4)
+    a, b = runtime_contexts.siblings(eng, 2, 1, 4)
     assert a is not b and a._model is eng._model and a.config.n_threads == 1 and a.config.n_seq_max == 4
-    assert contexts.siblings(eng, 2, 1, 4) == [a, b]  # kept, not made again
-    assert contexts.sibling(eng, 1, 4)._owner is eng
+    assert runtime_contexts.siblings(eng, 2, 1, 4) == [a, b]  # kept, not made again
+    assert runtime_contexts.sibling(eng, 1, 4)._owner is eng
     a.close()  # a sibling frees its context only: the engine and the other sibling still decode
     assert a not in eng._siblings
     k1 = key_pass.prompt_key(b, eng.tokenize("where is my card"), [False] + [True] * 4)
