@@ -155,27 +155,7 @@ class StoredArrays:
             raise ValueError("anchor_count does not match the anchors")
         if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
             raise ValueError("anchor_owner does not index the prototypes")
-        if config.payload != "mean":
-            if "tok3" in arrays:
-                t3 = np.asarray(arrays["tok3"])
-                lens = np.asarray(arrays["tok_len"]).astype(np.int64)
-                if t3.ndim != 2 or t3.shape[1] != 3 or lens.shape != (J,) or (J and lens.min() < 0) \
-                        or int(lens.sum()) != len(t3):
-                    raise ValueError("tok3/tok_len do not hold one answer per prototype")
-                t = t3.astype(np.int32)
-                flat = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
-                ends = np.cumsum(lens)
-                starts = ends - lens
-            else:  # format 1: int32 with a separator after each answer
-                flat = np.asarray(arrays["tokens"], np.int32)
-                if len(flat) and flat.min() < TOKEN_END:
-                    raise ValueError(f"tokens array holds a negative token id ({int(flat.min())})")
-                ends = np.flatnonzero(flat == TOKEN_END)
-                if len(ends) != J:
-                    raise ValueError("tokens array does not hold one sequence per prototype")
-                starts = np.concatenate([[0], ends[:-1] + 1]) if J else np.zeros(0, np.int64)
-        else:
-            flat, starts, ends = np.zeros(0, np.int32), np.zeros(J, np.int64), np.zeros(J, np.int64)
+        flat, starts, ends = _answers(config, arrays, J)
         n_dirs = {"mean": J, "sequence": int((ends - starts).sum()), "tokens": 0}[config.payload]
         if n_dirs > len(D):
             raise ValueError("dirs array is shorter than the prototypes need")
@@ -251,3 +231,30 @@ class StoredArrays:
             out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n,
                                  radius=float(radii[j])))
         return out
+
+
+def _answers(config: BankConfig, arrays: dict[str, np.ndarray], J: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each prototype's answer tokens as (flat int32 ids, starts, ends), checked: format 2's 3-byte
+    ids with their lengths, or format 1's int32 ids with a separator after each answer."""
+    if config.payload != "mean":
+        if "tok3" in arrays:
+            t3 = np.asarray(arrays["tok3"])
+            lens = np.asarray(arrays["tok_len"]).astype(np.int64)
+            if t3.ndim != 2 or t3.shape[1] != 3 or lens.shape != (J,) or (J and lens.min() < 0) \
+                    or int(lens.sum()) != len(t3):
+                raise ValueError("tok3/tok_len do not hold one answer per prototype")
+            t = t3.astype(np.int32)
+            flat = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
+            ends = np.cumsum(lens)
+            starts = ends - lens
+        else:  # format 1: int32 with a separator after each answer
+            flat = np.asarray(arrays["tokens"], np.int32)
+            if len(flat) and flat.min() < TOKEN_END:
+                raise ValueError(f"tokens array holds a negative token id ({int(flat.min())})")
+            ends = np.flatnonzero(flat == TOKEN_END)
+            if len(ends) != J:
+                raise ValueError("tokens array does not hold one sequence per prototype")
+            starts = np.concatenate([[0], ends[:-1] + 1]) if J else np.zeros(0, np.int64)
+    else:
+        flat, starts, ends = np.zeros(0, np.int32), np.zeros(J, np.int64), np.zeros(J, np.int64)
+    return flat, starts, ends

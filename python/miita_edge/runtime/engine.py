@@ -362,12 +362,7 @@ class Engine:
                 self.native.set_key_marks(np.asarray(key_marks, np.int64))
             if self.keys_on_output_rows:
                 self.native.set_output_rows(np.array([i for i, j in enumerate(chunk) if flags[j]], np.int64))
-            rc = L.llama_decode(self._ctx, b)
-            if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc}")
-            err = self.native.error()
-            if err:
-                raise ModelError(f"native callback: {err}")
+            self.decode_batch()
             for i, j in enumerate(chunk):
                 if flags[j] and read_logits:
                     ptr = L.llama_get_logits_ith(self._ctx, i)
@@ -375,6 +370,15 @@ class Engine:
                     n_out += 1
             self.n_past += len(chunk)
         return out
+
+    def decode_batch(self) -> None:
+        """``llama_decode`` of the batch as filled; ModelError if llama.cpp or the callback failed."""
+        rc = self._L.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise ModelError(f"llama_decode failed with code {rc}")
+        err = self.native.error()
+        if err:
+            raise ModelError(f"native callback: {err}")
 
     def hidden_states(self, tokens: Sequence[int], rows: Sequence[bool],
                       key_mask: Sequence[bool] | None = None) -> np.ndarray:

@@ -65,7 +65,7 @@ def prompt_keys(eng: Engine, prompts: Sequence[Sequence[int]], masks: Sequence[S
     return out  # type: ignore[return-value]
 
 def decode_group(eng: Engine, group, prompts, masks, out) -> None:
-    L, b = eng._L, eng._batch
+    b = eng._batch
     eng.reset()
     ids = np.empty(sum(len(prompts[j]) for j in group), np.int32)
     r = 0
@@ -87,12 +87,7 @@ def decode_group(eng: Engine, group, prompts, masks, out) -> None:
     if eng.config.keys_stop_early:
         eng.native.set_stop_after_keys(True)
     try:
-        rc = L.llama_decode(eng._ctx, b)
-        if rc != 0:
-            raise ModelError(f"llama_decode failed with code {rc}")
-        err = eng.native.error()
-        if err:
-            raise ModelError(f"native callback: {err}")
+        eng.decode_batch()
         sums, _ = eng.native.group_keys()
         rows = eng.native.group_key_rows()
     finally:
