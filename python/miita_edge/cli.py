@@ -52,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_ingest(sub)
+    _add_ask_and_forget(sub)
+    _add_serve_info_demo(sub)
+    _add_bench(sub)
+    _add_check_model(sub)
+    return ap
+
+
+def _add_ingest(sub) -> None:
     p = sub.add_parser("ingest", help="learn supervised examples from a JSONL file",
                        description="Turn each {\"input\", \"output\"} row into a key and a correction and write it "
                                    "into the memory, repairing the memory to stay within its byte budget. The new "
@@ -86,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "one-by-one extraction, as with --contexts (rates in docs/benchmarks.md)")
     _add_common(p)
 
+
+def _add_ask_and_forget(sub) -> None:
     p = sub.add_parser("ask", help="answer a query with the memory applied",
                        description="Answer TEXT (or standard input). The retrieved memory is added to the final "
                                    "hidden state at every decoding step and discarded afterwards.",
@@ -104,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="TEXT", help="the answer to forget, as it was ingested")
     _add_common(p)
 
+
+def _add_serve_info_demo(sub) -> None:
     p = sub.add_parser("serve", help="serve memories over an OpenAI-compatible HTTP API (pip install \".[server]\")",
                        description="OpenAI-compatible server (chat/completions, models) whose memories can be taught "
                                    "and can forget while it serves; a page at /. docs/serving.md.")
@@ -135,8 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
-    _add_bench(sub)
 
+def _add_check_model(sub) -> None:
     p = sub.add_parser("check-model", help="can miita-edge steer this GGUF? facts, a self-test, a verdict",
                        description="Print the model's architecture, sizes, key layer, LM-head tensor and type, and "
                                    "whether its llama.cpp graph names the tensors the callback needs (l_out-<k>, "
@@ -150,7 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-layer", type=int, help="the key layer to check (default: n_layer // 2)")
     p.add_argument("--no-self-test", action="store_true", help="only the header and graph checks")
     _add_common(p, memory=False)
-    return ap
 
 
 def _bench_epilog() -> str:
