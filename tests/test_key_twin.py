@@ -146,21 +146,22 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
     original model's, and a memory built that way answers."""
     from miita_edge.demo.run import demo_stream
     from miita_edge.method.ingest import extract_examples
+    from miita_edge.method.key_extractors import KeyOptions, choose_extractor
     from miita_edge.miita import Miita
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     train, test = demo_stream()
     rows = train[:48]
     with Engine(None, EngineConfig(n_threads=2)) as eng:
-        fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain")
-        fast.fast_keys = True
+        fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain", keys=KeyOptions(fast=True))
         fast.ingest(rows, budget="none", progress=False)
         twin = runtime_contexts.q8_twin(eng)
         assert twin is not None and twin.info.path != eng.info.path
-        assert fast._thread_extractor.engine is twin and fast._thread_extractor.contexts == 2
+        extractor = choose_extractor(fast._use_keys(), fast.template, fast.preset, fast.keys)
+        assert extractor.engine is twin and extractor.contexts == 2
         assert fast.fingerprint()["sha256"] == Miita(engine=eng, memory=str(tmp_path / "x"),
                                                      template="plain").fingerprint()["sha256"]
-        got = list(fast._key_extractor()(rows))
+        got = list(extractor(rows))
         one = extract_examples(fast._use_keys(), fast.template, fast.preset, rows)
         S = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in one])
         B = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in got])

@@ -98,18 +98,28 @@ def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engi
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
+    import miita_edge.method.key_extractors as kx
+    from miita_edge.method.key_extractors import KeyOptions
+
     exs = [Example(x, y, line=i + 1) for i, (x, y) in enumerate(ROWS)]
+    made = []  # the threaded extractors the ingests chose
+
+    def recorded(*a, **k):
+        made.append(kx_thread(*a, **k))
+        return made[-1]
+
+    kx_thread = kx.ThreadExtractor
+    monkeypatch.setattr(kx, "ThreadExtractor", recorded)
 
     def ingest(contexts, name):
-        m = Miita(engine=engine, memory=tmp_path / name, template="plain")
-        m.key_contexts = contexts
+        m = Miita(engine=engine, memory=tmp_path / name, template="plain", keys=KeyOptions(contexts=contexts))
         m.ingest(exs, budget="none", progress=False)
         return m, m.bank.to_arrays()
 
     m2, a2 = ingest(2, "two")
     _, a3 = ingest(3, "three")
     m1, a1 = ingest(1, "one")
-    assert m2._thread_extractor is not None and m1._thread_extractor is None
+    assert [e.contexts for e in made] == [2, 3]  # one context: the engine's own, no threads
     assert a2.keys() == a3.keys() == a1.keys()
     for k in a2:
         assert np.array_equal(a2[k], a3[k]), k
@@ -127,7 +137,8 @@ def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engi
         return real(*a, **k)
 
     monkeypatch.setattr(ti, "extract_keys", flaky)
-    m2._key_extractor().shard = 8  # 5 shards: the third fails while others are decoding or written
+    monkeypatch.setattr(kx, "ThreadExtractor", lambda *a, **k: kx_thread(*a, **k, shard=8))
+    # 5 shards: the third fails while others are decoding or written
     before = m2.version
     with pytest.raises(RuntimeError, match="third shard"):
         m2.ingest(exs, budget="none", progress=False)
