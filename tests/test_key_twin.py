@@ -67,7 +67,8 @@ def test_the_twin_is_written_once_and_only_complete(tmp_path, monkeypatch):
 
     def boom(a, b, layers=None):
         calls.append(b)
-        open(b, "wb").write(b"GGUF half")
+        with open(b, "wb") as fh:
+            fh.write(b"GGUF half")
         raise KeyboardInterrupt
 
     out2 = tmp_path / "twins2"
