@@ -438,22 +438,27 @@ def test_native_gather_matches_gguf_dequantize_on_real_tensors(engine, gguf_read
     assert {QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0} <= seen
 
 
+def complete(engine, prompt: str, max_tokens: int = 32, stop=("\n",), **kw):
+    """A plain completion of a text prompt (no memory): one query, then generate."""
+    return engine.generate(engine.query(engine.tokenize(prompt)), max_tokens=max_tokens, stop=stop, **kw)
+
+
 def test_greedy_generation_is_deterministic_and_stops(engine):
-    a = engine.complete("Question: What is two plus two?\nAnswer:", max_tokens=16)
-    b = engine.complete("Question: What is two plus two?\nAnswer:", max_tokens=16)
+    a = complete(engine, "Question: What is two plus two?\nAnswer:", max_tokens=16)
+    b = complete(engine, "Question: What is two plus two?\nAnswer:", max_tokens=16)
     assert a.text == b.text and a.tokens == b.tokens
     assert "\n" not in a.text
     assert a.stop_reason in {"stop", "eog", "length"}
-    c = engine.complete("Once upon a time", max_tokens=5, stop=())
+    c = complete(engine, "Once upon a time", max_tokens=5, stop=())
     assert len(c.tokens) == 5 and c.stop_reason == "length"
-    s1 = engine.complete("Once upon a time", max_tokens=8, stop=(), temperature=1.0, seed=3)
-    s2 = engine.complete("Once upon a time", max_tokens=8, stop=(), temperature=1.0, seed=3)
+    s1 = complete(engine, "Once upon a time", max_tokens=8, stop=(), temperature=1.0, seed=3)
+    s2 = complete(engine, "Once upon a time", max_tokens=8, stop=(), temperature=1.0, seed=3)
     assert s1.tokens == s2.tokens
 
 
 def test_amx_regression_decode_does_not_crash(model_path):
     """On AMX CPUs the default extra buffer types segfault in the first decode (llama.cpp #20824)."""
     code = ("from miita_edge.runtime.engine import Engine; e = Engine(%r); "
-            "print(repr(e.complete('Hello', max_tokens=2).text))" % str(model_path))
+            "print(repr(e.generate(e.query(e.tokenize('Hello')), max_tokens=2).text))" % str(model_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

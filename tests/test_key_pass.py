@@ -1,4 +1,4 @@
-"""Key-only passes stop the graph after the deepest key layer (``Engine.prompt_key``, issue 15).
+"""Key-only passes stop the graph after the deepest key layer (``runtime.key_pass.prompt_key``, issue 15).
 
 The rows a key sums are computed before the stop exactly as in a full pass, so the reference is a
 full pass of the same engine (``Engine.query``, which computes every layer and the logits):
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from miita_edge.runtime import key_pass
 
 from miita_edge.runtime.key_pooling import key_mean
 
@@ -39,7 +41,7 @@ def test_a_key_only_pass_is_bitwise_the_full_pass(engine, layers):
         toks = engine.tokenize(text)
         full = engine.query(toks, skip_bos_in_key=True)
         stops0 = engine.native.hits(2)
-        s, n = engine.prompt_key(toks, _mask(engine, toks))
+        s, n = key_pass.prompt_key(engine, toks, _mask(engine, toks))
         stopped = engine.native.hits(2) - stops0
         assert stopped == (len(toks) + engine.config.n_batch - 1) // engine.config.n_batch  # one per ubatch
         assert list(n) == list(full.pooled_rows)
@@ -51,11 +53,11 @@ def test_the_full_depth_when_asked(engine, layers):
     engine.config.keys_stop_early = False
     try:
         stops0 = engine.native.hits(2)
-        s, n = engine.prompt_key(toks, _mask(engine, toks))
+        s, n = key_pass.prompt_key(engine, toks, _mask(engine, toks))
         assert engine.native.hits(2) == stops0
     finally:
         engine.config.keys_stop_early = True
-    s2, n2 = engine.prompt_key(toks, _mask(engine, toks))
+    s2, n2 = key_pass.prompt_key(engine, toks, _mask(engine, toks))
     assert list(n) == list(n2) and np.array_equal(s, s2)
 
 
@@ -64,7 +66,7 @@ def test_the_sequence_is_clean_after_a_key_only_pass(engine):
     toks = engine.tokenize(PROMPTS[1])
     engine.reset()
     ref = engine.query(toks)
-    engine.prompt_key(toks, _mask(engine, toks))
+    key_pass.prompt_key(engine, toks, _mask(engine, toks))
     assert engine.n_past == 0
     got = engine.query(toks)
     assert np.array_equal(got.logits, ref.logits) and np.array_equal(got.h_q, ref.h_q)

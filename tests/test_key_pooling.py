@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
+
 from miita_edge.errors import InputError, StoreError
 from miita_edge.method.presets import Preset, default_preset, default_preset_v3, get_preset, paper_preset
 from miita_edge.runtime.key_pooling import key_mean
@@ -58,15 +60,22 @@ def test_presets_pool_as_their_version_says():
             Preset.from_json({"name": "default", "version": 4, "key_pooling": bad})
 
 
-def test_an_earlier_version_by_name():
-    """``--preset default/3`` (the manifest's own spelling) builds a memory as version 3 did."""
-    assert get_preset("default/3").version == 3 and get_preset("default/3").key_pooling == ()
-    assert get_preset("default/3").bank.anchor_fold == "ward"
-    assert get_preset("default").version == 5 and get_preset("default/4").key_pooling == ("last", "mean")
-    assert get_preset("paper/1").name == "paper"
-    for bad in ("default/9", "default/x", "paper/3", "nope", "nope/1", "default/"):
+def test_an_earlier_version_by_number_but_users_select_only_the_current_ones():
+    """``preset_version("default", 3)`` builds a memory as version 3 did (the benches reproduce old
+    memories); a user selects only ``default`` and ``paper``, at their current versions."""
+    from miita_edge.method.presets import preset_names, preset_version
+
+    assert preset_version("default", 3).version == 3 and preset_version("default", 3).key_pooling == ()
+    assert preset_version("default", 3).bank.anchor_fold == "ward"
+    assert get_preset("default").version == 5 and preset_version("default", 4).key_pooling == ("last", "mean")
+    assert preset_version("paper", 1).name == "paper" and get_preset("paper").name == "paper"
+    assert preset_names() == ["paper", "default"]
+    for bad in ("default/3", "default/4", "default/5", "paper/1", "paper/2", "default/9", "default/x", "nope", "nope/1", "default/"):
         with pytest.raises(InputError, match="unknown preset"):
             get_preset(bad)
+    for name, version in (("default", 9), ("paper", 2), ("nope", 1)):
+        with pytest.raises(InputError, match="unknown preset"):
+            preset_version(name, version)
 
 
 # ------------------------------------------------------------------ model
@@ -81,12 +90,12 @@ def test_a_last_row_block_is_the_mean_over_a_last_row_mask(engine):
             mask = _mask(engine, toks)
             engine.set_key_layers([12, 9], ("last", "mean"))
             q = engine.query(toks)
-            s, n = engine.prompt_key(toks, mask)
+            s, n = key_pass.prompt_key(engine, toks, mask)
             assert list(n) == [1, sum(mask)] and list(q.pooled_rows) == [1, sum(mask)]
             assert q.key_rows == sum(mask)
             engine.set_key_layers([12, 9])
             ref_last = engine.query(toks[:], skip_bos_in_key=True)  # mean of every row, both layers
-            s_last, n_last = engine.prompt_key(toks, _last_only(mask))
+            s_last, n_last = key_pass.prompt_key(engine, toks, _last_only(mask))
             assert list(n_last) == [1, 1]
             assert np.array_equal(q.keys[0], key_mean(s_last, n_last).reshape(2, -1)[0])
             assert np.array_equal(q.keys[1], ref_last.keys[1])
@@ -134,7 +143,7 @@ def test_last_row_pooling_against_rows_read_by_a_python_callback(model_path):
         q4 = eng.query(toks)
         mask = _mask(eng, toks)
         eng.set_key_layers([12, 9, 3])
-        s_ref, n_ref = eng.prompt_key(toks, _last_only(mask))
+        s_ref, n_ref = key_pass.prompt_key(eng, toks, _last_only(mask))
         want = key_mean(s_ref, n_ref).reshape(3, -1)
         assert np.array_equal(q4.keys[[0, 2]], want[[0, 2]])
         assert np.linalg.norm(q4.keys[1] - refs[1]) <= 1e-2 * np.linalg.norm(refs[1])
@@ -156,15 +165,15 @@ def test_keys_of_several_prompts_per_decode_pool_each_sequence_last_row(model_pa
         eng.set_key_layers([12, 9], ("last", "mean"))
         toks = [eng.tokenize(t) for t in PROMPTS[:2] + ["close my account please", "hi"]]
         masks = [_mask(eng, t) for t in toks]
-        ref = [eng.prompt_key(t, m) for t, m in zip(toks, masks)]
-        got = eng.prompt_keys(toks, masks)
+        ref = [key_pass.prompt_key(eng, t, m) for t, m in zip(toks, masks)]
+        got = key_pass.prompt_keys(eng, toks, masks)
         for (s, n), (rs, rn) in zip(got, ref):
             assert list(n) == list(rn) == [1, n[1]]
             # a single row moves more with batch shapes than a mean of rows (measured: cos 0.99987)
             for a, b, floor in zip(key_mean(s, n).reshape(2, -1), key_mean(rs, rn).reshape(2, -1), (0.999, 0.9999)):
                 assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > floor
         eng.config.n_seq_max = 1
-        for (s, n), (rs, rn) in zip(eng.prompt_keys(toks, masks), ref):
+        for (s, n), (rs, rn) in zip(key_pass.prompt_keys(eng, toks, masks), ref):
             assert np.array_equal(key_mean(s, n), key_mean(rs, rn))
 
 
@@ -180,7 +189,7 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default/3", 3, ("mean", "mean")),
+        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default", 5, ("last", "mean")),
                                       (default_preset(), 5, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:

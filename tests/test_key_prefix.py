@@ -1,6 +1,6 @@
 """Key-only passes that continue the previous prompt's rows (``runtime.key_prefix``, issue 15).
 
-A templated stream shares its instruction: ``Engine.prompt_key`` decodes only the rows after the
+A templated stream shares its instruction: ``runtime.key_pass.prompt_key`` decodes only the rows after the
 deepest cut that ``key_prefix.cut`` allows, starting the key sums from the snapshot the callback
 took at that row. The reference is a full pass of the same engine (``Engine.query``: every layer,
 the logits, no cache): keys must be bitwise equal, for short prompts, for prompts past flash
@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
 from miita_edge.runtime import key_prefix as kp
 
 
@@ -110,13 +111,13 @@ def _texts():
 def test_continued_keys_are_bitwise_a_full_pass(engine, layers, pooling):
     engine.set_key_layers(layers, pooling)
     engine.reset()
-    assert engine.key_prefix_ok
+    assert key_pass.key_prefix_ok(engine)
     prompts = [engine.tokenize(t) for t in _texts()]
     assert any(len(p) >= 64 for p in prompts) and any(len(p) < 64 for p in prompts)
     got, cuts = [], []
     for p in prompts:
         before = engine.key_rows_reused
-        got.append(engine.prompt_key(p, engine.key_mask(p, True)))
+        got.append(key_pass.prompt_key(engine, p, engine.key_mask(p, True)))
         cuts.append(engine.key_rows_reused - before)
     # cuts really happened: short prompts after the 13-token instruction at 12, long ones (~110
     # rows, rests kept at >= 64 rows) at 40+
@@ -135,14 +136,14 @@ def test_snapshot_is_the_key_of_the_first_rows(engine):
     engine.reset()
     toks = engine.tokenize("Classify the banking customer query into an intent.\nQuery: where is my card\nIntent:")
     mask = engine.key_mask(toks, True)
-    engine.prompt_key(toks, mask)
+    key_pass.prompt_key(engine, toks, mask)
     states = engine._key_prefix.states
     assert sorted(states) == kp.mark_rows(0, len(toks))
     for q in (8, 16):
         sums, pooled, rows = states[q]
         engine.config.key_prefix_cache = False
         try:
-            s, n = engine.prompt_key(toks[:q], mask[:q])
+            s, n = key_pass.prompt_key(engine, toks[:q], mask[:q])
         finally:
             engine.config.key_prefix_cache = True
         assert np.array_equal(sums.astype(np.float32), s) and np.array_equal(pooled, n) and rows == q - 1
@@ -161,7 +162,7 @@ def test_the_kept_rows_leave_no_trace(engine):
     logits = engine.decode(t1)
     engine.reset()
     for then in ("query", "decode", "truncate"):
-        engine.prompt_key(t1, engine.key_mask(t1, True))
+        key_pass.prompt_key(engine, t1, engine.key_mask(t1, True))
         assert engine._key_prefix is not None and engine.n_past == 0
         if then == "query":
             got = engine.query(t2)
@@ -183,7 +184,7 @@ def test_the_probe_rejects_looser_rules(engine, monkeypatch, rule, value):
     engine.set_key_layers((12, 9), ("last", "mean"))
     monkeypatch.setattr(kp, rule, value)
     try:
-        assert engine._probe_key_prefix() is False
+        assert key_pass.probe_key_prefix(engine) is False
     finally:
         engine.set_key_layers((engine.key_layer,))
 
@@ -196,7 +197,7 @@ def test_a_failed_probe_means_whole_passes(engine, monkeypatch):
     before = engine.key_rows_reused
     for t in _texts()[:3]:
         toks = engine.tokenize(t)
-        engine.prompt_key(toks, engine.key_mask(toks, True))
+        key_pass.prompt_key(engine, toks, engine.key_mask(toks, True))
     assert engine.key_rows_reused == before and engine._key_prefix is None
 
 

@@ -12,6 +12,10 @@ import os
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
+
+from miita_edge.runtime import contexts as runtime_contexts
+
 
 def _random_q5_0(n_blocks: int, rng) -> np.ndarray:
     d = rng.uniform(-2, 2, n_blocks).astype(np.float16)  # any finite scale, either sign
@@ -63,7 +67,8 @@ def test_the_twin_is_written_once_and_only_complete(tmp_path, monkeypatch):
 
     def boom(a, b, layers=None):
         calls.append(b)
-        open(b, "wb").write(b"GGUF half")
+        with open(b, "wb") as fh:
+            fh.write(b"GGUF half")
         raise KeyboardInterrupt
 
     out2 = tmp_path / "twins2"
@@ -142,21 +147,22 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
     original model's, and a memory built that way answers."""
     from miita_edge.demo.run import demo_stream
     from miita_edge.method.ingest import extract_examples
+    from miita_edge.method.key_extractors import KeyOptions, choose_extractor
     from miita_edge.miita import Miita
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     train, test = demo_stream()
     rows = train[:48]
     with Engine(None, EngineConfig(n_threads=2)) as eng:
-        fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain")
-        fast.fast_keys = True
+        fast = Miita(engine=eng, memory=str(tmp_path / "fast"), template="plain", keys=KeyOptions(fast=True))
         fast.ingest(rows, budget="none", progress=False)
-        twin = eng.q8_twin()
+        twin = runtime_contexts.q8_twin(eng)
         assert twin is not None and twin.info.path != eng.info.path
-        assert fast._thread_extractor.engine is twin and fast._thread_extractor.contexts == 2
+        extractor = choose_extractor(fast._use_keys(), fast.template, fast.preset, fast.keys)
+        assert extractor.engine is twin and extractor.contexts == 2
         assert fast.fingerprint()["sha256"] == Miita(engine=eng, memory=str(tmp_path / "x"),
                                                      template="plain").fingerprint()["sha256"]
-        got = list(fast._key_extractor()(rows))
+        got = list(extractor(rows))
         one = extract_examples(fast._use_keys(), fast.template, fast.preset, rows)
         S = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in one])
         B = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in got])
@@ -220,15 +226,15 @@ def test_the_cut_twin_keeps_the_keys(twin_cache):
 
     with Engine(None, EngineConfig(n_threads=2, n_batch=64)) as eng:
         eng.set_key_layers([12, 9], ["last", "mean"])
-        twin = eng.q8_twin()
+        twin = runtime_contexts.q8_twin(eng)
         assert twin.n_layer == 13 and twin.keys_on_output_rows and twin.config.key_cut
         texts = ["where is my new card", "I was charged twice for the same coffee at the station",
                  "why " * 150]  # the last: 150+ tokens, three chunks of 64
         for text in texts:
             toks = eng.tokenize(text)
             for mask in ([False] + [True] * (len(toks) - 1), [False] + [True] * (len(toks) - 2) + [False]):
-                a_sum, a_rows = eng.prompt_key(toks, mask)
-                b_sum, b_rows = twin.prompt_key(toks, mask)
+                a_sum, a_rows = key_pass.prompt_key(eng, toks, mask)
+                b_sum, b_rows = key_pass.prompt_key(twin, toks, mask)
                 assert list(a_rows) == list(b_rows) == [1, sum(mask)]
                 a, b = a_sum.reshape(2, -1), b_sum.reshape(2, -1)
                 assert np.array_equal(a[1], b[1]), text

@@ -3,7 +3,7 @@ module imports from a layer above its own.
 
 Layers, bottom to top (README "Layout"):
 
-    base        errors, streams, the _native extension
+    base        errors, streams, native (the one door to the _native extension)
     runtime     llama.cpp engine, GGUF inspection, ABI check, default model, fingerprint
     memory      bank, budget, codecs, store          (beside runtime: neither imports the other)
     method      templates, extraction, ingest pipeline, retrieval, steering, presets
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 LAYERS = {
-    "base": ("errors", "streams", "_native"),
+    "base": ("errors", "streams", "native", "_native"),
     "runtime": ("runtime",),
     "memory": ("memory",),
     "method": ("method",),
@@ -194,3 +194,46 @@ def test_the_checks_catch_a_cycle_and_an_upward_import(fake_pkg):
     cycle = find_cycle(graph)
     assert cycle is not None and set(cycle) == {"miita_edge.miita", "miita_edge.memory.bank"}
     assert upward_imports(graph, "miita_edge") == ["miita_edge.memory.bank (memory) imports miita_edge.miita (facade)"]
+
+
+# ---------------------------------------------------------------- sizes: one job per module and function
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 120
+
+
+def oversized(root: Path, top: str) -> list[str]:
+    """Modules over MAX_MODULE_LINES lines and functions (methods, nested ones too) over
+    MAX_FUNCTION_LINES, counted with ast from the ``def`` line to the function's last line."""
+    bad = []
+    for f in sorted(root.rglob("*.py")):
+        rel = ".".join([top] + list(f.relative_to(root).with_suffix("").parts))
+        text = f.read_text("utf-8")
+        n = len(text.splitlines())
+        if n > MAX_MODULE_LINES:
+            bad.append(f"module {rel}: {n} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(text, filename=str(f))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    bad.append(f"function {rel}.{node.name} (line {node.lineno}): {length} lines "
+                               f"(at most {MAX_FUNCTION_LINES})")
+    return bad
+
+
+def test_modules_and_functions_stay_small():
+    bad = oversized(package_dir(), "miita_edge")
+    assert not bad, "split by responsibility:\n" + "\n".join(bad)
+
+
+def test_the_size_check_counts_lines_and_functions(tmp_path):
+    root = tmp_path / "miita_edge"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # def line + 120 = 121 lines
+    (root / "big.py").write_text("def f():\n" + body + "\n\nclass C:\n    def g(self):\n        return 1\n")
+    (root / "long.py").write_text("\n" * (MAX_MODULE_LINES + 1))
+    (root / "ok.py").write_text("def h():\n" + "".join(f"    y{i} = {i}\n" for i in range(MAX_FUNCTION_LINES - 1)))
+    assert oversized(root, "miita_edge") == [
+        f"function miita_edge.big.f (line 1): {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})",
+        f"module miita_edge.long: {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})"]

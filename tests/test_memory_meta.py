@@ -11,7 +11,7 @@ import pytest
 from miita_edge.errors import StoreError
 from miita_edge.memory import meta
 from miita_edge.method.presets import default_preset, paper_preset
-from miita_edge.miita import check_memory_meta
+from miita_edge.method.presets import check_memory_fields as check_memory_meta
 
 SHA = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 ARRAYS = {"counts": np.zeros(3, np.uint32), "anchor_count": np.zeros(4, np.uint16)}

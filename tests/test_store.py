@@ -486,28 +486,6 @@ def test_writer_repairs_a_damaged_current_version(tmp_path):
     assert FORMAT_VERSION == 2 and snap.format_version == 2
 
 
-# ----------------------------------------------------------------------------- expect=
-
-
-def test_expect(tmp_path):
-    fp = {"model": "gemma-3-270m", "sha": "abc", "layer": 6}
-    commit(tmp_path, {"x": np.zeros(2, np.float32)}, {"fingerprint": fp, "d": 640})
-    store = Store(tmp_path)
-    assert store.read(expect={"fingerprint": dict(fp), "d": 640}).manifest["d"] == 640
-
-    with pytest.raises(StoreError) as info:
-        store.read(expect={"fingerprint": {**fp, "layer": 7}})
-    msg = str(info.value)
-    assert "fingerprint" in msg and "6" in msg and "7" in msg and "\n" not in msg and str(tmp_path) in msg
-
-    with pytest.raises(StoreError, match=r"d is 640, expected 1024"):
-        store.read(expect={"d": 1024})
-    with pytest.raises(StoreError, match=r"missing_key is missing"):
-        store.read(expect={"missing_key": 1})
-    with pytest.raises(StoreError, match="fingerprint"):  # several sub-keys differ
-        store.read(expect={"fingerprint": {"model": "other", "sha": "zzz", "layer": 6}})
-
-
 # ----------------------------------------------------------------------------- programming errors
 
 

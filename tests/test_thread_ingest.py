@@ -9,6 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from miita_edge.runtime import key_pass
+
+from miita_edge.runtime import contexts as runtime_contexts
+
 pytestmark = pytest.mark.model
 
 ROWS = [(f"{w} question number {i} about my card and the transfer", f"answer {i % 5}")
@@ -46,7 +50,7 @@ def test_keys_do_not_depend_on_the_contexts_that_ran_them(engine, template):
     from miita_edge.method.extract import extract_keys
     from miita_edge.method.thread_ingest import KEY_SEQS_PER_DECODE
 
-    one = engine.siblings(1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
+    one = runtime_contexts.siblings(engine, 1, 2, KEY_SEQS_PER_DECODE)[0]  # two threads, same sequences per decode
     ref = [e for i in range(0, len(ROWS), 8) for e in extract_keys(one, template, ROWS[i:i + 8], skip_bos=True)]
     for contexts in (3, 2):
         got = _threaded(engine, template, ROWS, contexts)
@@ -75,14 +79,14 @@ def test_siblings_share_the_model_and_close_with_it():
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     eng = Engine(None, EngineConfig(n_ctx=512, n_batch=256, n_threads=2))
-    a, b = eng.siblings(2, 1, 4)
+    a, b = runtime_contexts.siblings(eng, 2, 1, 4)
     assert a is not b and a._model is eng._model and a.config.n_threads == 1 and a.config.n_seq_max == 4
-    assert eng.siblings(2, 1, 4) == [a, b]  # kept, not made again
-    assert eng.sibling(1, 4)._owner is eng
+    assert runtime_contexts.siblings(eng, 2, 1, 4) == [a, b]  # kept, not made again
+    assert runtime_contexts.sibling(eng, 1, 4)._owner is eng
     a.close()  # a sibling frees its context only: the engine and the other sibling still decode
     assert a not in eng._siblings
-    k1 = b.prompt_key(eng.tokenize("where is my card"), [False] + [True] * 4)
-    k2 = eng.prompt_key(eng.tokenize("where is my card"), [False] + [True] * 4)
+    k1 = key_pass.prompt_key(b, eng.tokenize("where is my card"), [False] + [True] * 4)
+    k2 = key_pass.prompt_key(eng, eng.tokenize("where is my card"), [False] + [True] * 4)
     assert np.array_equal(k1[0], k2[0]) and k1[1] == k2[1] == 4  # one prompt per decode: bitwise
     eng.close()
     assert b._closed and not eng._siblings
@@ -94,18 +98,28 @@ def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engi
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
+    import miita_edge.method.key_extractors as kx
+    from miita_edge.method.key_extractors import KeyOptions
+
     exs = [Example(x, y, line=i + 1) for i, (x, y) in enumerate(ROWS)]
+    made = []  # the threaded extractors the ingests chose
+
+    def recorded(*a, **k):
+        made.append(kx_thread(*a, **k))
+        return made[-1]
+
+    kx_thread = kx.ThreadExtractor
+    monkeypatch.setattr(kx, "ThreadExtractor", recorded)
 
     def ingest(contexts, name):
-        m = Miita(engine=engine, memory=tmp_path / name, template="plain")
-        m.key_contexts = contexts
+        m = Miita(engine=engine, memory=tmp_path / name, template="plain", keys=KeyOptions(contexts=contexts))
         m.ingest(exs, budget="none", progress=False)
         return m, m.bank.to_arrays()
 
     m2, a2 = ingest(2, "two")
     _, a3 = ingest(3, "three")
     m1, a1 = ingest(1, "one")
-    assert m2._thread_extractor is not None and m1._thread_extractor is None
+    assert [e.contexts for e in made] == [2, 3]  # one context: the engine's own, no threads
     assert a2.keys() == a3.keys() == a1.keys()
     for k in a2:
         assert np.array_equal(a2[k], a3[k]), k
@@ -123,7 +137,8 @@ def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engi
         return real(*a, **k)
 
     monkeypatch.setattr(ti, "extract_keys", flaky)
-    m2._key_extractor().shard = 8  # 5 shards: the third fails while others are decoding or written
+    monkeypatch.setattr(kx, "ThreadExtractor", lambda *a, **k: kx_thread(*a, **k, shard=8))
+    # 5 shards: the third fails while others are decoding or written
     before = m2.version
     with pytest.raises(RuntimeError, match="third shard"):
         m2.ingest(exs, budget="none", progress=False)

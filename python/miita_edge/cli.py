@@ -8,10 +8,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
+from .demo.run import run_demo
 from .errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError
+from .evaluation import BENCHMARKS, METHODS, run_benchmark
+from .evaluation.report import _json_default
+from .memory import store as store_mod
+from .memory.budget import parse_budget
+from .method import ann_index
+from .method.extract import prompt_tokens
+from .method.presets import preset_names
+from .method.templates import AUTO, CHAT, get_template
+from .miita import KeyOptions, Miita, default_memory_dir, memory_fields
+from .runtime.engine import Engine, EngineConfig
+from .runtime.model_check import check_model_isolated
+from .steering_check import steering_check
+from .streams import read_examples
 
 EPILOG = """environment:
   MIITA_EDGE_MODEL   GGUF used when --model is not given (default: the embedded Gemma-3-270M)
@@ -30,8 +45,6 @@ def _add_common(p: argparse.ArgumentParser, memory: bool = True, model: bool = T
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .method.presets import preset_names
-
     ap = argparse.ArgumentParser(
         prog="miita-edge",
         description="Memory-Induced Inference-Time Adaptation on llama.cpp: a small model learns from "
@@ -40,6 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
+    _add_ingest(sub)
+    _add_ask_and_forget(sub)
+    _add_serve_info_demo(sub)
+    _add_bench(sub)
+    _add_check_model(sub)
+    return ap
+
+
+def _add_ingest(sub) -> None:
     p = sub.add_parser("ingest", help="learn supervised examples from a JSONL file",
                        description="Turn each {\"input\", \"output\"} row into a key and a correction and write it "
                                    "into the memory, repairing the memory to stay within its byte budget. The new "
@@ -54,9 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the model's own chat template) or auto (chat where the model has one, else plain; the "
                    "default); an existing memory keeps its own")
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET",
-                   help="method preset for a new memory: default (version 4), paper (the method exactly as "
-                   "published), or an earlier version such as default/3 (keys averaged over the prompt at both "
-                   "layers: measured better than version 4 on mixed-task streams, docs/method.md 10.7)")
+                   help="method preset for a new memory: default, or paper (the method exactly as published); "
+                   "an existing memory keeps the preset and version it was built with")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
@@ -66,17 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Ray workers, each loading the model once (default: 2)")
     p.add_argument("--contexts", type=int, default=1, metavar="N",
                    help="llama.cpp contexts extracting keys side by side (default preset), sharing the loaded "
-                        "model, each with its share of --threads and 32 prompts per decode: ~1.2-1.4x the default's "
-                        "rate with 2 on 2 cores, keys within rounding of one-by-one extraction, so a stored input "
-                        "is no longer an exact repeat of the same query (default: 1, one prompt per decode, bitwise)")
+                        "model, each with its share of --threads and 32 prompts per decode; keys within rounding "
+                        "of one-by-one extraction, so a stored input is no longer an exact repeat of the same "
+                        "query (default: 1, one prompt per decode, bitwise; rates in docs/benchmarks.md)")
     p.add_argument("--fast-keys", action="store_true",
                    help="key-only presets: extract keys from a twin of the model cut after its key layers, its Q5_0 "
                         "weights re-encoded losslessly as Q8_0 (written once per model to the user cache, ~250 MB "
-                        "for the bundled model), on --contexts contexts (at least 2): ~1.7x the default's ingest "
-                        "rate on a 2-core AVX-512 CPU; keys within rounding of one-by-one extraction, as with "
-                        "--contexts (docs/benchmarks.md)")
+                        "for the bundled model), on --contexts contexts (at least 2); keys within rounding of "
+                        "one-by-one extraction, as with --contexts (rates in docs/benchmarks.md)")
     _add_common(p)
 
+
+def _add_ask_and_forget(sub) -> None:
     p = sub.add_parser("ask", help="answer a query with the memory applied",
                        description="Answer TEXT (or standard input). The retrieved memory is added to the final "
                                    "hidden state at every decoding step and discarded afterwards.",
@@ -95,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="TEXT", help="the answer to forget, as it was ingested")
     _add_common(p)
 
+
+def _add_serve_info_demo(sub) -> None:
     p = sub.add_parser("serve", help="serve memories over an OpenAI-compatible HTTP API (pip install \".[server]\")",
                        description="OpenAI-compatible server (chat/completions, models) whose memories can be taught "
                                    "and can forget while it serves; a page at /. docs/serving.md.")
@@ -128,13 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="16KiB", help="memory budget (default: 16KiB)")
     p.add_argument("--memory", metavar="DIR", help="where to keep the demo memory (default: a temporary directory)")
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET", default="default",
-                   help="default, paper, or an earlier version such as default/3")
+                   help="default or paper")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
-    _add_bench(sub)
 
+def _add_check_model(sub) -> None:
     p = sub.add_parser("check-model", help="can miita-edge steer this GGUF? facts, a self-test, a verdict",
                        description="Print the model's architecture, sizes, key layer, LM-head tensor and type, and "
                                    "whether its llama.cpp graph names the tensors the callback needs (l_out-<k>, "
@@ -154,12 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-functional", action="store_true",
                    help="skip the functional test (teach and ask a synthetic memory; ~1 min on 2 cores)")
     _add_common(p, memory=False)
-    return ap
 
 
 def _bench_epilog() -> str:
-    from .evaluation import BENCHMARKS, METHODS
-
     lines = ["benchmarks (data directory under shared/data; metric; max new tokens; prompt cut):"]
     for b in BENCHMARKS.values():
         cut = "none" if b.max_prompt_tokens is None else f"{b.max_prompt_tokens} tokens"
@@ -218,8 +239,6 @@ def _add_bench(sub) -> None:
 
 
 def _engine_config(args):
-    from .runtime.engine import EngineConfig
-
     return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
 
 
@@ -230,7 +249,6 @@ def _model_error_line(m, examples, exc) -> str:
     fine is not tokenised twice."""
     if not isinstance(exc, ContextOverflow):
         return ""
-    from .method.extract import prompt_tokens
 
     n_ctx = m.engine.config.n_ctx
     decodes_answer = m.preset.bank.payload != "tokens"
@@ -245,32 +263,18 @@ def _model_error_line(m, examples, exc) -> str:
 
 
 def cmd_ingest(args) -> int:
-    from .memory.budget import parse_budget
-    from .miita import Miita
-    from .streams import read_examples
-    from .method.templates import AUTO, CHAT, get_template
-
-    if args.contexts < 1:
-        raise InputError(f"--contexts must be >= 1, got {args.contexts}")
+    keys = KeyOptions(contexts=args.contexts, fast=args.fast_keys, ray=args.ray, ray_workers=args.ray_workers)
     examples = read_examples(args.data)  # validates the whole file first
-    if args.budget is not None:
-        parse_budget(args.budget)
+    budget = None if args.budget is None else parse_budget(args.budget)
     if args.template is not None and args.template.strip().lower() not in (AUTO, CHAT):
         get_template(args.template)
     with Miita(args.model, args.memory, preset=args.preset, template=args.template,
-               engine_config=_engine_config(args)) as m:
-        m.key_contexts = args.contexts
-        if args.fast_keys:
-            if args.ray:
-                raise InputError("--fast-keys and --ray: choose one (Ray workers extract with the model itself)")
-            if m.preset.bank.payload != "tokens":
-                raise InputError(f"--fast-keys: preset {m.preset.name!r} computes corrections at ingest, not only "
-                                 f"keys; drop --fast-keys")
-            m.fast_keys = True
+               engine_config=_engine_config(args), keys=keys) as m:
+        keys.check_preset(m.preset)
+        if keys.fast:
             m.fast_key_engine()  # the twin written or found before the stream: its errors are not a row's
         try:
-            rep = m.ingest(examples, budget=args.budget, progress=args.progress, ray=args.ray,
-                           ray_workers=args.ray_workers)
+            rep = m.ingest(examples, budget=budget, progress=args.progress)
         except BudgetError as exc:  # it names the line; name the file too
             raise BudgetError(f"{args.data}: {exc}") from None
         except ModelError as exc:  # e.g. a row longer than the context: name the file and the row
@@ -287,8 +291,6 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_ask(args) -> int:
-    from .miita import Miita
-
     text = args.text
     if text is None:
         if sys.stdin is None or sys.stdin.isatty():
@@ -320,11 +322,6 @@ def _graph_rows(preset, meta) -> int:
 
 
 def cmd_info(args) -> int:
-    from .memory import store as store_mod
-    from .memory.budget import parse_budget
-    from .method import ann_index
-    from .miita import default_memory_dir, memory_fields
-
     path = Path(args.memory).expanduser() if args.memory else default_memory_dir()
     st = store_mod.Store(path)
     if not st.exists():
@@ -367,8 +364,6 @@ def cmd_info(args) -> int:
 
 
 def cmd_forget(args) -> int:
-    from .miita import Miita
-
     if not args.output.strip():
         raise InputError("--output must be a non-empty answer")
     with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
@@ -384,15 +379,13 @@ def cmd_forget(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .memory.budget import parse_budget
-
-    try:
+    try:  # the server stack is an optional extra: imported only when serving
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
         import uvicorn
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
-    from .serve.app import create_app
+    from .serve.app import create_app  # needs the server extra (checked above)
     from .serve.settings import Settings, check_origin_arg, parse_memory_arg
 
     if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64 or args.max_memories < 0:
@@ -422,8 +415,6 @@ def cmd_serve(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo.run import run_demo
-
 
     res = run_demo(model=args.model, memory=args.memory, budget=args.budget, preset=args.preset,
                    threads=args.threads, quiet=args.json)
@@ -433,10 +424,6 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    import shlex
-
-    from .evaluation import run_benchmark
-
     out = args.out
     if out is None:
         tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in args.budget.replace("%", "pct"))
@@ -457,8 +444,6 @@ def cmd_bench(args) -> int:
                         extract_cache_dir=args.extract_cache,
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
-        from .evaluation.report import _json_default
-
         print(json.dumps(res, default=_json_default, allow_nan=False))
         return 0
     A = res["matrix"].A
@@ -483,8 +468,6 @@ def cmd_bench(args) -> int:
 
 
 def cmd_check_model(args) -> int:
-    from .runtime.model_check import check_model_isolated
-
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print
@@ -493,9 +476,6 @@ def cmd_check_model(args) -> int:
                                run_self_test=not args.no_self_test)
     checks = []
     if rep.supported and not (args.no_self_test or args.no_functional):
-        from .runtime.engine import Engine
-        from .steering_check import steering_check
-
         with Engine(path, _engine_config(args)) as eng:
             checks = [steering_check(preset=p, engine=eng) for p in ("default", "paper")]
     verdict, code = ("supported", 0) if rep.supported else (f"refused: {rep.reason}", 2)

@@ -7,6 +7,8 @@ import time
 from importlib.resources import files
 
 from ..evaluation.metrics import normalize_label
+from ..miita import Miita
+from ..runtime.engine import EngineConfig
 from ..streams import Example
 
 
@@ -24,9 +26,6 @@ def demo_stream() -> tuple[list[Example], list[Example]]:
 
 
 def run_demo(model=None, memory=None, budget="16KiB", preset="default", threads=0, quiet=False) -> dict:
-    from ..runtime.engine import EngineConfig
-    from ..miita import Miita
-
     say = (lambda *a, **k: None) if quiet else print
     train, test = demo_stream()
     mem = memory or tempfile.mkdtemp(prefix="miita-demo-")

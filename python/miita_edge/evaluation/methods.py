@@ -243,8 +243,10 @@ class MiitaMethod(Method):
         out, d_bars, d_stars = [], [], []
         for ex in examples:
             d_star = self.oracle_direction(ex) if need_d else None
-            ans = self.m.ask(ex.input, max_tokens=c.max_tokens, mode=self.mode, gate=self.gate,
-                             oracle_dir=d_star if self.mode == "oracle" else None)
+            if self.mode == "oracle":
+                ans = self.m.ask_oracle(ex.input, d_star, max_tokens=c.max_tokens, gate=self.gate)
+            else:
+                ans = self.m.ask(ex.input, max_tokens=c.max_tokens, mode=self.mode, gate=self.gate)
             out.append(ans.text)
             if self.want_oa:
                 ids = np.asarray(ans.prototypes, np.int64)

@@ -37,12 +37,12 @@ from __future__ import annotations
 import math
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation, localcontext
 
 from ..errors import BudgetError, InputError
 
-__all__ = ["Budget", "UNITS", "parse_budget"]
+__all__ = ["Budget", "UNITS", "as_budget", "parse_budget"]
 
 UNITS: dict[str, int] = {
     "": 1,
@@ -70,6 +70,8 @@ class Budget:
 
     absolute: int | None = None
     fraction: float | None = None
+    #: the text it was parsed from, kept verbatim: a memory's manifest stores it as written
+    text: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.absolute is not None and (isinstance(self.absolute, bool) or not isinstance(self.absolute, int)
@@ -78,6 +80,11 @@ class Budget:
         if self.fraction is not None and not (isinstance(self.fraction, (int, float)) and
                                               math.isfinite(self.fraction) and self.fraction > 0):
             raise BudgetError(f"budget fraction {self.fraction!r} must be a finite number > 0")
+
+    @property
+    def spec(self) -> str:
+        """The budget as a user writes it: the text it was parsed from, else its canonical form."""
+        return self.text if self.text is not None else str(self)
 
     @property
     def unlimited(self) -> bool:
@@ -112,6 +119,11 @@ class Budget:
         return " and ".join(parts) if parts else "none"
 
 
+def as_budget(value: "str | Budget") -> Budget:
+    """A Budget from a user's text (parsed here, at the edge) or one already parsed."""
+    return value if isinstance(value, Budget) else parse_budget(value)
+
+
 def parse_budget(text: str) -> Budget:
     """Parse a budget flag value (see module docstring); one-line error naming the value."""
     if not isinstance(text, str):
@@ -119,7 +131,7 @@ def parse_budget(text: str) -> Budget:
     shown = text.strip() if text.strip().isprintable() else repr(text)  # keep the message one line
     t = text.strip().lower()
     if t in _UNLIMITED:
-        return Budget(None, None)
+        return Budget(None, None, text)
     m = _PATTERN.match(t)
     if not m or m.group("unit") not in UNITS and m.group("unit") != "%":
         raise InputError(f'budget "{shown}" is not understood; {_HINT}')
@@ -131,10 +143,10 @@ def parse_budget(text: str) -> Budget:
     if unit == "%":
         if num == 0:
             raise BudgetError(f'budget "{shown}" is zero; no memory fits in it')
-        return Budget(None, float(num / 100))
+        return Budget(None, float(num / 100), text)
     with localcontext() as ctx:
         ctx.prec = len(m.group("num")) + 20  # exact product, no rounding up
         nbytes = int(num * UNITS[unit])  # int() floors: never exceed what was asked for
     if nbytes < 1:
         raise BudgetError(f'budget "{shown}" is less than one byte; no memory fits in it')
-    return Budget(nbytes, None)
+    return Budget(nbytes, None, text)

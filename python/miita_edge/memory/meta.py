@@ -70,7 +70,7 @@ def expand(stored, arrays: Mapping) -> dict:
     """The long form of a stored memory manifest, compact (format 2) or long (format 1).
 
     Lenient on purpose: a field it cannot decode comes back as None (or the format as whatever
-    was there), and the facade's check names it (``miita.check_memory_meta``)."""
+    was there), and the check names it (``memory.manifest.check_fields``)."""
     if not isinstance(stored, dict):
         return {"format": None}
     if "m" not in stored:

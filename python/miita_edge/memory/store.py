@@ -40,14 +40,16 @@ an array mapped past the end of its file would be a SIGBUS.
 """
 from __future__ import annotations
 
+import copy
 import fcntl
 import json
 import os
 import shutil
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Iterator
 
 import numpy as np
 
@@ -78,25 +80,6 @@ class Snapshot:
     entries: dict = field(default_factory=dict)
 
 
-def _first_difference(key: str, actual: Any, expected: Any) -> tuple[str, Any, Any]:
-    """Descend into nested dicts to name the innermost differing key (e.g. fingerprint.layer)."""
-    while isinstance(actual, dict) and isinstance(expected, dict):
-        diff = [k for k in sorted(set(actual) | set(expected), key=str) if actual.get(k, _MISSING) != expected.get(k, _MISSING)]
-        if len(diff) != 1 or diff[0] not in actual or diff[0] not in expected:
-            break
-        key = f"{key}.{diff[0]}"
-        actual, expected = actual[diff[0]], expected[diff[0]]
-    return key, actual, expected
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING = _Missing()
-
-
 class _Retry(Exception):
     """Internal: the version being read vanished because CURRENT moved; start over."""
 
@@ -121,6 +104,46 @@ class Store:
         """The single writer, as a context manager; the lock is taken on ``__enter__``."""
         return Writer(self, wait=wait)
 
+    @contextmanager
+    def transaction(self, opened_version: int, action: str, state: object, names: tuple[str, ...]
+                    ) -> Iterator["Writer"]:
+        """The store's lock, held while ``state`` (an object whose attributes ``names`` are what a
+        commit is made of) is changed on copies: if another writer committed since the caller read
+        ``opened_version``, StoreConflict before anything changes (merging into a bank read before
+        that commit would drop its examples); if the block raises, or sets ``writer.keep = False``,
+        the attributes get their old values back. The caller commits with ``writer.commit``."""
+        with self.writer() as writer:
+            current = self.read().version if self.exists() else 0
+            if current != opened_version:
+                raise StoreConflict(f"memory {self.path} changed since it was opened (version {opened_version} -> "
+                                    f"{current}: another writer committed); nothing was written: open it again and "
+                                    f"rerun this {action}")
+            saved = {n: getattr(state, n) for n in names}
+            for n, v in saved.items():
+                setattr(state, n, copy.deepcopy(v))
+            writer.keep = True
+            try:
+                yield writer
+            except BaseException:
+                writer.keep = False
+                raise
+            finally:
+                if not writer.keep:
+                    for n, v in saved.items():
+                        setattr(state, n, v)
+
+    def refuse_foreign(self) -> None:
+        """Before a first commit: StoreError unless the directory is absent, empty or holds only the
+        store's own debris (the writer's lock, an unpublished pointer or version, e.g. after a first
+        ingest that failed; the next writer cleans those up)."""
+        if not self.path.exists():
+            return
+        if not self.path.is_dir():
+            raise self._fail("is not a directory")
+        if not (self.path / CURRENT).exists() and any(
+                p.name not in (LOCK, CURRENT_TMP) and not VERSION_RE.fullmatch(p.name) for p in self.path.iterdir()):
+            raise self._fail("directory exists but is not a miita-edge memory")
+
     # ---------------------------------------------------------------- reading
 
     def _fail(self, problem: str) -> StoreError:
@@ -141,12 +164,9 @@ class Store:
             raise self._fail(f"{CURRENT} is corrupt (expected a version name, got {_compact(text, 40)})")
         return text
 
-    def read(self, *, expect: dict | None = None) -> Snapshot:
+    def read(self) -> Snapshot:
         """Open the committed version: its size checked against its header before it is mapped, its
         CRC32 before anything is returned (a format-1 version: every file against its manifest).
-
-        ``expect``: manifest keys whose values must match (e.g. the model fingerprint), so a
-        memory built for another model is refused with a message naming the key.
 
         Concurrency: a writer may commit and delete the version we picked between reading
         CURRENT and opening its files. Versions are immutable and only ever deleted after
@@ -165,8 +185,6 @@ class Store:
                 snap = self._load_version(name, verify=True)
             except _Retry:
                 continue
-            if expect:
-                self._check_expect(snap.manifest, expect)
             return snap
         raise self._fail(f"kept changing while being read ({READ_RETRIES} attempts); is a writer looping?")
 
@@ -215,15 +233,6 @@ class Store:
         return Snapshot(version=int(name[1:]), arrays=arrays, manifest=meta, bytes_on_disk=size, format_version=fmt,
                         entries=entries)
 
-    def _check_expect(self, manifest: dict, expect: dict) -> None:
-        for key, want in expect.items():
-            have = manifest.get(key, _MISSING)
-            if have != want:
-                path, a, b = _first_difference(str(key), have, want)
-                shown_a = "missing" if a is _MISSING else _compact(a)
-                shown_b = "missing" if b is _MISSING else _compact(b)
-                raise self._fail(f"{path} is {shown_a}, expected {shown_b}")
-
 
 # --------------------------------------------------------------------------- writer
 
@@ -240,6 +249,7 @@ class Writer:
         self.wait = wait
         self._fd: int | None = None
         self._current: int = 0  # version CURRENT names; 0 = nothing committed yet
+        self.keep = True  # Store.transaction: False puts the caller's state back
 
     def __enter__(self) -> "Writer":
         if self._fd is not None:

@@ -1,9 +1,8 @@
-"""An approximate nearest-neighbour front for the recall scans of large memories (issue 15).
+"""An approximate nearest-neighbour front for the recall scans of large memories.
 
 Why: an exact scan reads every stored key per query, so retrieval grows linearly with the memory
-(default preset: 14 ms at 100,000 prototypes, whose anchors and centroids are 200,000 rows of
-1,280 bits, 23% of a prompt pass; docs/benchmarks.md). A usearch HNSW graph over the same rows
-finds a query's neighbourhood in a fraction of a millisecond, but only approximately. So the graph never decides anything: it *proposes* a candidate set larger than
+(docs/benchmarks.md has its cost against a prompt pass). A usearch HNSW graph over the same rows
+finds a query's neighbourhood in far less, but only approximately. So the graph never decides anything: it *proposes* a candidate set larger than
 what retrieval needs (``SEARCH``: e.g. 256 rows for the 8 anchors of the default preset's
 vote at 100,000 keys, 512 at 1,000,000), and the candidates are re-scored exactly by the existing code. The final selection is
 then the exact scan's whenever the true top set is among the candidates (recall is measured by
@@ -11,9 +10,8 @@ then the exact scan's whenever the true top set is among the candidates (recall 
 
 Which index: for packed 1-bit rows (the default preset's vote) the front is now an inverted file
 (``ivf_index.IvfIndex``, ``BITS_FRONT``): after a prompt pass has evicted the caches, a graph walk's
-dependent reads cost 3x more than reading a few contiguous lists at the same recall (the whole plan
-at 1,000,000 prototypes: 4.58 ms with the graph, 1.18 ms with the lists; docs/benchmarks.md, issue
-15 fifth pass). The usearch graph stays the front of float rows (the
+dependent reads cost more than reading a few contiguous lists at the same recall (docs/benchmarks.md).
+The usearch graph stays the front of float rows (the
 paper preset) and the measured alternative for bits (``BITS_FRONT = "graph"``). ``AnnFront``,
 the cache and ``front`` serve both.
 
@@ -58,6 +56,7 @@ stays interactive: at 1,000,000 default-preset prototypes (1,000,000 distinct ro
 from __future__ import annotations
 
 import json
+import hashlib
 import logging
 import os
 import threading
@@ -67,8 +66,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.fingerprint import cache_dir as user_cache
+from . import ivf_index as ivf
 from .exact_scores import ExactOnDemand, bit_top
 from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, strong_half, write_container
+from .ivf_index import IvfIndex
 
 __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "SEARCH", "available", "cache_dir",
            "front", "min_rows", "search_params", "status"]
@@ -79,9 +81,9 @@ log = logging.getLogger("miita_edge.ann")
 #: used (below: the exact scan, unchanged): above the crossover with the default preset v2's
 #: 1,280-bit rows, ~15,000 voter rows (bench/ann.py --crossover; docs/benchmarks.md)
 MIN_ROWS = 20_000
-#: the same for float rows (the paper preset, rows per channel), never below MIN_ROWS. Its graph is
-#: faster than the exact scans from under 10,000 rows, but its direction channel found 0.93 of the
-#: exact Top_R at 20,000 rows (0.78 at 100,000): it keeps the threshold it had before the
+#: the same for float rows (the paper preset, rows per channel), never below MIN_ROWS. Its graph
+#: beats the exact scans on smaller memories, but its direction channel finds too little of the
+#: exact Top_R there (docs/benchmarks.md): it keeps the threshold it had before the
 #: crossover moved, so paper memories under 50,000 rows stay exact
 MIN_ROWS_FLOAT = 50_000
 #: by kind: (from this many rows, candidates proposed, search breadth usearch ``expansion_search``),
@@ -91,8 +93,7 @@ MIN_ROWS_FLOAT = 50_000
 #: candidates were kept, breadth 2,048 found 0.995 (docs/benchmarks.md)
 SEARCH = {"bits": ((0, 256, 256), (500_000, 512, 2048)), "f16": ((0, 128, 128),)}
 #: the front of packed 1-bit rows (the default preset's vote): "ivf", the inverted file of
-#: method/ivf_index.py (the whole plan 1.5x cheaper than with the graph at 100,000 prototypes and
-#: 3.9x at 1,000,000; docs/benchmarks.md, issue 15 fifth pass), or "graph", the usearch graph it replaced
+#: method/ivf_index.py (the cheaper plan, docs/benchmarks.md), or "graph", the usearch graph it replaced
 BITS_FRONT = "ivf"
 #: graph degree and build breadth (usearch ``connectivity``, ``expansion_add``)
 CONNECTIVITY = 32
@@ -120,8 +121,6 @@ def index_class(kind: str):
     """The index that fronts rows of ``kind``: packed bits get the inverted file
     (``BITS_FRONT = "ivf"``, method/ivf_index.py), float rows the usearch graph."""
     if kind == "bits" and BITS_FRONT == "ivf":
-        from .ivf_index import IvfIndex
-
         return IvfIndex
     return AnnIndex
 
@@ -132,7 +131,7 @@ def available(kind: str) -> bool:
     if index_class(kind) is not AnnIndex:
         return True
     try:
-        import usearch.index  # noqa: F401
+        import usearch.index  # an optional extra (pip install ".[index]"): looked up, not required  # noqa: F401
     except Exception:  # ImportError, or a broken binary wheel: either way, the exact scan
         return False
     return True
@@ -143,7 +142,6 @@ def cache_dir() -> Path:
     env = os.environ.get("MIITA_EDGE_ANN_CACHE")
     if env:
         return Path(env).expanduser()
-    from ..runtime.fingerprint import cache_dir as user_cache
 
     return user_cache() / "ann"
 
@@ -176,7 +174,7 @@ def _query_vector(q: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _graph(kind: str, ndim: int, **params):
-    from usearch.index import Index
+    from usearch.index import Index  # the optional extra, present once available() said so
 
     if kind not in KINDS:
         raise ValueError(f"unknown ann kind {kind!r}")
@@ -402,10 +400,9 @@ def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim
     every array), the channel, and what shapes the graph. None without entries (not cached)."""
     if not entries:
         return None
-    import hashlib
 
     try:
-        import usearch
+        import usearch  # the optional extra: its major version is part of the cache key when present
 
         uver = usearch.__version__.split(".")[0]
     except Exception:
@@ -414,8 +411,6 @@ def content_key(entries: dict | None, channel: str, kind: str, n_rows: int, ndim
              "channel": channel, "kind": kind, "rows": int(n_rows), "ndim": int(ndim), "format": _FORMAT,
              "usearch": uver, "graph": [CONNECTIVITY, EXPANSION_ADD]}
     if index_class(kind) is not AnnIndex:
-        from . import ivf_index as ivf
-
         del ident["usearch"], ident["graph"]
         ident["ivf"] = [ivf._FORMAT, ivf.LISTS_PER_SQRT, ivf.SAMPLE_PER_LIST, ivf.ROUNDS]
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:32]

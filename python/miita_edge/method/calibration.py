@@ -11,11 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime import key_pass
 from ..runtime.engine import Engine
+from ..runtime.fingerprint import cache_dir
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
-__all__ = ["CALIBRATION_INPUTS", "calibration_keys", "calibration_mean", "key_order", "raw_key"]
+__all__ = ["CALIBRATION_INPUTS", "calibration_keys", "key_order", "raw_key"]
 
 # key mean, the centring vector is the mean key of these through the template.
 CALIBRATION_INPUTS = [
@@ -30,7 +32,7 @@ CALIBRATION_INPUTS = [
 def raw_key(engine: Engine, template: Template, x: str, skip_bos: bool) -> np.ndarray:
     """Eq. 1's pooled key of ``x`` through ``template``, before any centring ((L·H,) for L key layers)."""
     toks = engine.tokenize(template.render_prompt(x))
-    s, n = engine.prompt_key(toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
+    s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, skip_bos))  # a key-only pass: only the key is needed
     return key_mean(s, n)
 
 
@@ -66,13 +68,8 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
     return keys
 
 
-def calibration_mean(engine: Engine, template: Template, skip_bos: bool, fingerprint: dict) -> np.ndarray:
-    """The mean key of CALIBRATION_INPUTS through ``template`` (float32, (L·H,)): the centring vector."""
-    return calibration_keys(engine, template, skip_bos, fingerprint).mean(axis=0).astype(np.float32)
-
-
 def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
-    """The order in which a key's coordinates are kept when a tight budget narrows it (issue 14):
+    """The order in which a key's coordinates are kept when a tight budget narrows it:
     layer block by layer block (the first key layer first), and inside a block by the spread of the
     calibration keys after centring and per-block normalisation, highest first (ties: lower index).
 
@@ -90,6 +87,4 @@ def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
 
 
 def _cache_dir() -> Path:
-    from ..runtime.fingerprint import cache_dir
-
     return cache_dir()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..native import ext
 from .vectors import top_indices
 
 __all__ = ["ExactOnDemand", "bit_top"]
@@ -42,7 +43,5 @@ def bit_top(dups, keys: np.ndarray, rows: np.ndarray, q: np.ndarray, root: float
     them (``bit_scores / root``, in float64), then cut to the rows a top-``k`` vote can use, twins
     included (``dups``: an ``index_files.DuplicateGroups``; ``twins``: its ``twins(keys)`` when at
     hand): (rows ascending, scores)."""
-    from .. import _native
-
-    scores = _native.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
+    scores = ext.bit_scores(rows[keys], np.asarray(q, np.float32)).astype(np.float64) / root
     return dups.top_rows(keys, scores, k, twins)

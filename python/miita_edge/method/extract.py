@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime import key_pass
 from ..runtime.engine import Engine
 from ..runtime.key_pooling import key_mean
 from .templates import Template
@@ -26,15 +27,13 @@ PROMPT_TAIL_TOKENS = 32
 #: Answers of at most this many tokens get exact R from the hidden rows (one online-softmax pass
 #: over the head, llama.cpp's LM-head product skipped); longer ones from llama.cpp's logits and
 #: one pass with the position-averaged distribution. The one-pass kernel costs 2T row operations
-#: (a dot and an axpy per position), the logits path T batched dots plus one axpy: measured on 2
-#: AVX2 cores (``bench/extract.py``), the first is 4-21 ms faster per example for T <= 4 and
-#: slower from T = 6 on (docs/method.md §9).
+#: (a dot and an axpy per position), the logits path T batched dots plus one axpy, so the first
+#: wins on short answers only (``bench/extract.py``; docs/method.md §9).
 HIDDEN_R_MAX_TOKENS = 4
 
 #: Examples whose exact R share one online-softmax pass over the LM head during ingest
-#: (:func:`finish_corrections`). The pass costs a fixed ~10-13 ms (reading and dequantising the
-#: 178 MB head) plus ~8 ms per answer position on 2 AVX2 cores; sharing it spreads the fixed
-#: part. Every position keeps its own softmax, so the result is bitwise the per-example one.
+#: (:func:`finish_corrections`). The pass costs a fixed part (reading and dequantising the whole
+#: head) plus a part per answer position; sharing it spreads the fixed part. Every position keeps its own softmax, so the result is bitwise the per-example one.
 HIDDEN_BATCH_EXAMPLES = 8
 
 
@@ -108,7 +107,7 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
         return None
     prompt, target, mask = pt
     if not corrections:
-        s, n = engine.prompt_key(prompt, mask)
+        s, n = key_pass.prompt_key(engine, prompt, mask)
         return Extracted(prompt, target, key_mean(s, n), None)
     engine.reset()
     # positions len(prompt)-1 .. len(prompt)+L-2 predict y_1..y_L
@@ -136,14 +135,14 @@ def extract(engine: Engine, template: Template, x: str, y: str, *, skip_bos: boo
 def extract_keys(engine: Engine, template: Template, rows: list[tuple[str, str]], *, skip_bos: bool,
                  max_prompt_tokens: int | None = None) -> list[Extracted | None]:
     """:func:`extract` with ``corrections=False`` for many examples at once: their prompts are
-    decoded together as separate sequences (``Engine.prompt_keys``), which is what makes the
+    decoded together as separate sequences (``runtime.key_pass.prompt_keys``), which is what makes the
     default preset's ingest faster; keys equal the one-by-one ones within rounding (cosine > 0.999;
     in a memory's stored form at most 10% of the sign bits flip, and each key stays nearest its own
     input: tests/test_batched_keys.py)."""
     pts = [prompt_and_target(engine, template, x, y, skip_bos=skip_bos, max_prompt_tokens=max_prompt_tokens)
            for x, y in rows]
     live = [i for i, pt in enumerate(pts) if pt is not None]
-    keys = engine.prompt_keys([pts[i][0] for i in live], [pts[i][2] for i in live])
+    keys = key_pass.prompt_keys(engine, [pts[i][0] for i in live], [pts[i][2] for i in live])
     out: list[Extracted | None] = [None] * len(rows)
     for i, (s, n) in zip(live, keys):
         prompt, target, _ = pts[i]

@@ -12,6 +12,7 @@ and two processes building the same cache must leave one whole file.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import threading
 from pathlib import Path
@@ -84,9 +85,8 @@ def duplicate_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
 class DuplicateGroups:
     """Rows identical to a representative (``_duplicates``' rep, start, members), and each row's
     group (-1: none), so that a candidate finds its group in one read: binary-searching 256-512
-    candidates in ``rep`` right after a prompt pass (caches cold) cost ~0.1 ms of retrieval at
-    100,000 prototypes and ~0.85 ms at 1,000,000 (docs/benchmarks.md, issue 15 fourth pass);
-    4 bytes a row, derived, never stored."""
+    candidates in ``rep`` right after a prompt pass (caches cold) costs a measurable share of
+    retrieval (docs/benchmarks.md); 4 bytes a row, derived, never stored."""
 
     def __init__(self, rep: np.ndarray, start: np.ndarray, members: np.ndarray, n_rows: int) -> None:
         self.rep, self.start, self.members = rep, start, members
@@ -125,7 +125,7 @@ class DuplicateGroups:
 
         Why not expand first and score every row: at 100,000 one-anchor prototypes nearly every
         candidate has a twin, so expanding doubled the rows gathered and re-scored right after a
-        prompt pass, and the expansion itself cost ~0.17 ms (issue 15, sixth pass). A top-k vote
+        prompt pass, and the expansion itself cost more than the vote. A top-k vote
         reads only the rows at or above its k-th score (all of them, ties included, so the lower
         row still wins a tie), and those are found from the representatives' scores and the group
         sizes alone; only the few groups at the top are expanded."""
@@ -175,8 +175,6 @@ def write_container(path: Path, magic: bytes, head: dict, chunks) -> None:
 def map_container(path: Path, magic: bytes, fmt: int, key: str, kind: str):
     """(mmap, head, file size) of a cache file written by ``write_container``; ValueError when it is
     too short, not ours, or of another format, key or kind."""
-    import mmap
-
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size < HEADER:

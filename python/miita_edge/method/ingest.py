@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from ..errors import BudgetError
 from ..memory.bank import MemoryBank
+from ..memory.manifest import Manifest, StreamCounts, call_stream_bytes
 from ..runtime.engine import Engine
 from ..streams import Example
 from .extract import (HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract, extract_keys,
@@ -38,16 +39,6 @@ class IngestReport:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-
-@dataclass
-class StreamCounts:
-    """What a memory has learned so far, as stored in its manifest. ``stream_bytes`` (UTF-8 bytes
-    of every input and output seen, skipped ones included) is what a fractional budget is of."""
-
-    examples: int = 0
-    skipped: int = 0
-    stream_bytes: int = 0
 
 
 def per_position(preset: Preset) -> bool:
@@ -144,24 +135,18 @@ def _extract_one(engine: Engine, template: Template, pr: Preset, ex: Example, ne
     return r, fields
 
 
-def call_stream_bytes(counts: StreamCounts, examples: Sequence[Example]) -> int:
-    """The stream size once this call is learned: everything before it plus every example of
-    the call (skipped ones too: they were seen). A fractional budget resolves against this."""
-    return counts.stream_bytes + sum(len(ex.input.encode()) + len(ex.output.encode()) for ex in examples)
-
-
 def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extracted: Iterable[Extracted | None],
-          counts: StreamCounts, *, limit: int | None, size_fn: Callable[[], int],
-          budget_spec: str) -> tuple[list[int], dict]:
+          record: Manifest, *, limit: int | None) -> tuple[list[int], dict]:
     """Write each extraction into ``bank`` in stream order and repair after each one (eqs. 3-5).
 
     ``limit`` is the byte budget for the whole call (None: unlimited): a fractional budget is
     resolved by the caller once, against ``call_stream_bytes`` — the stream as it will be after
     this call — not against the stream so far at each example, which would leave a fresh memory
     a few bytes for its first rows (a ``5%`` budget of one 40-byte row is 2 bytes). The memory
-    stays within ``limit`` after every example. ``size_fn()`` is the exact committed size of the
-    memory as it stands, which reads ``counts`` too (the manifest holds them), so ``counts`` is
+    stays within ``limit`` after every example, measured as ``record.committed_size``: the exact
+    committed size, which reads ``record.counts`` too (the manifest holds them), so the counts are
     updated before each repair. Returns (the lines of skipped examples, the repair counts)."""
+    counts = record.counts
     total_log = {"pruned": 0, "narrowed": 0, "merged": 0, "evicted": 0}
     skipped_lines: list[int] = []
     stream = counts.stream_bytes
@@ -182,9 +167,9 @@ def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extract
         counts.stream_bytes = stream
         if limit is not None:
             try:
-                log = bank.repair(limit, lambda b: size_fn())
+                log = bank.repair(limit, record.committed_size)
             except BudgetError as exc:
-                raise BudgetError(f"{exc} (line {ex.line}; budget {budget_spec} = {limit} bytes)") from None
+                raise BudgetError(f"{exc} (line {ex.line}; budget {record.budget.spec} = {limit} bytes)") from None
             for k in total_log:
                 total_log[k] += getattr(log, k)
     counts.stream_bytes = stream
@@ -197,7 +182,7 @@ def progress_bar(total: int, enabled: bool | None, desc: str):
         enabled = sys.stderr.isatty()
     if enabled:
         try:
-            from tqdm import tqdm
+            from tqdm import tqdm  # optional: without it the bar is a no-op
 
             return tqdm(total=total, desc=desc, unit="ex", file=sys.stderr)
         except ImportError:  # pragma: no cover

@@ -1,14 +1,12 @@
 """An inverted file over packed 1-bit keys: the recall front of the default preset's vote for
-large memories (issue 15).
+large memories.
 
 Why not the usearch graph that came first (``ann_index.AnnIndex``, still used for the paper
 preset's float rows): right after a prompt pass the caches are cold, and a graph walk is a chain
-of dependent reads through memory the prompt evicted. At 100,000 prototypes its search alone took
-1.4% of the prompt pass at the breadth that keeps recall >= 0.99, so retrieval could not reach the
-1% target however little the code around it cost; at 1,000,000 it needed breadth 2,048 (3.7 ms).
-An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
-each one native call (``bench/ann_breadth.py --ivf-native``: 0.28 ms for recall 0.993 at 100,000
-rows, 0.30 ms for recall 0.993 at 1,000,000; docs/benchmarks.md). It needs no optional package.
+of dependent reads through memory the prompt evicted, too slow at the breadth that keeps recall
+high. An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
+each one native call (``bench/ann_breadth.py --ivf-native``; docs/benchmarks.md). It needs no
+optional package.
 
 How it scores: the query is coded as the signs of its coordinates, and the stronger half of them
 (|q_i| at or above the median) is a mask: the masked Hamming distance counts disagreements where
@@ -31,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..native import ext
 from .exact_scores import bit_top
 from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container, write_container
 
@@ -69,11 +68,9 @@ def probe_count(n: int, nlist: int) -> int:
 
 def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed signs, packed mask of the stronger half of the coordinates) of a float query:
-    ``index_files.strong_half`` packed, in one native call (its numpy steps cost ~0.05 ms right
-    after a prompt pass)."""
-    from .. import _native
-
-    return _native.sign_code(np.asarray(q, np.float32).reshape(-1))
+    ``index_files.strong_half`` packed, in one native call (its numpy steps are slow right after a
+    prompt pass)."""
+    return ext.sign_code(np.asarray(q, np.float32).reshape(-1))
 
 
 class IvfIndex:
@@ -89,7 +86,7 @@ class IvfIndex:
         self.dups = DuplicateGroups(*dups, n_rows=self.n_rows)
         self.nprobe = 0  # override (benchmarks); 0: probe_count's
         self.list_twins = self.dups.twins(order)  # in list order: read beside the probed lists
-        self._search = None  # the native view (_native.IvfSearch), made on the first scored_top
+        self._search = None  # the native view (ext.IvfSearch), made on the first scored_top
         self._candidates = next(c for start, c in reversed(CANDIDATES) if self.n_rows >= start)
         self._all_cent = (np.zeros(1, np.int64), np.array([len(cent)], np.int64))
 
@@ -111,17 +108,15 @@ class IvfIndex:
         the table and sum of the exact scan, so bitwise its scores) and cut to the rows a top-``k``
         vote can use, twins included (``DuplicateGroups.top_rows``): (rows ascending, scores).
 
-        One native call (``_native.ivf_search``); the lists hold the same bytes as ``rows``, so
+        One native call (``ext.ivf_search``); the lists hold the same bytes as ``rows``, so
         ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
         ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
-        workers are still spinning from the prompt pass and take the work at once (0.34 -> 0.25 ms
-        at 100,000 prototypes with 2 threads); with a single llama.cpp thread a second one would
-        have to be woken, which cost more than it saved (docs/benchmarks.md, issue 15)."""
-        from .. import _native
-
+        workers are still spinning from the prompt pass and take the work at once; with a single
+        llama.cpp thread a second one would have to be woken, which costs more than it saves
+        (docs/benchmarks.md)."""
         if self._search is None:
             d = self.dups
-            self._search = _native.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
+            self._search = ext.IvfSearch(self.cent, self.starts, self.lists, self.order, *self.list_twins,
                                              d.start, d.members)
         nprobe = self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
         return self._search.search(q, root, nprobe, self._count(k), k, threads)
@@ -138,22 +133,18 @@ class IvfIndex:
 
     def _probe(self, q: np.ndarray, count: int, nprobe: int = 0) -> np.ndarray:
         """Positions in ``lists`` of the ``count`` nearest distinct rows of the probed lists."""
-        from .. import _native
-
         if self.lists.shape[0] == 0:
             return np.zeros(0, np.int64)
         code, mask = query_code(q)
         nprobe = nprobe or self.nprobe or probe_count(self.lists.shape[0], len(self.cent))
-        best = _native.masked_hamming_top(self.cent, *self._all_cent, code, mask, min(nprobe, len(self.cent)))
-        return _native.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
+        best = ext.masked_hamming_top(self.cent, *self._all_cent, code, mask, min(nprobe, len(self.cent)))
+        return ext.masked_hamming_top(self.lists, self.starts[best], self.starts[best + 1], code, mask, int(count))
 
     # ------------------------------------------------------------------ build / file
     @classmethod
     def build(cls, rows: np.ndarray, kind: str = "bits", threads: int = BUILD_THREADS, seed: int = 0,
               nlist: int = 0) -> "IvfIndex":
         """An inverted file over packed rows (n, B) uint8; ``nlist`` overrides ``list_count``."""
-        from .. import _native
-
         if kind != "bits":
             raise ValueError("an inverted file indexes packed 1-bit rows only")
         rows = np.ascontiguousarray(rows, np.uint8)
@@ -168,7 +159,7 @@ class IvfIndex:
         sample = rows[np.sort(rng.choice(reps, min(n, SAMPLE_PER_LIST * nlist), replace=False))]
         cent = sample[rng.choice(len(sample), nlist, replace=False)].copy()
         for _ in range(ROUNDS):
-            a = _native.hamming_nearest(sample, cent, threads)
+            a = ext.hamming_nearest(sample, cent, threads)
             by = np.argsort(a, kind="stable")
             bounds = np.searchsorted(a[by], np.arange(nlist + 1))
             full = np.flatnonzero(bounds[1:] > bounds[:-1])
@@ -178,7 +169,7 @@ class IvfIndex:
             cent[full] = np.packbits(votes * 2 >= sizes[:, None], axis=1)  # ties to 1, as codecs store 0
         assign = np.empty(n, np.int32)
         for s in range(0, n, 262_144):  # the distinct rows are gathered a slice at a time
-            assign[s:s + 262_144] = _native.hamming_nearest(rows[reps[s:s + 262_144]], cent, threads)
+            assign[s:s + 262_144] = ext.hamming_nearest(rows[reps[s:s + 262_144]], cent, threads)
         by = np.argsort(assign, kind="stable")
         starts = np.searchsorted(assign[by], np.arange(nlist + 1)).astype(np.int64)
         order = reps[by].astype(np.int64)

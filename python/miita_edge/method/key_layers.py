@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..runtime import key_pass
 from ..runtime.engine import Engine
 from ..runtime.fingerprint import cache_dir
 from ..runtime.key_pooling import key_mean
@@ -112,7 +113,7 @@ def _keys(engine: Engine, template: Template, texts: list[str], layers: list[int
     out = []
     for x in texts:
         toks = engine.tokenize(template.render_prompt(x))
-        s, n = engine.prompt_key(toks, engine.key_mask(toks, True))
+        s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, True))
         out.append(key_mean(s, n).reshape(len(layers), -1))
     return np.stack(out).astype(np.float64)
 

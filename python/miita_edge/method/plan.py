@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..memory.bank import MemoryBank
+from ..native import ext
 from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
@@ -46,8 +47,7 @@ def centroid_bits(packed: np.ndarray, owner: np.ndarray, counts: np.ndarray, J: 
     One pass over the anchors grouped by owner (as the bank lays them out; others are sorted first),
     ``chunk`` rows at a time: each chunk's owner runs are summed with ``reduceat`` and a run that
     goes on into the next chunk is carried over. Nothing of size J x width is held: a (J, width)
-    int64 accumulator with ``np.add.at`` took 10 s per 100,000 one-anchor prototypes and would
-    have held 10 GB at 1,000,000 (bench/ann.py, issue 15)."""
+    int64 accumulator with ``np.add.at`` is slow and grows with J x width (bench/ann.py)."""
     owner = np.asarray(owner, np.int64).reshape(-1)
     counts = np.asarray(counts, np.int64).reshape(-1)
     if len(owner) > 1 and (owner[1:] < owner[:-1]).any():
@@ -97,8 +97,8 @@ class RetrievalIndex:
 
     1-bit keys are scored in packed form by the native popcount kernel: 80 bytes per anchor to
     read instead of 2,560 (the float matrix falls out of the caches during the prompt pass), and
-    no float copy of the anchors is built at all (a 3,000-anchor memory would hold two: 15 MiB of
-    the ask's peak memory, issue 15). Float keys keep unit float32 rows for one BLAS product.
+    no float copy of the anchors is built at all (it would count in the ask's peak memory).
+    Float keys keep unit float32 rows for one BLAS product.
     """
 
     anchors_unit: np.ndarray | None  # (A, H) float32 unit rows; None for 1-bit keys (see packed)
@@ -172,8 +172,6 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         return QueryPlan(res.ids, res.scores, res.weights, (lambda step, gen: d_bar))
     scores = None
     if index.packed is not None:
-        from .. import _native
-
         q = k_q  # unit float32 (MemoryBank.prepare_query): scored as it is
         root = math.sqrt(index.key_dim)  # cos: stored keys are ±1/√K (scores divide in float64)
         rows, owner = index.voters, index.voter_owner
@@ -183,7 +181,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
             cand, scores = ann.scored_top(q, pr.k_anchors, rows, root, threads)
             owner = owner[cand]
         else:
-            scores = _native.bit_scores(rows, q).astype(np.float64) / root if len(rows) else np.zeros(0)
+            scores = ext.bit_scores(rows, q).astype(np.float64) / root if len(rows) else np.zeros(0)
     ids, weights, best = knn_prototypes(k_q, A_unit, owner, pr.k_anchors, pr.retrieval.T_agg,
                                         unit_anchors=True, scores=scores)
     decision = None
@@ -220,12 +218,10 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     The cosine of two sign vectors of K bits at Hamming distance d is exactly (K - 2d) / K, so each
     prototype's nearest anchor is found by popcount, in one native call over its anchor rows: the
     float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
-    more than the few rows the gate reads right after a prompt pass (issue 15, sixth pass)."""
-    from .. import _native
-
+    more than the few rows the gate reads right after a prompt pass."""
     ids = np.asarray(ids, np.int64)
     K = index.key_dim
-    d = _native.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
+    d = ext.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
                                   np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
     best = [(K - 2 * x) / K if x >= 0 else -math.inf for x in d]
     return gate(ids, np.array(best, np.float64), index.counts, index.radius, index.null)
@@ -238,12 +234,6 @@ def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:
     starts, ends = index.anchor_start[:-1], index.anchor_start[1:]
     out = np.full((len(bits), J), -np.inf)
     for g, q in enumerate(bits):
-        d = np.asarray(_native_min_hamming(index.packed, starts, ends, q))
+        d = np.asarray(ext.range_min_hamming(index.packed, starts, ends, q))
         out[g] = np.where(d >= 0, (K - 2 * d) / K, -np.inf)
     return out
-
-
-def _native_min_hamming(packed, starts, ends, q):
-    from .. import _native
-
-    return _native.range_min_hamming(packed, starts, ends, q)

@@ -9,11 +9,13 @@ from dataclasses import asdict, dataclass, field
 
 from ..errors import InputError, StoreError
 from ..memory.bank import BankConfig
+from ..memory.manifest import check_fields
 from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
-__all__ = ["PRESETS", "Preset", "default_preset", "default_preset_v1", "get_preset", "paper_preset", "preset_names"]
+__all__ = ["PRESETS", "Preset", "check_memory_fields", "default_preset", "default_preset_v1", "get_preset",
+           "paper_preset", "preset_names"]
 
 
 @dataclass
@@ -64,7 +66,7 @@ class Preset:
     # What eta is relative to: "hidden", the query's hidden norm ‖h_q‖ (the addition is
     # eta·‖h_q‖·α·d̄); or "push", the model's measured logit push G (eta·G·α·Σ w d, in logits).
     eta_unit: str = "hidden"
-    # Version of the named preset this memory was built with (default: 1 before issue 14).
+    # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
     def key_layers(self, n_layer: int) -> list[int]:
@@ -176,7 +178,7 @@ def paper_preset() -> Preset:
 
 
 def default_preset_v1() -> Preset:
-    """The default before issue 14 (middle-layer keys, no relevance gate): kept so that memories
+    """Version 1 of the default (middle-layer keys, no relevance gate): kept so that memories
     built with it open with the settings they were built with."""
     return Preset("default", BankConfig(payload="tokens", key_precision="bit"),
                   skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
@@ -184,7 +186,7 @@ def default_preset_v1() -> Preset:
 
 
 def default_preset_v2() -> Preset:
-    """The default of issue 14: keys from two layers (2/3 and 1/2 of the depth: 12 and 9 on
+    """Version 2 of the default: keys from two layers (2/3 and 1/2 of the depth: 12 and 9 on
     Gemma-3-270M), coordinates ordered by the calibration keys' spread so a tight budget narrows
     keys instead of evicting answers, the relevance gate, and each answer's centroid in the vote.
     Kept so that memories built with it repair as they always did."""
@@ -242,15 +244,36 @@ _VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("defaul
 
 
 def preset_names() -> list[str]:
-    """What ``get_preset`` accepts: each preset's name (its current version), then ``name/version``
-    for every version a memory may have been built with (``default/3``: the default before version 4)."""
-    return list(PRESETS) + [f"{n}/{v}" for n, v in _VERSIONS]
+    """The presets a user selects: each name, at its current version. Earlier versions stay
+    readable for the memories built with them (``Preset.from_json``), and ``preset_version``
+    makes one for code that must reproduce such a memory (the benches, the evaluation's stand-ins)."""
+    return list(PRESETS)
 
 
 def get_preset(name: str) -> Preset:
-    """A preset by name (``default``, ``paper``), or a named version of one (``default/3``), the form
-    the store's manifest writes."""
-    base, _, version = name.partition("/")
-    if name not in preset_names() or base not in PRESETS:
+    """A preset by name: ``default`` or ``paper``, at its current version."""
+    if name not in PRESETS:
         raise InputError(f"unknown preset {name!r}; known: {', '.join(preset_names())}")
-    return _VERSIONS[(base, int(version))]() if version else PRESETS[base]()
+    return PRESETS[name]()
+
+
+def preset_version(name: str, version: int) -> Preset:
+    """A named preset as it was at ``version`` (what a memory built then keeps)."""
+    make = _VERSIONS.get((name, version))
+    if make is None:
+        raise InputError(f"unknown preset {name!r} version {version!r}")
+    return make()
+
+
+def check_memory_fields(path, fields) -> Preset:
+    """Validate a memory's fields in their long form (``memory.manifest.check_fields``) and parse its
+    preset: a damaged or foreign manifest is one StoreError naming the field."""
+    check_fields(path, fields)
+    try:
+        return Preset.from_json(fields["preset"])
+    except StoreError as exc:
+        raise StoreError(f"memory {path}: {exc}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        why = str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__
+        raise StoreError(f"memory {path}: manifest preset is invalid ({why}); not a memory this miita-edge "
+                         f"can open") from None

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..errors import InputError
+from ..runtime.engine import Engine, EngineConfig
 from ..streams import Example
 from .extract import Extracted
+from .ingest import extract_examples
+from .presets import Preset
+from .templates import get_template
 
 __all__ = ["RayExtractor"]
 
@@ -105,10 +109,6 @@ class _Worker:
 
     def __init__(self, model_path: str, preset_json: dict, template: str, max_prompt_tokens: int | None,
                  threads: int, key_layers: list | None = None, key_pooling: list | None = None) -> None:
-        from ..runtime.engine import Engine, EngineConfig
-        from .presets import Preset
-        from .templates import get_template
-
         n = threads or len(os.sched_getaffinity(0))
         self.engine = Engine(model_path, EngineConfig(n_threads=n))
         if key_layers is not None:
@@ -118,8 +118,6 @@ class _Worker:
         self.max_prompt_tokens = max_prompt_tokens
 
     def extract(self, rows: list[tuple[str, str]]):
-        from .ingest import extract_examples
-
         exs = [Example(x, y, line=i + 1) for i, (x, y) in enumerate(rows)]
         got = extract_examples(self.engine, self.template, self.preset, exs, max_prompt_tokens=self.max_prompt_tokens)
         return [None if e is None else (e.prompt, e.target, e.key, e.R) for e in got]

@@ -1,4 +1,4 @@
-"""The relevance gate (issue 14): memory steers an answer only when it has something to say.
+"""The relevance gate: memory steers an answer only when it has something to say.
 
 Retrieval always finds *some* nearest anchors; on a query the memory knows nothing about (extractive
 QA whose answers never repeat, a summarisation task, a task it has not learned yet) steering towards
@@ -104,7 +104,7 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     if len(ids) == 0:
         return GateDecision(np.zeros(0, bool), "the memory retrieved nothing")
     # a handful of retrieved prototypes: plain Python (each numpy call on them costs more than
-    # the comparisons right after a prompt pass; issue 15)
+    # the comparisons right after a prompt pass)
     n = np.asarray(counts)[ids].tolist()
     r = np.asarray(radius, np.float64)[ids].tolist()
     b = best.tolist()

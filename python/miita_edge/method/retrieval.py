@@ -326,43 +326,17 @@ def retrieve(
     kq = as_f64(k_q, "k_q", 1)
     if kq.shape[0] != H:
         raise ValueError(f"retrieve: k_q has H={kq.shape[0]} but D has H={H}")
-    if index is not None:
-        if index.D_unit.shape != Dm.shape:
-            raise ValueError(f"retrieve: index has {index.D_unit.shape}, D has {Dm.shape}")
-        sem = index.semantic_scorer(kq)
-
-        def dirs(v):
-            return index.dir_scorer(v)
-    else:
-        X = float_rows(anchors, "anchors") if np.size(anchors) else np.zeros((0, H))
-        sem = FullScores(semantic_scores(kq, X, np.asarray(anchor_owner, dtype=np.int64).reshape(-1), J))
-
-        def dirs(v):
-            return FullScores(cos_rows(Dm, v))
-
-    def result(ids, scores, weights, U, candidates, H_hat=float("nan"), has_dir=False) -> Retrieved:
-        ids = np.asarray(ids, dtype=np.int64)
-        return Retrieved(
-            ids=ids,
-            scores=np.asarray(scores, dtype=np.float64),
-            weights=np.asarray(weights, dtype=np.float64),
-            S_k=sem.at(ids),
-            U=np.asarray(U, dtype=np.float64),
-            d_bar=aggregate(Dm[ids], weights) if ids.size else np.zeros(H),
-            candidates=np.asarray(candidates, dtype=np.int64),
-            H_hat=float(H_hat),
-            has_dir=bool(has_dir),
-        )
-
+    sem, dirs = _scorers(kq, anchors, anchor_owner, Dm, index)
+    out = _Results(sem, Dm)
     empty = np.zeros(0, dtype=np.int64)
     if J == 0:
-        return result(empty, [], [], [], empty)
+        return out.make(empty, [], [], [], empty)
 
     if mode == "random":
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(0 if rng is None else rng)
         m = min(cfg.M, J)
         ids = gen.choice(J, size=m, replace=False).astype(np.int64)
-        return result(ids, np.zeros(m), np.full(m, 1.0 / m), np.zeros(m), np.sort(ids))
+        return out.make(ids, np.zeros(m), np.full(m, 1.0 / m), np.zeros(m), np.sort(ids))
 
     if mode == "oracle":
         if oracle_dir is None:
@@ -371,29 +345,69 @@ def retrieve(
         top = od.top(cfg.M)  # select_and_weight over all J = Top_M, then eq. 10 weights
         order, w = select_and_weight(od.at(top), cfg.M, cfg.T_agg)
         ids = top[order]
-        return result(ids, od.at(ids), w, np.zeros(ids.size), np.arange(J))
+        return out.make(ids, od.at(ids), w, np.zeros(ids.size), np.arange(J))
 
     if mode == "semantic":
         cand = np.sort(sem.top(cfg.R_k))
         s = sem.at(cand)
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
-        return result(cand[order], s[order], w, np.zeros(order.size), cand)
+        return out.make(cand[order], s[order], w, np.zeros(order.size), cand)
 
     if W_rows_fn is None and restricted_fn is None:
         raise ValueError(f"retrieve: mode {mode!r} needs W_rows_fn")
     g, W_V, r, d_tilde, H_hat = _restricted(logits_q, W_rows_fn, cfg, H, restricted_fn)
     dsc = None if d_tilde is None else dirs(d_tilde)
-
     if mode == "uncertainty":
         if dsc is None:
-            return result(empty, [], [], [], empty, H_hat, False)
+            return out.make(empty, [], [], [], empty, H_hat, False)
         cand = np.sort(dsc.top(cfg.R_d))
         s = dsc.at(cand)
         U = utility_from_r(r, Dm[cand], cfg.probe_eps)
         order, w = select_and_weight(s, cfg.M, cfg.T_agg)
-        return result(cand[order], s[order], w, U[order], cand, H_hat, True)
+        return out.make(cand[order], s[order], w, U[order], cand, H_hat, True)
+    return _sem_unc(out, sem, dsc, r, Dm, cfg, H_hat)
 
-    # "sem+unc": eqs. 8-10 as written (candidate_set's union, from the two exact Top_R).
+
+def _scorers(kq: np.ndarray, anchors, anchor_owner, Dm: np.ndarray, index: ScanIndex | None):
+    """(the semantic scores S_k of every prototype, a function giving each prototype's direction
+    cosine with a vector): from the prepared rows of ``index`` when there is one, else in full."""
+    J, H = Dm.shape
+    if index is not None:
+        if index.D_unit.shape != Dm.shape:
+            raise ValueError(f"retrieve: index has {index.D_unit.shape}, D has {Dm.shape}")
+        return index.semantic_scorer(kq), index.dir_scorer
+    X = float_rows(anchors, "anchors") if np.size(anchors) else np.zeros((0, H))
+    sem = FullScores(semantic_scores(kq, X, np.asarray(anchor_owner, dtype=np.int64).reshape(-1), J))
+
+    def dirs(v):
+        return FullScores(cos_rows(Dm, v))
+
+    return sem, dirs
+
+
+class _Results:
+    """Builds one query's :class:`Retrieved` (S_k of the chosen ids, their aggregated direction)."""
+
+    def __init__(self, sem, Dm: np.ndarray) -> None:
+        self.sem, self.Dm = sem, Dm
+
+    def make(self, ids, scores, weights, U, candidates, H_hat=float("nan"), has_dir=False) -> Retrieved:
+        ids = np.asarray(ids, dtype=np.int64)
+        return Retrieved(
+            ids=ids,
+            scores=np.asarray(scores, dtype=np.float64),
+            weights=np.asarray(weights, dtype=np.float64),
+            S_k=self.sem.at(ids),
+            U=np.asarray(U, dtype=np.float64),
+            d_bar=aggregate(self.Dm[ids], weights) if ids.size else np.zeros(self.Dm.shape[1]),
+            candidates=np.asarray(candidates, dtype=np.int64),
+            H_hat=float(H_hat),
+            has_dir=bool(has_dir),
+        )
+
+
+def _sem_unc(out: _Results, sem, dsc, r, Dm: np.ndarray, cfg: RetrievalConfig, H_hat: float) -> Retrieved:
+    """Mode "sem+unc": eqs. 8-10 as written (candidate_set's union, from the two exact Top_R)."""
     if isinstance(sem, RecallScores) and isinstance(dsc, RecallScores):
         RecallScores.scan_pair(sem, cfg.R_k, dsc, cfg.R_d)
     top_sem = sem.top(cfg.R_k)
@@ -404,7 +418,7 @@ def retrieve(
         U = utility_from_r(r, Dm[cand], cfg.probe_eps)
     s = score(sem.at(cand), U, cfg.lam_k, cfg.lam_u)
     order, w = select_and_weight(s, cfg.M, cfg.T_agg)
-    return result(cand[order], s[order], w, U[order], cand, H_hat, dsc is not None)
+    return out.make(cand[order], s[order], w, U[order], cand, H_hat, dsc is not None)
 
 
 def oracle_alignment(d_bar, d_star) -> float:

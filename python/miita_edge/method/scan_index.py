@@ -9,6 +9,9 @@ from functools import cached_property
 
 import numpy as np
 
+from ..native import ext
+from . import ann_index
+from .ann_index import AnnScores
 from .exact_scores import ExactOnDemand
 from .vectors import NORM_EPS, cos_rows, as_f64, float_rows, normalize, top_indices
 
@@ -124,8 +127,6 @@ class ScanIndex:
         """Put a usearch graph in front of both recall scans when the memory is large enough
         (``ann_index.front``: None below ``MIN_ROWS`` or without usearch, then nothing changes)."""
         if self.shadow is not None:
-            from . import ann_index
-
             self.ann = (ann_index.front(self.A_unit, "f16", entries, "paper-anchors"),
                         ann_index.front(self.D_unit, "f16", entries, "paper-dirs"))
         return self
@@ -188,8 +189,6 @@ class ScanIndex:
             return out
 
         if (ann := self._ann_ready(0)) is not None:
-            from .ann_index import AnnScores
-
             return AnnScores(ann, u, self.row_owner, self.n_protos, exact)
         return RecallScores(A_q, A_s, A_err, self.seg_start, u, self.seg_owner, self.n_protos, exact)
 
@@ -200,8 +199,6 @@ class ScanIndex:
         D_q, D_s, D_err = self.shadow[3:]
         exact = lambda ids: (self.D_unit[ids] @ u).astype(np.float64)  # noqa: E731
         if (ann := self._ann_ready(1)) is not None:
-            from .ann_index import AnnScores
-
             return AnnScores(ann, u, None, self.n_protos, exact)
         return RecallScores(D_q, D_s, D_err, np.zeros(0, np.int64), u, None, self.n_protos, exact)
 
@@ -209,7 +206,7 @@ class ScanIndex:
 class RecallScores(ExactOnDemand):
     """Scores known within bounds for every row and exactly on demand: ``top(R)`` is the exact
     ``Top_R`` (ties -> lower index, as top_indices). The bounds, the R-th largest lower bound and
-    the rows whose upper bound reaches it are one native pass (``_native.i8_recall``); only those
+    the rows whose upper bound reaches it are one native pass (``ext.i8_recall``); only those
     rows are re-scored in float32. (In numpy this was a dozen passes over 10,000-element arrays
     per query, more time than the scan itself.) ``owners`` maps segments to prototypes (None: identity);
     prototypes without a segment (no anchors) have score -inf and are never in Top_R."""
@@ -227,17 +224,13 @@ class RecallScores(ExactOnDemand):
         more bytes per second than two scans each split over the threads (docs/benchmarks.md)."""
         if R_a <= 0 or R_b <= 0 or a.args[0].shape[1] != b.args[0].shape[1]:
             return
-        from .. import _native
-
-        a._scanned[int(R_a)], b._scanned[int(R_b)] = _native.i8_recall_pair(*a.args, int(R_a), *b.args, int(R_b))
+        a._scanned[int(R_a)], b._scanned[int(R_b)] = ext.i8_recall_pair(*a.args, int(R_a), *b.args, int(R_b))
 
     def top(self, R: int) -> np.ndarray:
         if R <= 0:
             return np.zeros(0, dtype=np.int64)
-        from .. import _native
-
         segs = self._scanned.pop(int(R), None)
         if segs is None:
-            segs = _native.i8_recall(*self.args, int(R))
+            segs = ext.i8_recall(*self.args, int(R))
         cand = segs if self.owners is None else np.sort(self.owners[segs])
         return self.rescore_top(cand, R)

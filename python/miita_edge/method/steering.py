@@ -72,7 +72,7 @@ def knn_prototypes(k_q: np.ndarray, anchors: np.ndarray, owner: np.ndarray, k: i
         top = [sl[i] for i in order]
     # The vote over the k chosen rows in plain Python floats: right after a prompt pass a numpy
     # call on k = 8 values costs several microseconds of cold caches, the arithmetic nothing
-    # (issue 15); both retrieval paths (exact scan, recall front) share it, so they agree bitwise.
+    # both retrieval paths (exact scan, recall front) share it, so they agree bitwise.
     owners = np.asarray(owner)[order].tolist()
     z = [x / T for x in top]
     zmax = max(z)

@@ -1,10 +1,10 @@
-"""Key extraction on several llama.cpp contexts at once, one Python thread each (issue 15).
+"""Key extraction on several llama.cpp contexts at once, one Python thread each.
 
 A key-only pass (the default preset: no corrections to compute) is arithmetic on a few dozen
 tokens; on a 2-core machine one context with two threads leaves part of both cores idle at every
-operation's barrier, and batching prompts as separate sequences flattens out at ~16 per decode
-(docs/benchmarks.md). Two contexts with one thread each, sharing the loaded model
-(:meth:`Engine.sibling`), each decoding 32 prompts per call, keep both cores busy.
+operation's barrier, and batching prompts as separate sequences on one context stops gaining
+past a few dozen per decode (docs/benchmarks.md). Two contexts with one thread each, sharing the loaded model
+(``runtime.contexts.sibling``), each decoding 32 prompts per call, keep both cores busy.
 ``llama_decode`` is a ctypes call and releases the GIL, so Python threads are enough.
 
 The stream is cut into shards of :data:`~.ingest.KEY_BATCH_EXAMPLES` consecutive examples; each
@@ -23,6 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from ..runtime.contexts import siblings
 from ..runtime.engine import Engine
 from ..streams import Example
 from .extract import Extracted, extract_keys
@@ -30,8 +31,8 @@ from .templates import Template
 
 __all__ = ["ThreadExtractor", "KEY_SEQS_PER_DECODE"]
 
-#: Prompts per ``llama_decode`` in each context: the rate flattens out from 16 on (1 thread:
-#: 43.6/s at 16, 43.1/s at 32, 40.0/s at 4; docs/benchmarks.md), 32 keeps a shard in one decode.
+#: Prompts per ``llama_decode`` in each context: past the point where the rate stops rising
+#: (docs/benchmarks.md), and one shard per decode.
 KEY_SEQS_PER_DECODE = 32
 
 
@@ -41,7 +42,7 @@ class ThreadExtractor:
 
     Call it like ``extract_examples`` for a key-only preset: ``extractor(examples, bar)`` yields
     one ``Extracted | None`` per example, in stream order. ``threads``: llama.cpp threads per
-    context. The contexts are the engine's (:meth:`Engine.siblings`): made on first use, reused
+    context. The contexts are the engine's (``runtime.contexts.siblings``): made on first use, reused
     by later calls and by other memories on the same engine, freed when the engine closes."""
 
     engine: Engine
@@ -58,7 +59,7 @@ class ThreadExtractor:
                              f"{self.shard}")
 
     def _contexts(self) -> list[Engine]:
-        pool = self.engine.siblings(self.contexts, self.threads, KEY_SEQS_PER_DECODE)
+        pool = siblings(self.engine, self.contexts, self.threads, KEY_SEQS_PER_DECODE)
         for e in pool:  # the memory's key layers, whatever the engine pooled last
             if (e.key_layers, e.key_pooling) != (self.engine.key_layers, self.engine.key_pooling):
                 e.set_key_layers(self.engine.key_layers, self.engine.key_pooling)
@@ -68,6 +69,9 @@ class ThreadExtractor:
         rows = [(ex.input, ex.output) for ex in examples]
         shards = [rows[i:i + self.shard] for i in range(0, len(rows), self.shard)]
         return self._run(shards, bar)
+
+    def close(self) -> None:
+        """Nothing to free: the contexts belong to the engine (the extractor protocol's close)."""
 
     def _run(self, shards: list[list[tuple[str, str]]], bar) -> Iterator[Extracted | None]:
         pool = self._contexts()

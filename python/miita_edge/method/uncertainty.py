@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..native import ext
 from .vectors import as_f64
 
 __all__ = ["direction_from_r", "restricted_entropy_grad", "top_k_restricted", "uncertainty_direction",
@@ -39,10 +40,8 @@ def top_k_restricted(logits, k: int) -> tuple[np.ndarray, np.ndarray]:
     if native:
         # llama.cpp's float32 logits: one native heap pass (same order and ties as below), which
         # also reports a NaN anywhere (a separate max pass for that cost a third of this call)
-        from .. import _native
-
         try:
-            ids = _native.top_k(np.ascontiguousarray(z), k).astype(np.int64)
+            ids = ext.top_k(np.ascontiguousarray(z), k).astype(np.int64)
         except RuntimeError as e:
             raise bad from e
         if np.isposinf(z[ids[0]]):  # +inf can only be the largest

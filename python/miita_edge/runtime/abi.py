@@ -24,7 +24,7 @@ _REINSTALL = (
 
 def ggml_library() -> ctypes.CDLL:
     """The libggml-base.so that llama_cpp itself loaded (same path, so the same handle)."""
-    import llama_cpp
+    import llama_cpp  # here: the package imports abi first, and a missing llama.cpp is this check's error
 
     path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so")
     lib = ctypes.CDLL(path)
@@ -45,7 +45,7 @@ def check_abi(native=None, llama_cpp_version: str | None = None, lib=None) -> di
         raise AbiError(f"llama-cpp-python is not importable ({exc}); {_REINSTALL}") from None
     if native is None:
         try:
-            from .. import _native as native
+            from ..native import ext as native  # here, not at the top: a missing build is this check's error
         except ImportError as exc:
             raise AbiError(f"miita_edge native extension failed to load ({exc}); {_REINSTALL}") from None
     version = llama_cpp_version or llama_cpp.__version__

@@ -2,154 +2,41 @@
 low-level API, with miita-edge's native eval callback installed.
 
 Why the low-level API: the high-level ``Llama`` class has no ``cb_eval`` hook,
-and we need a *native* callback (a Python ctypes callback costs ~2.5 µs per
-graph node, ~1.8 ms per token on Gemma-3-270M; DESIGN.md §3).
+and we need a *native* callback (a Python ctypes callback would run per graph
+node, per token; DESIGN.md §3 has its cost).
 
 What the callback does is configured between decode calls through
-``Engine.native`` (a ``_native.State``); nothing Python runs per graph node.
+``Engine.native`` (a ``native.ext.State``); nothing Python runs per graph node.
 The state object is created before the context and freed after it, so the
 callback never sees a dangling pointer.
+
+The engine owns the llama.cpp handles only: load, decode, the callback's state, generation and
+sampling. Key-only passes are ``runtime.key_pass``; more contexts on the loaded model and its Q8_0
+twin are ``runtime.contexts``; the LM head's row kernels are ``runtime.lm_head``.
 """
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
+import llama_cpp
 import numpy as np
 
 from ..errors import ContextOverflow, ModelError
+from ..native import ext
+from .abi import check_abi
+from .default_model import resolve_model_path
+from .engine_types import (DEFAULT_KEY_DEPTHS, EngineConfig, Generation, QueryState, SteerPlan,  # noqa: F401
+                           layers_at_depths)  # re-exported: callers import them with the Engine
 from .gguf_model import ModelInfo, inspect_gguf
-from .key_pooling import KEY_POOLINGS, key_mean
-from .key_prefix import KeyPrefix, mark_rows, tiled
+from .key_pooling import KEY_POOLINGS
+from .key_prefix import KeyPrefix
+from .lm_head import LMHeadRows
+from .llama_setup import cpu_has_amx, install_log_filter  # noqa: F401  cpu_has_amx re-exported for the benches
+from .support import missing_tensor_reason, refusal_after_load, refusal_reason, self_test
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
-
-_LOG_CB = None  # the ctypes log callback must stay alive while llama.cpp may call it
-_LOG_VERBOSE = [False]
-
-
-def install_log_filter(verbose: bool) -> None:
-    """Route llama.cpp's log through a filter: everything when verbose, else errors only.
-
-    llama-cpp-python 0.3.x maps ggml's log levels off by one (ggml.h: DEBUG=1,
-    INFO=2, WARN=3, ERROR=4, CONT=5), so with verbose off it still prints WARN
-    lines on every model load; a user error must stay one line on stderr.
-    """
-    global _LOG_CB
-    _LOG_VERBOSE[0] = bool(verbose)
-    if _LOG_CB is not None:
-        return
-    import sys
-
-    import llama_cpp
-    from llama_cpp import _logger  # noqa: F401  installs its callback on import; ours replaces it
-
-    last = [0]
-
-    @llama_cpp.llama_log_callback
-    def cb(level, text, user_data):
-        if level != 5:  # GGML_LOG_LEVEL_CONT continues the previous message
-            last[0] = level
-        if _LOG_VERBOSE[0] or last[0] == 4:  # GGML_LOG_LEVEL_ERROR
-            print(text.decode("utf-8", errors="replace"), end="", file=sys.stderr, flush=True)
-
-    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-    _LOG_CB = cb
-
-
-def cpu_has_amx() -> bool:
-    """llama.cpp's AMX extra buffer type segfaults on the first decode (DESIGN.md §3)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return any("amx_tile" in line for line in fh if line.startswith("flags"))
-    except OSError:
-        return False
-
-
-#: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
-#: 12 and 9 on Gemma-3-270M's 18 layers. Here so that check-model can check them on any model.
-DEFAULT_KEY_DEPTHS = (2 / 3, 1 / 2)
-
-
-def layers_at_depths(depths, n_layer: int) -> list[int]:
-    """Key layers at shares of a model's depth: round(depth·n_layer), at most n_layer - 2 (the last
-    layer keeps only output rows), in the order given, a layer that two depths round to once."""
-    out: list[int] = []
-    for d in depths:
-        k = int(min(max(round(d * n_layer), 0), n_layer - 2))
-        if k not in out:
-            out.append(k)
-    return out
-
-
-@dataclass
-class EngineConfig:
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0  # 0: all cores
-    key_layer: int | None = None  # None: n_layer // 2 (must be <= n_layer - 2: earlier layers hold all rows)
-    use_extra_bufts: bool | None = None  # None: off on CPUs with AMX, on elsewhere
-    verbose: bool = False
-    # Prompts decoded together as separate sequences by ``prompt_keys`` (batched ingest; at most
-    # n_batch). 1 (the default) keeps llama.cpp's single-sequence context exactly as before; above 1
-    # the KV cache is unified (one pool of n_ctx cells), so one sequence can still use all of it.
-    n_seq_max: int = 1
-    # Key-only passes (ingest's keys, calibration) stop the graph after the deepest key layer
-    # instead of computing the layers above it (keys bitwise the same; off: the full depth).
-    keys_stop_early: bool = True
-    # Zero the KV buffers at every reset (llama_memory_clear's data flag), once per pass, as the
-    # engine before issue 15 did (the benches' stand-in for it). Off: only the cells are marked
-    # free, which is what makes them invisible to the next decode (its mask excludes them); zeroing
-    # ~30 MB at n_ctx 4096 cost ~1.8 ms. The clear after a key-only pass never zeroes.
-    clear_kv_data: bool = False
-    # A key-only pass (``prompt_key``) starts from the rows of the previous one that its prompt
-    # shares, where the key stays bitwise that of a whole pass (runtime.key_prefix says when);
-    # checked once per model, off where the check fails. Off: every pass decodes the whole prompt.
-    key_prefix_cache: bool = True
-    # The model is a copy cut after its deepest key layer (runtime.key_twin, fast ingest): that
-    # layer is the model's last, where llama.cpp keeps only the rows asked for as outputs, so a
-    # key-only pass marks each prompt's last selected row as its output and computes the layer's
-    # feed-forward half for that row only. Allowed for a last-row key layer; keys only.
-    key_cut: bool = False
-
-
-@dataclass
-class QueryState:
-    """What one prompt pass leaves behind for retrieval (eqs. 1, 6, 7, 11)."""
-
-    tokens: list[int]
-    key_sum: np.ndarray  # (L·H,) each key layer's pooled rows (summed, or its last row), one H-block per layer
-    key_rows: int  # prompt rows the key mask selected
-    h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
-    logits: np.ndarray  # (V,) logits of the first answer token, unsteered
-    pooled_rows: np.ndarray  # (L,) each block's divisor: rows summed, or 1 for a last-row block
-
-    @property
-    def key(self) -> np.ndarray:
-        """Eq. 1's pooled key: (L·H,), each key layer's pooled rows (``Engine.key_pooling``), layers
-        in ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
-        return key_mean(self.key_sum, self.pooled_rows)
-
-    @property
-    def keys(self) -> np.ndarray:
-        """(L, H) the pooled key of every key layer."""
-        return self.key.reshape(-1, self.h_q.shape[0])
-
-
-@dataclass
-class Generation:
-    text: str
-    tokens: list[int]
-    alphas: list[float] = field(default_factory=list)  # one per steered step
-    stop_reason: str = "length"  # "stop" | "eog" | "length"
-
-
-# A steering plan gives, before each generated token, the direction for that
-# step (or None for no addition). step 0 predicts the first answer token.
-SteerPlan = Callable[[int, Sequence[int]], "np.ndarray | None"]
 
 
 class Engine:
@@ -159,19 +46,11 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike | None = None, config: EngineConfig | None = None):
-        from .. import _native
-        from .abi import check_abi
-        from .default_model import resolve_model_path
-
         check_abi()
-        import llama_cpp as L
-
+        L = llama_cpp
         self._L = L
-        self._native_mod = _native
         self.config = config or EngineConfig()
         self.info: ModelInfo = inspect_gguf(resolve_model_path(model))
-        from .support import refusal_reason
-
         reason = refusal_reason(self.info)  # the same text as `miita-edge check-model`
         if reason:
             raise ModelError(f"unsupported model {self.info.path.name}: {reason}")
@@ -192,8 +71,6 @@ class Engine:
         self._model = L.llama_model_load_from_file(str(self.info.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.info.path}")
-        from .support import refusal_after_load
-
         reason = refusal_after_load(L, self._model)
         if reason:
             L.llama_model_free(self._model)
@@ -210,73 +87,11 @@ class Engine:
         self._make_context()
         self.graph_tensors = self._probe_graph()
 
-    def sibling(self, n_threads: int, n_seq_max: int = 1) -> "Engine":
-        """A second context on this engine's loaded model, with its own callback state, batch and
-        KV cache: extraction on several threads without loading the weights twice (issue 15).
-
-        It keeps this engine's configuration except the thread count and the sequences per decode,
-        and this engine's key layers. llama.cpp contexts of one model may decode on different
-        threads at once (the weights are read-only); each context stays single-threaded in its use.
-        It never frees the model: this engine closes its siblings before freeing it."""
-        if self._closed:
-            raise ModelError("engine is closed")
-        sib = object.__new__(Engine)
-        sib.__dict__.update({k: self.__dict__[k] for k in ("_L", "_native_mod", "info", "n_embd", "n_layer",
-                                                           "_model", "_vocab", "n_vocab")})
-        sib.config = dataclasses.replace(self.config, n_threads=max(1, int(n_threads)),
-                                         n_seq_max=max(1, int(n_seq_max)))
-        sib.n_threads = sib.config.n_threads
-        sib.key_layer = self.key_layer
-        sib._owner = self
-        sib._siblings = []
-        sib._q8_twins = {}
-        sib._make_context()
-        sib.graph_tensors = self.graph_tensors
-        sib.set_key_layers(self.key_layers, self.key_pooling)
-        self._siblings.append(sib)
-        return sib
-
-    def q8_twin(self) -> "Engine | None":
-        """An engine on this model's lossless Q8_0 twin (``runtime.key_twin``: the Q5_0 weights
-        re-encoded, the same numbers), for this engine's key layers; written to the cache and loaded
-        on first use, closed with this engine. None when the model has no Q5_0 weights.
-
-        When the deepest key layer pools its last row, the twin is cut after it
-        (``EngineConfig.key_cut``): that layer's feed-forward half then runs on each prompt's last
-        row only. For key extraction only (the opt-in fast ingest): it maps a second copy of the
-        weights, and a memory's fingerprint stays the original model's."""
-        owner = self._owner or self
-        if owner._closed:
-            raise ModelError("engine is closed")
-        deepest = max(range(len(self.key_layers)), key=lambda i: self.key_layers[i])
-        cut = self.key_layers[deepest] + 1 if self.key_pooling[deepest] == "last" else None
-        if cut not in owner._q8_twins:
-            from .key_twin import q8_twin_path
-
-            path = q8_twin_path(owner.info.path, layers=cut)
-            owner._q8_twins[cut] = None if path is None else Engine(
-                path, dataclasses.replace(owner.config, key_cut=cut is not None, key_prefix_cache=False,
-                                          key_layer=None))
-        twin = owner._q8_twins[cut]
-        if twin is not None and (twin.key_layers, twin.key_pooling) != (self.key_layers, self.key_pooling):
-            twin.set_key_layers(self.key_layers, self.key_pooling)
-        return twin
-
-    def siblings(self, count: int, n_threads: int, n_seq_max: int = 1) -> list["Engine"]:
-        """``count`` sibling contexts with this thread count and sequences per decode, made on first
-        use and kept until this engine closes: a context costs its KV cache and compute buffers to
-        make, so memories sharing one engine (the server, a sweep) share them too."""
-        n_threads, n_seq_max = max(1, int(n_threads)), max(1, int(n_seq_max))
-        same = [e for e in self._siblings if (e.config.n_threads, e.config.n_seq_max) == (n_threads, n_seq_max)]
-        while len(same) < count:
-            same.append(self.sibling(n_threads, n_seq_max))
-        return same[:count]
-
     def _make_context(self) -> None:
         """The llama.cpp context, its callback state and its batch, on the loaded model."""
-        L, _native = self._L, self._native_mod
+        L = self._L
         # The callback state must outlive the context: created first, freed last.
-        self.native = _native.State(self.n_embd)
+        self.native = ext.State(self.n_embd)
         self.key_layers: tuple[int, ...] = (self.key_layer,)
         self.key_pooling: tuple[str, ...] = ("mean",)
         self._key_outputs: list[bool] = [False]  # per key layer: its tensor holds only output rows
@@ -292,7 +107,7 @@ class Engine:
         if self._n_seq_ctx > 1:  # llama.cpp asserts n_outputs <= n_seq_max... keep n_seq_max <= n_batch
             cparams.n_seq_max = self._n_seq_ctx
             cparams.kv_unified = True
-        self._cb = ctypes.cast(ctypes.c_void_p(_native.callback_address()), L.ggml_backend_sched_eval_callback)
+        self._cb = ctypes.cast(ctypes.c_void_p(ext.callback_address()), L.ggml_backend_sched_eval_callback)
         cparams.cb_eval = self._cb
         cparams.cb_eval_user_data = ctypes.c_void_p(self.native.user_data)
         self._ctx = L.llama_init_from_model(self._model, cparams)
@@ -381,8 +196,6 @@ class Engine:
     def _probe_graph(self) -> tuple[bool, bool]:
         """Decode two tokens once with the key and result_norm watched: an architecture whose graph
         does not name them would otherwise give zero keys and no steering, silently."""
-        from .support import missing_tensor_reason
-
         st = self.native
         hk, hn = st.hits(0), st.hits(1)
         st.key_reset()
@@ -403,8 +216,6 @@ class Engine:
         """The self-test of ``miita-edge check-model`` on this engine's model (runtime/support.py):
         a list of ``CheckItem`` (head rows vs gguf-py, captured key vs a reference decode, logit shift
         vs c·W·δ). Leaves the sequence reset."""
-        from .support import self_test
-
         return self_test(self, seed=seed)
 
     # ------------------------------------------------------------------ life
@@ -479,203 +290,6 @@ class Engine:
         return bool(self._L.llama_vocab_is_eog(self._vocab, token))
 
     # ------------------------------------------------------------ decoding
-    def prompt_keys(self, prompts: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]]
-                    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Eq. 1's key values of several prompts: ``[(pooled key-layer rows, per-layer divisors), ...]``
-        as ``key_sum`` gives them for one.
-
-        Prompts are decoded as separate sequences in shared ``llama_decode`` calls (up to
-        ``n_seq_max`` prompts and ``n_batch`` tokens each), with no output rows: a 30-token prompt
-        alone leaves the CPU waiting on weight reads, several at once use them ``n`` times per
-        read (issue 15). The callback sums each sequence's rows separately. Each sequence attends
-        only to itself (llama.cpp's mask), so a key equals the one-prompt decode up to rounding
-        (which rows take the repacked matmuls' one-row path, flash attention's tiled path from 64
-        rows: docs/benchmarks.md, issue 15 seventh pass); tested: cosine > 0.9999 for a mean of
-        rows, > 0.999 for a last row. A prompt longer than
-        ``n_batch`` is decoded alone, as ``decode`` does. Leaves the sequence reset."""
-        if len(prompts) != len(masks):
-            raise ValueError("one mask per prompt")
-        out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(prompts)
-        nb = self.config.n_batch
-        group: list[int] = []
-        for i, toks in enumerate(prompts):
-            if len(toks) != len(masks[i]) or not toks:
-                raise ValueError("each prompt needs tokens and one mask flag per token")
-            if len(toks) > nb:  # alone, in chunks
-                out[i] = self.prompt_key(toks, masks[i])
-                continue
-            if group and (len(group) >= max(1, min(self.config.n_seq_max, self._n_seq_ctx))
-                          or sum(len(prompts[j]) for j in group) + len(toks) > nb):
-                self._decode_group(group, prompts, masks, out)
-                group = []
-            group.append(i)
-        if group:
-            self._decode_group(group, prompts, masks, out)
-        self.reset()
-        return out  # type: ignore[return-value]
-
-    def _decode_group(self, group, prompts, masks, out) -> None:
-        L, b = self._L, self._batch
-        self.reset()
-        ids = np.empty(sum(len(prompts[j]) for j in group), np.int32)
-        r = 0
-        for s, j in enumerate(group):
-            for pos, (t, m) in enumerate(zip(prompts[j], masks[j])):
-                b.token[r], b.pos[r], b.n_seq_id[r], b.logits[r] = int(t), pos, 1, 0
-                b.seq_id[r][0] = s
-                ids[r] = s if m else -1
-                r += 1
-        b.n_tokens = r
-        if self.keys_on_output_rows:  # each prompt's last selected row is its output: the cut layer keeps it
-            last = {int(g): i for i, g in enumerate(ids) if g >= 0}
-            out_rows = sorted(last.values())
-            for i in out_rows:
-                b.logits[i] = 1
-            self.native.set_output_rows(np.asarray(out_rows, np.int64))
-        self.native.set_key_tensors(self._key_names)
-        self.native.begin_groups(ids, len(group))
-        if self.config.keys_stop_early:
-            self.native.set_stop_after_keys(True)
-        try:
-            rc = L.llama_decode(self._ctx, b)
-            if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc}")
-            err = self.native.error()
-            if err:
-                raise ModelError(f"native callback: {err}")
-            sums, _ = self.native.group_keys()
-            rows = self.native.group_key_rows()
-        finally:
-            self.native.set_stop_after_keys(False)
-            self.native.end_groups()
-            if self.keys_on_output_rows:
-                self.native.set_output_rows(np.zeros(0, np.int64))
-        for s, j in enumerate(group):
-            out[j] = (sums[s].reshape(-1), rows[s].copy())
-
-    def prompt_key(self, tokens: Sequence[int], mask: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
-        """Eq. 1's key values of one prompt, as ``key_sum`` gives them, from a
-        key-only pass: no logits, and (``EngineConfig.keys_stop_early``) the graph stops after the
-        deepest key layer, so the layers above it (5 of Gemma-3-270M's 18) are not computed.
-        The rows summed are computed exactly as in a full pass. Leaves the sequence reset.
-
-        With ``EngineConfig.key_prefix_cache`` the pass continues from the rows it shares with the
-        previous key-only pass's prompt where ``runtime.key_prefix`` shows the key stays bitwise
-        (a templated stream's instruction is decoded once, not once per example); those rows stay
-        in the KV cache, invisible to callers: the next decode of any other kind clears them."""
-        if self._key_prefix_usable(len(tokens)):
-            return self._prompt_key_continued(list(tokens), [bool(m) for m in mask])
-        return self._prompt_key_whole(tokens, mask)
-
-    def _key_prefix_usable(self, n: int) -> bool:
-        return (self.config.key_prefix_cache and self.config.keys_stop_early and not self.config.clear_kv_data
-                and not self.keys_on_output_rows
-                and self._n_seq_ctx == 1 and 0 < n <= self.config.n_batch
-                and (self._owner or self)._key_prefix_verdict is not False)
-
-    @property
-    def key_prefix_ok(self) -> bool:
-        """Whether this build's kernels keep keys bitwise when a pass continues another's rows
-        (``runtime.key_prefix``'s rules), checked once per loaded model by ``_probe_key_prefix``."""
-        owner = self._owner or self  # one verdict per loaded model; each context probes itself
-        if owner._key_prefix_verdict is None:
-            owner._key_prefix_verdict = self._probe_key_prefix()
-        return owner._key_prefix_verdict
-
-    def _probe_key_prefix(self) -> bool:
-        """Decode a few prompts that share prefixes (short ones, and ones past flash attention's
-        64-row tile) both whole and continued, and compare the keys bit for bit. The rules in
-        ``runtime.key_prefix`` were measured on one build; a CPU or build whose kernels round
-        otherwise gets whole passes instead of keys that drift from ``ask``'s."""
-        text = ("The quick brown fox jumps over the lazy dog while seven wizards quietly judge "
-                "boxing matches at dawn; meanwhile the harbour lights flicker and a tired sailor "
-                "counts the waves, numbering each one until the morning bell rings twice. ")
-        base = self.tokenize(text * 3, add_bos=True)
-        alt = self.tokenize(text[::-1] * 3, add_bos=False)
-        if len(base) < 120 or len(alt) < 80:
-            return False
-        # cuts under the rules: -, 16, 20 (a rest of >= 8 rows), - (another attention path), 68,
-        # 36 (a tiled rest of >= 64 rows), - ; rules any looser put some cut where rows round otherwise
-        chain = [base[:30], base[:18] + alt[:12], base[:18] + alt[:10] + alt[40:42],
-                 base[:100], base[:70] + alt[:70], base[:70] + alt[:30], base[:20] + alt[:12]]
-        self._key_prefix = None
-        try:
-            continued = [self._prompt_key_continued(list(t), self.key_mask(t, True), probing=True) for t in chain]
-            self.reset()
-            for toks, (s, n) in zip(chain, continued):
-                ws, wn = self._prompt_key_whole(toks, self.key_mask(toks, True))
-                if not (np.array_equal(ws, s) and np.array_equal(wn, n)):
-                    return False
-            return True
-        except ModelError:
-            return False
-        finally:
-            self.reset()
-
-    def _prompt_key_whole(self, tokens, mask) -> tuple[np.ndarray, np.ndarray]:
-        """A key-only pass over every row of the prompt."""
-        self.reset()
-        stop = self.config.keys_stop_early
-        if stop:
-            self.native.set_stop_after_keys(True)
-        try:
-            if self.keys_on_output_rows:  # the last selected row is the output the cut layer keeps
-                sel = [i for i, m in enumerate(mask) if m]
-                flags = [i == sel[-1] for i in range(len(tokens))] if sel else "none"
-                self.decode(tokens, flags, key_mask=mask, read_logits=False)
-            else:
-                self.decode(tokens, "none", key_mask=mask)
-            return self.key_sum()
-        finally:
-            if stop:
-                self.native.set_stop_after_keys(False)
-            self._forget_positions()
-
-    def _prompt_key_continued(self, tokens: list[int], mask: list[bool],
-                              probing: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """``prompt_key`` from the deepest row it may share with the cached prefix (0: all rows).
-        The first time a row would be shared, the build is probed (``key_prefix_ok``): a stream
-        whose prompts share nothing never pays for the probe."""
-        n = len(tokens)
-        names = tuple(self._key_names)
-        kp = self._key_prefix
-        q = kp.cut_for(tokens, mask, names) if kp is not None else 0
-        if q and not probing:
-            probed = (self._owner or self)._key_prefix_verdict is not None
-            if not self.key_prefix_ok or not probed:  # a probe leaves the KV cache empty: start anew
-                q = 0
-        st = self.native
-        if q:
-            sums, pooled, rows = kp.states[q]
-            self._L.llama_memory_seq_rm(self._mem, 0, q, -1)  # the shared rows stay
-            self._reset_callback()
-            st.set_key_tensors(list(names))
-            st.key_set(sums, pooled, rows)
-            states = {r: v for r, v in kp.states.items() if r <= q}
-            self.key_rows_reused += q
-        else:
-            self.reset()
-            states = {}
-        self._key_prefix = None
-        self.n_past = q
-        marks = mark_rows(q, n)
-        st.set_stop_after_keys(True)
-        try:
-            self.decode(tokens[q:], "none", key_mask=mask[q:], key_marks=[r - q for r in marks])
-            m_sums, m_pooled, m_rows = st.key_marks()
-            out = self.key_sum()
-        except BaseException:
-            self._forget_positions()
-            raise
-        finally:
-            st.set_stop_after_keys(False)
-            st.set_key_marks(np.zeros(0, np.int64))
-        for i, r in enumerate(marks):
-            states[r] = (m_sums[i], m_pooled[i], int(m_rows[i]))  # rows of arrays made for this pass
-        self._key_prefix = KeyPrefix(tokens, mask, names, tiled(n), states)
-        self.n_past = 0  # logically reset: the next decode of any other kind clears these rows
-        return out
-
     def _forget_positions(self, zero: bool = False) -> None:
         """Clear the KV cache but keep the key sum (a key-only pass left deeper layers unwritten);
         ``zero``: also zero the buffers (``EngineConfig.clear_kv_data``)."""
@@ -757,12 +371,7 @@ class Engine:
                 self.native.set_key_marks(np.asarray(key_marks, np.int64))
             if self.keys_on_output_rows:
                 self.native.set_output_rows(np.array([i for i, j in enumerate(chunk) if flags[j]], np.int64))
-            rc = L.llama_decode(self._ctx, b)
-            if rc != 0:
-                raise ModelError(f"llama_decode failed with code {rc}")
-            err = self.native.error()
-            if err:
-                raise ModelError(f"native callback: {err}")
+            self.decode_batch()
             for i, j in enumerate(chunk):
                 if flags[j] and read_logits:
                     ptr = L.llama_get_logits_ith(self._ctx, i)
@@ -770,6 +379,15 @@ class Engine:
                     n_out += 1
             self.n_past += len(chunk)
         return out
+
+    def decode_batch(self) -> None:
+        """``llama_decode`` of the batch as filled; ModelError if llama.cpp or the callback failed."""
+        rc = self._L.llama_decode(self._ctx, self._batch)
+        if rc != 0:
+            raise ModelError(f"llama_decode failed with code {rc}")
+        err = self.native.error()
+        if err:
+            raise ModelError(f"native callback: {err}")
 
     def hidden_states(self, tokens: Sequence[int], rows: Sequence[bool],
                       key_mask: Sequence[bool] | None = None) -> np.ndarray:
@@ -871,70 +489,12 @@ class Engine:
             text = text[:cut]
         return Generation(text, generated, alphas, reason)
 
-    def complete(self, prompt: str, max_tokens: int = 32, stop: Sequence[str] = ("\n",), **kw) -> Generation:
-        """Plain completion of a text prompt (no memory)."""
-        state = self.query(self.tokenize(prompt))
-        return self.generate(state, max_tokens=max_tokens, stop=stop, **kw)
-
     # ------------------------------------------------------------ LM head
     @property
     def lm_head(self) -> "LMHeadRows":
         if self._lm is None:
             self._lm = LMHeadRows(self.info, self.n_threads)
         return self._lm
-
-
-class LMHeadRows:
-    """Row kernels over the LM head mapped from the GGUF (quantized, read in place)."""
-
-    def __init__(self, info: ModelInfo, n_threads: int = 0):
-        from .. import _native
-
-        self._n = _native
-        self.info = info
-        self.head = info.lm_head
-        self.W = info.map_lm_head()
-        self.n_threads = n_threads
-
-    def _args(self):
-        h = self.head
-        return (self.W, h.ggml_type, h.n_vocab, h.n_embd, h.row_bytes)
-
-    def rows(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """W[ids] as float32 (n, H)."""
-        return self._n.lm_gather(*self._args(), np.asarray(ids, np.int32), self.n_threads)
-
-    def weighted_sum(self, ids, weights) -> np.ndarray:
-        """Σ_i w_i W[ids_i] (eq. 7's W_Vᵀ g)."""
-        return self._n.lm_weighted_sum(*self._args(), np.asarray(ids, np.int32),
-                                       np.asarray(weights, np.float32), self.n_threads)
-
-    def restricted_uncertainty(self, logits: np.ndarray, K: int):
-        """Eqs. 6-7 in one native call: (ids, p_hat, g, H_hat, r_q), as ``retrieval._restricted``
-        computes them from ``top_k_restricted``, ``restricted_entropy_grad`` and W_Vᵀg (float64;
-        tested against those). ValueError for NaN/+inf or all -inf logits."""
-        z = np.ascontiguousarray(logits, np.float32)
-        try:
-            ids, p, g, H, r = self._n.restricted_uncertainty(*self._args(), z, int(min(max(K, 1), z.shape[0])))
-        except RuntimeError as e:
-            raise ValueError(f"top_k_restricted: {e}") from e
-        return ids.astype(np.int64), p, g, float(H), r
-
-    def correction_from_hidden(self, hidden: np.ndarray, targets: Sequence[int],
-                               per_position: bool = False) -> np.ndarray:
-        """Exact eq. 2 with p_t = softmax(W h_t), from the final hidden rows, in one pass over W."""
-        c = self.info.logit_mult  # logits = c W h (granite: c = 1 / logit_scale)
-        if c != 1.0:
-            hidden = np.asarray(hidden, np.float32) * np.float32(c)
-        return self._n.lm_correction_hidden(*self._args(), np.ascontiguousarray(hidden, np.float32),
-                                            np.asarray(targets, np.int32), bool(per_position), self.n_threads)
-
-    def correction(self, logits: np.ndarray, targets: Sequence[int], top_k: int = 0,
-                   per_position: bool = False) -> np.ndarray:
-        """R = mean_t (W[y_t] − Σ_v p_t(v) W[v]) (eq. 2), or one R_t per position."""
-        return self._n.lm_correction(*self._args(), np.ascontiguousarray(logits, np.float32),
-                                     np.asarray(targets, np.int32), int(top_k), bool(per_position),
-                                     self.n_threads)
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:

@@ -9,17 +9,14 @@ import json
 import os
 from pathlib import Path
 
+from platformdirs import user_cache_dir
+
 from .gguf_model import file_sha256
 
 
 def cache_dir() -> Path:
     """The user's cache directory for miita-edge (derived files only: deleting it costs time)."""
-    try:
-        from platformdirs import user_cache_dir
-
-        return Path(user_cache_dir("miita-edge", appauthor=False))
-    except ImportError:  # pragma: no cover
-        return Path.home() / ".cache" / "miita-edge"
+    return Path(user_cache_dir("miita-edge", appauthor=False))
 
 
 def _cache_file() -> Path:

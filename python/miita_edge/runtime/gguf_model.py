@@ -9,11 +9,14 @@ in place from the mapped file, so we need its offset, type and shape.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import ModelError
 
@@ -88,8 +91,6 @@ class _Header:
     """
 
     def __init__(self, path: Path):
-        import mmap
-
         with open(path, "rb") as fh:
             self.buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         self.pos = 0
@@ -114,8 +115,6 @@ class _Header:
         self.buf.close()
 
     def _u(self, size: int, fmt: str):
-        import struct
-
         (v,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return v
@@ -127,8 +126,6 @@ class _Header:
         return raw.decode("utf-8", errors="replace")
 
     def _value(self, vtype: int):
-        import struct
-
         if vtype == _STRING:
             return self._str()
         if vtype == _ARRAY:
@@ -182,7 +179,6 @@ def inspect_gguf(path: str | os.PathLike) -> ModelInfo:
     if len(ne) != 2 or ne[0] != n_embd:
         raise ModelError(f"unexpected LM-head shape {ne} for n_embd={n_embd}: {p}")
     size = p.stat().st_size
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]

@@ -5,7 +5,7 @@ ingest decodes the same leading rows again for every example. Reusing them is on
 the key stays bitwise the one a whole pass gives (the exact-repeat rule and ``forget`` compare
 stored keys array for array), and llama.cpp's CPU kernels make a row's value depend on more than
 its tokens. Measured on the vendored llama.cpp (llama-cpp-python 0.3.36, x86 AVX-512 build;
-``tests/test_key_prefix.py``, docs/benchmarks.md "Issue 15, ninth pass"), a row of a pass over rows
+``tests/test_key_prefix.py``, bench/key_prefix_rules.py), a row of a pass over rows
 [q, n) equals the same row of a whole n-row pass when:
 
 * the cut is a multiple of 4 (``ROW_ALIGN``): the repacked Q4_K product runs a ubatch's rows in
@@ -18,7 +18,7 @@ its tokens. Measured on the vendored llama.cpp (llama-cpp-python 0.3.36, x86 AVX
   must keep >= 64 rows.
 
 These are facts of one build, not of ggml's contract, so the engine checks them once per loaded
-model before trusting them (``Engine.key_prefix_ok``) and falls back to whole passes if a probe
+model before trusting them (``runtime.key_pass.key_prefix_ok``) and falls back to whole passes if a probe
 differs. The key accumulators themselves are continued from a snapshot taken at the cut
 (``miita_state_set_key_marks``), so the double-precision sums add the same rows in the same order.
 """

@@ -1,15 +1,13 @@
-"""A lossless Q8_0 twin of a GGUF model, for fast key extraction (issue 15).
+"""A lossless Q8_0 twin of a GGUF model, for fast key extraction.
 
 Most of Gemma-3-270M Q4_K_M's layer weights are Q5_0 (``attn_q/k``, ``ffn_gate/up``). A Q5_0 block
 (an f16 scale ``d`` and 32 integers in [-16, 15] packed into 5 bits) is exactly a Q8_0 block with
 the same ``d`` and the same integers as int8: the same weights, without the bit unpacking that
-llama.cpp's CPU kernels redo on every tile. With several prompts per decode this makes key
-extraction ~1.2x faster on the 2-core AVX-512 machine; one prompt per decode gains ~3%, so the twin
-is used only by the opt-in fast ingest, whose keys are within rounding of one-by-one extraction
-anyway. A twin may also be cut after the deepest key layer (``layers``): when that layer's key is
+llama.cpp's CPU kernels redo on every tile. The gain is measured with several prompts per
+decode (docs/benchmarks.md), so the twin is used only by the opt-in fast ingest, whose keys are
+within rounding of one-by-one extraction anyway. A twin may also be cut after the deepest key layer (``layers``): when that layer's key is
 its last row, llama.cpp then computes the layer's feed-forward half for each prompt's last row
-only (it keeps only output rows in a model's last layer), and nothing past it is mapped
-(docs/benchmarks.md, issue 15 eleventh pass).
+only (it keeps only output rows in a model's last layer), and nothing past it is mapped.
 
 The twin is derived, never stored with a memory: it is written once per model (by its sha256) to
 the user cache directory, atomically (a temporary file renamed into place), and a memory's model
@@ -22,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 
+import gguf
 import numpy as np
 
 from ..errors import ModelError
@@ -54,8 +53,6 @@ def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike, *, q5_0_to_q8_0: b
     to it. Returns how many tensors were re-encoded; with ``only_if_q5_0`` and none to re-encode,
     0 and nothing written. Reads the metadata once (a 262,144-entry vocabulary takes gguf-py
     seconds). Not atomic by itself."""
-    import gguf
-
     Q5 = gguf.GGMLQuantizationType.Q5_0
     r = gguf.GGUFReader(str(src))
     field = r.fields["general.architecture"]

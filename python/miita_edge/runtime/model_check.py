@@ -5,10 +5,17 @@ included, becomes the report's reason. The refusal rules and the self-test live 
 """
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
 
 from ..errors import MiitaError
-from .engine import DEFAULT_KEY_DEPTHS, layers_at_depths
+from .default_model import resolve_model_path
+from .engine import DEFAULT_KEY_DEPTHS, Engine, EngineConfig, layers_at_depths
+from .gguf_model import inspect_gguf
 from .support import (CheckItem, CheckReport, dequantize_rows, missing_tensor_reason, refusal_after_load,
                       refusal_reason, round_activations, self_test, type_name)
 
@@ -19,9 +26,6 @@ __all__ = ["CheckItem", "CheckReport", "check_model", "check_model_isolated", "f
 def check_model(path=None, threads: int = 0, key_layer: int | None = None, run_self_test: bool = True,
                 seed: int = 0) -> CheckReport:
     """Inspect a GGUF, load it, run the self-test; never raises (the reason says what failed)."""
-    from .default_model import resolve_model_path
-    from .gguf_model import inspect_gguf
-
     t0 = time.perf_counter()
     rep = CheckReport(path=str(path) if path else "(default model)")
     try:
@@ -37,7 +41,6 @@ def check_model(path=None, threads: int = 0, key_layer: int | None = None, run_s
         if reason:
             rep.reason = reason
             return rep
-        from .engine import Engine, EngineConfig
 
         eng = Engine(p, EngineConfig(n_ctx=512, n_batch=512, n_threads=threads, key_layer=key_layer))
         try:
@@ -90,12 +93,6 @@ def check_model_isolated(path=None, threads: int = 0, key_layer: int | None = No
     """``check_model`` in a child process: llama.cpp aborts the process on some malformed models
     (a GGML_ASSERT while loading or building the graph), which no exception handler can catch. The
     child's report comes back as JSON; a child that dies becomes a one-line reason."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-
     args = {"path": None if path is None else str(path), "threads": threads, "key_layer": key_layer,
             "run_self_test": run_self_test, "seed": seed}
     env = dict(os.environ)
@@ -131,10 +128,6 @@ def check_model_isolated(path=None, threads: int = 0, key_layer: int | None = No
 
 
 def _child_main() -> None:
-    import json
-    import os
-    import sys
-
     args = json.loads(sys.argv[1])
     if os.environ.get("MIITA_CHECK_MODEL_TEST_ABORT"):  # tests: a child that dies as llama.cpp's asserts do
         os.abort()

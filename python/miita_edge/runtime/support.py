@@ -19,9 +19,13 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
+import llama_cpp
 import numpy as np
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from ..errors import MiitaError
+from .abi import ggml_library
 from .gguf_model import ModelInfo
 from .key_pooling import key_mean
 
@@ -110,9 +114,6 @@ def missing_tensor_reason(name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 def dequantize_rows(info: ModelInfo, W: np.ndarray, ids) -> np.ndarray:
     """Rows of the LM head as float32, by gguf-py's dequantisation (independent of ggml's)."""
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     h = info.lm_head
     rb = h.row_bytes
     ids = np.asarray(ids, np.int64)
@@ -160,10 +161,6 @@ class _ReferenceDecoder:
     rows of the watched tensors out (slow, ~2.5 µs per graph node: for checks only)."""
 
     def __init__(self, engine, names):
-        import llama_cpp as L
-
-        from .abi import ggml_library
-
         self.L = L
         lib = ggml_library()
         lib.ggml_get_name.restype = ctypes.c_char_p

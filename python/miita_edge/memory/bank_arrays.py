@@ -1,0 +1,260 @@
+"""A bank's stored form: the arrays that persist it (``to_arrays``) and their reader
+(:class:`StoredArrays`: every array checked, views read in place, Prototype objects made on demand).
+
+Every byte counts against the budget, so integers take the narrowest unsigned type their largest
+value fits; format 1 memories (``anchor_owner``, int32 ``tokens`` with separators) are still read.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import codecs
+from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
+
+__all__ = ["Seqs", "StoredArrays", "to_arrays"]
+
+
+def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
+    """The arrays that persist ``bank`` (a ``MemoryBank``: the bank imports this module). With
+    ``shapes_only`` they are zero-cost broadcast views of the right shape/dtype (for exact sizing).
+
+    Layout (every byte counts against the budget, so integers take the narrowest unsigned
+    type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
+    each prototype owns, ``anchor_count`` how many keys each anchor stands for, ``counts``
+    each prototype's n, ``tok3`` the answer tokens as 3-byte little-endian ids (vocabularies
+    up to 2^24) with ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Format 1
+    memories (``anchor_owner``, int32 ``tokens`` with separators) are still read."""
+    cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
+    key_bytes_cols = codecs.bytes_per_vector("bit", bank.key_dim) if cfg.key_precision == "bit" else bank.key_dim
+    A = bank.n_anchors
+    per = [len(p.anchors) for p in bank.protos]
+    lens = [len(p.tokens) for p in bank.protos]
+    out: dict[str, np.ndarray] = {}
+
+    def fake(shape, dtype):
+        return np.broadcast_to(np.zeros((), dtype), shape)
+
+    kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
+    per_dt, cnt_dt = uint_for(max(per, default=0)), uint_for(max((p.n for p in bank.protos), default=0))
+    len_dt = uint_for(max(lens, default=0))
+    if shapes_only:
+        n_dirs = sum(len(p.dirs) for p in bank.protos)
+        if cfg.payload != "tokens":
+            out["dirs"] = fake((n_dirs, H), kdt[cfg.dir_precision])
+            if cfg.dir_precision == "int8":
+                out["dir_scale"] = fake((n_dirs,), np.float32)
+        out["anchors"] = fake((A, key_bytes_cols), kdt[cfg.key_precision])
+        if cfg.key_precision == "int8":
+            out["anchor_scale"] = fake((A,), np.float32)
+        out["anchor_per"] = fake((J,), per_dt)
+        out["anchor_count"] = fake((A,), np.uint16)
+        out["counts"] = fake((J,), cnt_dt)
+        if cfg.payload != "mean":
+            out["tok3"] = fake((sum(lens), 3), np.uint8)
+            out["tok_len"] = fake((J,), len_dt)
+        if cfg.relevance:
+            out["radius"] = fake((J,), np.int8)
+        return out
+
+    if cfg.payload != "tokens":
+        D = np.concatenate([p.dirs for p in bank.protos]) if J else np.zeros((0, H), np.float32)
+        enc = codecs.encode(D, cfg.dir_precision)
+        out["dirs"] = enc["data"]
+        if "scale" in enc:
+            out["dir_scale"] = enc["scale"]
+    Amat, _ = bank.anchor_matrix()
+    enc = codecs.encode(Amat, cfg.key_precision)
+    out["anchors"] = enc["data"].reshape(A, key_bytes_cols)
+    if "scale" in enc:
+        out["anchor_scale"] = enc["scale"]
+    out["anchor_per"] = np.array(per, per_dt)
+    an = np.concatenate([p.anchor_n for p in bank.protos]) if J else np.zeros(0, np.int64)
+    out["anchor_count"] = np.minimum(an, 65535).astype(np.uint16)
+    out["counts"] = np.array([p.n for p in bank.protos], cnt_dt)
+    if cfg.payload != "mean":
+        flat = np.concatenate([p.tokens for p in bank.protos]).astype(np.int64) if J else np.zeros(0, np.int64)
+        if len(flat) and (flat.min() < 0 or flat.max() >= 1 << 24):
+            raise ValueError("answer token ids must lie in 0..2^24-1 to be stored in 3 bytes")
+        out["tok3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8) \
+            if len(flat) else np.zeros((0, 3), np.uint8)
+        out["tok_len"] = np.array(lens, len_dt)
+    if cfg.relevance:
+        out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in bank.protos],
+                                 np.float64).clip(-RADIUS_SCALE, RADIUS_SCALE).astype(np.int8)
+    return out
+
+
+
+class Seqs:
+    """Each prototype's answer tokens as slices of a flat int32 array (indexable, sized)."""
+
+    def __init__(self, flat: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.flat, self.starts, self.ends = flat, starts.astype(np.int64), ends.astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        return self.flat[self.starts[j]:self.ends[j]]
+
+
+class StoredArrays:
+    """A bank's stored arrays, checked, before its Prototype objects exist.
+
+    The checks (and their messages) are the ones ``from_arrays`` always made; the views read the
+    arrays with numpy (one pass each) instead of walking Prototype objects."""
+
+    def __init__(self, config: BankConfig, H: int, key_parts: int, arrays: dict[str, np.ndarray]) -> None:
+        self.config, self.H = config, H
+        # A store accepts any valid arrays (a forged file with a recomputed checksum is valid), so the
+        # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
+        # (the corruption campaign, docs/reliability.md).
+        for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
+                     "tok_len", "radius"):
+            if name in arrays and np.ndim(arrays[name]) != 1:
+                raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
+        counts = np.asarray(arrays["counts"])
+        if counts.ndim != 1 or counts.dtype.kind not in "iu":
+            raise ValueError("counts is not a vector of integers")
+        J = len(counts)
+        if config.payload == "tokens":
+            D = np.zeros((0, H), np.float32)
+        else:
+            enc = {"data": arrays["dirs"]}
+            codecs.check_stored("dirs", enc["data"], config.dir_precision)
+            if "dir_scale" in arrays:
+                enc["scale"] = arrays["dir_scale"]
+            D = codecs.decode(enc, config.dir_precision, H)
+        raw = np.asarray(arrays["anchors"])
+        scale = np.asarray(arrays["anchor_scale"]) if "anchor_scale" in arrays else None
+        full = H * key_parts
+        if raw.ndim != 2:
+            raise ValueError(f"anchors array has shape {raw.shape}, expected (n, width)")
+        codecs.check_stored("anchors", raw, config.key_precision)
+        if config.key_precision == "bit":  # full width, or narrowed by repair to a multiple of 8 bits
+            cols = raw.shape[1]
+            key_dim = full if cols == codecs.bytes_per_vector("bit", full) else 8 * cols
+            if key_dim > full or key_dim < 8:
+                raise ValueError(f"anchors array has shape {raw.shape}, expected (n, <= "
+                                 f"{codecs.bytes_per_vector('bit', full)})")
+        else:
+            key_dim = raw.shape[1]
+            if key_dim != full:
+                raise ValueError(f"anchors array has shape {raw.shape}, expected (n, {full})")
+        if scale is not None and scale.shape != (len(raw),):
+            raise ValueError("anchor_scale does not match the anchors")
+        if "anchor_per" in arrays:  # format 2: anchors grouped by prototype, counted per prototype
+            per = np.asarray(arrays["anchor_per"]).astype(np.int64)
+            if per.shape != (J,) or (J and per.min() < 0) or int(per.sum()) != len(raw):
+                raise ValueError("anchor_per does not match the anchors and prototypes")
+            owner = np.repeat(np.arange(J, dtype=np.int64), per)
+        else:
+            owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
+        acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
+        if len(acount) != len(owner) or (len(acount) and acount.min() < 1):
+            raise ValueError("anchor_count does not match the anchors")
+        if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
+            raise ValueError("anchor_owner does not index the prototypes")
+        flat, starts, ends = _answers(config, arrays, J)
+        n_dirs = {"mean": J, "sequence": int((ends - starts).sum()), "tokens": 0}[config.payload]
+        if n_dirs > len(D):
+            raise ValueError("dirs array is shorter than the prototypes need")
+        if n_dirs != len(D):
+            raise ValueError("dirs array is longer than the prototypes need")
+        radius = None
+        if config.relevance:
+            if "radius" not in arrays:
+                raise ValueError("radius array is missing (the relevance gate needs it)")
+            radius = np.asarray(arrays["radius"])
+            if radius.shape != (J,) or radius.dtype != np.int8 or (J and radius.min() < -RADIUS_SCALE):
+                raise ValueError("radius does not hold one int8 radius per prototype")
+        self.J, self.counts, self.D, self.raw, self.scale = J, counts, D, raw, scale
+        self.key_dim, self.radius = key_dim, radius
+        self.owner, self.acount, self._seqs = owner, acount, Seqs(flat, starts, ends)
+        # Each prototype's anchors in stored order: a sort by owner instead of one mask per
+        # prototype (O(A log A), not O(J·A)); none when the owners are sorted (as written).
+        self.sorted = bool(len(owner) < 2 or (owner[1:] >= owner[:-1]).all())
+        self.by_owner = None if self.sorted else np.argsort(owner, kind="stable")
+
+    def radii(self) -> np.ndarray:
+        """Each prototype's radius as a cosine (J,); 1.0 everywhere without the relevance gate."""
+        return np.ones(self.J) if self.radius is None else self.radius.astype(np.float64) / RADIUS_SCALE
+
+    def owner_sorted(self) -> np.ndarray:
+        return self.owner if self.sorted else self.owner[self.by_owner]
+
+    def packed_sorted(self) -> np.ndarray:
+        return self.raw if self.sorted else self.raw[self.by_owner]
+
+    def anchors(self) -> np.ndarray:
+        enc = {"data": self.packed_sorted()}
+        if self.scale is not None:
+            enc["scale"] = self.scale if self.sorted else self.scale[self.by_owner]
+        return codecs.decode(enc, self.config.key_precision, self.key_dim)
+
+    def seqs(self) -> Seqs:
+        return self._seqs
+
+    def dir_rows(self) -> np.ndarray:
+        """First row of each prototype's payload in D (J,), and its length (J,)."""
+        L = {"mean": np.ones(self.J, np.int64), "tokens": np.zeros(self.J, np.int64),
+             "sequence": (self._seqs.ends - self._seqs.starts).astype(np.int64)}[self.config.payload]
+        return np.cumsum(L) - L, L
+
+    def directions(self, position: int) -> np.ndarray:
+        D = np.zeros((self.J, self.H), np.float32)
+        first, L = self.dir_rows()
+        has = np.flatnonzero(position < L)
+        D[has] = self.D[first[has] + position]
+        return D
+
+    def prototypes(self) -> list[Prototype]:
+        """The Prototype objects, made when a bank is first changed (writes and repair need them)."""
+        cfg, H, raw, scale, acount = self.config, self.H, self.raw, self.scale, self.acount
+        by_owner = np.arange(len(self.owner)) if self.by_owner is None else self.by_owner
+        bounds = np.searchsorted(self.owner[by_owner], np.arange(self.J + 1))
+
+        def anchors_of(j: int) -> tuple[np.ndarray, np.ndarray]:
+            idx = by_owner[bounds[j]:bounds[j + 1]]
+            enc = {"data": raw[idx]}
+            if scale is not None:
+                enc["scale"] = scale[idx]
+            return codecs.decode(enc, cfg.key_precision, self.key_dim), acount[idx]
+
+        first, L = self.dir_rows()
+        radii = self.radii()
+        out = []
+        for j in range(self.J):
+            a, a_n = anchors_of(j)
+            seq = self._seqs[j] if cfg.payload != "mean" else np.zeros(0, np.int32)
+            f = int(first[j])
+            out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n,
+                                 radius=float(radii[j])))
+        return out
+
+
+def _answers(config: BankConfig, arrays: dict[str, np.ndarray], J: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each prototype's answer tokens as (flat int32 ids, starts, ends), checked: format 2's 3-byte
+    ids with their lengths, or format 1's int32 ids with a separator after each answer."""
+    if config.payload != "mean":
+        if "tok3" in arrays:
+            t3 = np.asarray(arrays["tok3"])
+            lens = np.asarray(arrays["tok_len"]).astype(np.int64)
+            if t3.ndim != 2 or t3.shape[1] != 3 or lens.shape != (J,) or (J and lens.min() < 0) \
+                    or int(lens.sum()) != len(t3):
+                raise ValueError("tok3/tok_len do not hold one answer per prototype")
+            t = t3.astype(np.int32)
+            flat = t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
+            ends = np.cumsum(lens)
+            starts = ends - lens
+        else:  # format 1: int32 with a separator after each answer
+            flat = np.asarray(arrays["tokens"], np.int32)
+            if len(flat) and flat.min() < TOKEN_END:
+                raise ValueError(f"tokens array holds a negative token id ({int(flat.min())})")
+            ends = np.flatnonzero(flat == TOKEN_END)
+            if len(ends) != J:
+                raise ValueError("tokens array does not hold one sequence per prototype")
+            starts = np.concatenate([[0], ends[:-1] + 1]) if J else np.zeros(0, np.int64)
+    else:
+        flat, starts, ends = np.zeros(0, np.int32), np.zeros(J, np.int64), np.zeros(J, np.int64)
+    return flat, starts, ends

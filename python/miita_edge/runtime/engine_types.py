@@ -1,0 +1,95 @@
+"""The values the engine takes and gives: its configuration, what a prompt pass leaves for
+retrieval, a generation, a steering plan; and where a preset's key layers fall in a model."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .key_pooling import key_mean
+
+__all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "SteerPlan", "layers_at_depths"]
+
+
+#: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
+#: 12 and 9 on Gemma-3-270M's 18 layers. Here so that check-model can check them on any model.
+DEFAULT_KEY_DEPTHS = (2 / 3, 1 / 2)
+
+
+def layers_at_depths(depths, n_layer: int) -> list[int]:
+    """Key layers at shares of a model's depth: round(depth·n_layer), at most n_layer - 2 (the last
+    layer keeps only output rows), in the order given, a layer that two depths round to once."""
+    out: list[int] = []
+    for d in depths:
+        k = int(min(max(round(d * n_layer), 0), n_layer - 2))
+        if k not in out:
+            out.append(k)
+    return out
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0: all cores
+    key_layer: int | None = None  # None: n_layer // 2 (must be <= n_layer - 2: earlier layers hold all rows)
+    use_extra_bufts: bool | None = None  # None: off on CPUs with AMX, on elsewhere
+    verbose: bool = False
+    # Prompts decoded together as separate sequences by ``prompt_keys`` (batched ingest; at most
+    # n_batch). 1 (the default) keeps llama.cpp's single-sequence context exactly as before; above 1
+    # the KV cache is unified (one pool of n_ctx cells), so one sequence can still use all of it.
+    n_seq_max: int = 1
+    # Key-only passes (ingest's keys, calibration) stop the graph after the deepest key layer
+    # instead of computing the layers above it (keys bitwise the same; off: the full depth).
+    keys_stop_early: bool = True
+    # Zero the KV buffers at every reset (llama_memory_clear's data flag), once per pass (the
+    # benches' stand-in for an engine that did). Off: only the cells are marked free, which is what
+    # makes them invisible to the next decode (its mask excludes them), without writing the whole
+    # cache each pass. The clear after a key-only pass never zeroes.
+    clear_kv_data: bool = False
+    # A key-only pass (``prompt_key``) starts from the rows of the previous one that its prompt
+    # shares, where the key stays bitwise that of a whole pass (runtime.key_prefix says when);
+    # checked once per model, off where the check fails. Off: every pass decodes the whole prompt.
+    key_prefix_cache: bool = True
+    # The model is a copy cut after its deepest key layer (runtime.key_twin, fast ingest): that
+    # layer is the model's last, where llama.cpp keeps only the rows asked for as outputs, so a
+    # key-only pass marks each prompt's last selected row as its output and computes the layer's
+    # feed-forward half for that row only. Allowed for a last-row key layer; keys only.
+    key_cut: bool = False
+
+
+@dataclass
+class QueryState:
+    """What one prompt pass leaves behind for retrieval (eqs. 1, 6, 7, 11)."""
+
+    tokens: list[int]
+    key_sum: np.ndarray  # (L·H,) each key layer's pooled rows (summed, or its last row), one H-block per layer
+    key_rows: int  # prompt rows the key mask selected
+    h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
+    logits: np.ndarray  # (V,) logits of the first answer token, unsteered
+    pooled_rows: np.ndarray  # (L,) each block's divisor: rows summed, or 1 for a last-row block
+
+    @property
+    def key(self) -> np.ndarray:
+        """Eq. 1's pooled key: (L·H,), each key layer's pooled rows (``Engine.key_pooling``), layers
+        in ``Engine.key_layers`` order (one layer: the usual (H,) key)."""
+        return key_mean(self.key_sum, self.pooled_rows)
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(L, H) the pooled key of every key layer."""
+        return self.key.reshape(-1, self.h_q.shape[0])
+
+
+@dataclass
+class Generation:
+    text: str
+    tokens: list[int]
+    alphas: list[float] = field(default_factory=list)  # one per steered step
+    stop_reason: str = "length"  # "stop" | "eog" | "length"
+
+
+# A steering plan gives, before each generated token, the direction for that
+# step (or None for no addition). step 0 predicts the first answer token.
+SteerPlan = Callable[[int, Sequence[int]], "np.ndarray | None"]
