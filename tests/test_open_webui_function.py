@@ -263,6 +263,40 @@ def test_failed_teach_is_reported_and_retried(srv, model_id):
     assert memory(srv, "fail")["version"] == 1
 
 
+def test_edit_matching_without_ids():
+    """The inlet's messages have no ids: an answer is matched by chat, turn (answers with text;
+    the browser drops empty ones) and question. A regeneration's text, another chat's answer or a
+    changed question is not an edit; a changed text is. No server: nothing is taught here."""
+    flt = load_function("miita_feedback").Filter()
+    q1, q2 = "first question", "second question"
+
+    def outlet(chat_id, history, answer_id):
+        asyncio.run(flt.outlet({"model": "m:mem", "chat_id": chat_id, "id": answer_id, "messages": history}))
+
+    base = [{"id": "u1", "role": "user", "content": q1}, {"id": "a1", "role": "assistant", "content": "one"}]
+    outlet("c", base, "a1")
+    outlet("c", base[:1] + [{"id": "a1b", "role": "assistant", "content": "uno"}], "a1b")  # regenerated
+    later = base + [{"id": "u2", "role": "user", "content": q2}, {"id": "a2", "role": "assistant", "content": ""},
+                    {"id": "u3", "role": "user", "content": q2}, {"id": "a3", "role": "assistant", "content": "two"}]
+    outlet("c", later, "a3")
+    assert flt.answers["a3"].turn == 1 and flt.answers["a1b"].turn == 0
+
+    def inlet_view(texts, questions=(q1, q2)):  # what the browser sends: {role, content}, empty answers left out
+        out = []
+        for i, (q, t) in enumerate(zip(questions, texts)):
+            out += [{"role": "user", "content": q}] * (1 + i) + [{"role": "assistant", "content": t}]
+        return out + [{"role": "user", "content": "next"}]
+
+    def edited(messages, chat="c"):
+        return [(rec.message_id, text) for rec, text in flt.edits(messages, chat)]
+
+    assert edited(inlet_view(["one", "two"])) == [] and edited(inlet_view([" uno\n", "two"])) == []
+    assert edited(inlet_view(["fixed", "two"])) == [("a1b", "fixed")]
+    assert edited(inlet_view(["one", "better two"])) == [("a3", "better two")]
+    assert edited(inlet_view(["fixed", "two"]), chat="other") == []
+    assert edited(inlet_view(["fixed", "two"], questions=("changed question", q2))) == []
+
+
 # ---------------------------------------------------------------------------------------- the Action
 
 

@@ -16,6 +16,7 @@ required_open_webui_version: 0.5.17
 #   2. `outlet` (after the answer) records, per message id: the chat, the answer's turn (how many
 #      assistant messages came before it), the user question it answers, that original text and
 #      the `miita` object; and shows what steered the answer (a status line and a source).
+#      (Turns count the assistant messages with text: the browser leaves empty ones out.)
 #   3. When the chat goes on, `inlet` (the next question's messages, without ids) and `outlet`
 #      (the chat's stored messages, with ids) carry the history as the user left it. An assistant
 #      message whose text (whitespace-normalised) differs from the recorded original -- matched by
@@ -60,6 +61,12 @@ def normalized(text: str) -> str:
 def memory_of_model(model_id: str) -> str:
     """The memory a model id names, by the server's rule: `MODEL:NAME` (any prefix) or `NAME`."""
     return model_id.rsplit(":", 1)[-1]
+
+
+def counts_as_turn(message: dict) -> bool:
+    """An assistant message with text: the browser leaves empty answers out of a request's
+    messages, so turns are counted over the others on both sides."""
+    return message.get("role") == "assistant" and bool(text_of(message.get("content")).strip())
 
 
 def is_task(body: dict, metadata: Optional[dict]) -> bool:
@@ -176,7 +183,7 @@ class Filter:
             return body
         question = next((text_of(m.get("content")) for m in reversed(messages[:index]) if m.get("role") == "user"), "")
         original = "".join(streamed["text"]) if streamed and streamed["text"] else text_of(messages[index].get("content"))
-        turn = sum(1 for m in messages[:index] if m.get("role") == "assistant")
+        turn = sum(1 for m in messages[:index] if counts_as_turn(m))
         self.answers[message_id] = Answer(chat_id, message_id, turn, question, original,
                                           str(body.get("model") or ""), miita)
         while len(self.answers) > self.valves.max_tracked:
@@ -198,7 +205,7 @@ class Filter:
                 text = text_of(m.get("content"))
                 skip = skip_id is not None and m.get("id") == skip_id
                 rec = None if skip else self._recorded(m.get("id"), chat_id, turn, question, text)
-                turn += 1
+                turn += counts_as_turn(m)
                 if rec is not None and normalized(text) and normalized(text) != normalized(rec.original):
                     out.append((rec, text))
         return out
