@@ -201,7 +201,9 @@ def test_edited_answer_teaches_once_and_is_the_next_answer(srv, model_id):
     again = chat.send(QUESTION)
     assert again["content"].strip() == CORRECTION, again
     assert again["miita"]["adapted"] and again["miita"]["steered_by"][0]["answer"].strip() == CORRECTION
-    assert chat.statuses("outlet")[-1].startswith(f"Steered by memory edit v1: \u201c{CORRECTION}\u201d (weight 1.00, 1 example)")
+    top = again["miita"]["steered_by"][0]
+    assert chat.statuses("outlet")[-1].startswith(
+        f"Steered by memory edit v1: \u201c{CORRECTION}\u201d (weight {top['weight']:.2f}, 1 example)")
     sources = [e for h, e in chat.events if e["type"] == "source"]
     assert len(sources) == 1 and CORRECTION in sources[0]["data"]["document"][0]
     chat.send("One more question?")  # the edited answer is still in the history: not taught again

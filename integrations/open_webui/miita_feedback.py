@@ -106,7 +106,8 @@ def steering_summary(miita: dict) -> str:
     where = f"memory {miita.get('memory')} v{miita.get('version')}"
     if miita.get("adapted"):
         parts = [f"\u201c{(s.get('answer') or '').strip()}\u201d (weight {s.get('weight', 0):.2f}, "
-                 f"{s.get('count', 0)} example{'s' if s.get('count') != 1 else ''})" for s in miita.get("steered_by") or []]
+                 f"{s.get('count', 0)} example{'s' if s.get('count') != 1 else ''})"
+                 for s in miita.get("steered_by") or []]
         return f"Steered by {where}: " + ", ".join(parts)
     return f"Not steered by {where}: {miita.get('reason') or 'no memory'}"
 
@@ -182,7 +183,8 @@ class Filter:
         if miita and miita.get("reason") == "background_task":
             return body
         question = next((text_of(m.get("content")) for m in reversed(messages[:index]) if m.get("role") == "user"), "")
-        original = "".join(streamed["text"]) if streamed and streamed["text"] else text_of(messages[index].get("content"))
+        streamed_text = "".join((streamed or {}).get("text") or [])
+        original = streamed_text or text_of(messages[index].get("content"))
         turn = sum(1 for m in messages[:index] if counts_as_turn(m))
         self.answers[message_id] = Answer(chat_id, message_id, turn, question, original,
                                           str(body.get("model") or ""), miita)
