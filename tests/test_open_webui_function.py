@@ -120,7 +120,11 @@ class Chat:
         out = template("outlet.json")["body"] | {"model": self.model, "chat_id": self.chat_id, "id": answer_id,
                                                   "session_id": self.session_id,
                                                   "messages": copy.deepcopy(self.history)}
+        seen = len(self.events)
         asyncio.run(self.flt.outlet(out, __user__=t["user"], __metadata__=md, __event_emitter__=self.emitter("outlet")))
+        sources = [e["data"] for _, e in self.events[seen:] if e["type"] == "source"]
+        if sources:  # Open WebUI appends a source event's data to the message's sources
+            message["sources"] = sources
         return {"id": answer_id, "content": text, "miita": miita}
 
     def complete(self, messages: list[dict], md: dict) -> tuple[str, dict]:
@@ -302,7 +306,8 @@ def test_edit_matching_without_ids():
 # ---------------------------------------------------------------------------------------- the Action
 
 
-def run_action(srv, chat: Chat, message_id: str, sub: str, typed=None) -> tuple[object, list[dict], list[dict]]:
+def run_action(srv, chat: Chat, message_id: str, sub: str, typed=None) -> tuple[int, list[dict], list[dict]]:
+    """Click an Action button on a message; (the memory's version after it, emitted events, dialogs)."""
     act = load_function("miita_teach").Action()
     act.valves = act.Valves(base_url=srv.url, api_key=API_KEY)
     upto = next(i for i, m in enumerate(chat.history) if m["id"] == message_id)
@@ -318,27 +323,32 @@ def run_action(srv, chat: Chat, message_id: str, sub: str, typed=None) -> tuple[
         asked.append(e)
         return typed
 
-    rep = asyncio.run(act.action(body, __user__=template("inlet.json")["user"], __event_emitter__=emit,
+    out = asyncio.run(act.action(body, __user__=template("inlet.json")["user"], __event_emitter__=emit,
                                  __event_call__=call, __id__=sub))
-    return rep, emitted, asked
+    assert out is None  # a returned dict's `messages` would be merged into the chat by the browser
+    return memory(srv, chat.model.rsplit(":", 1)[1])["version"], emitted, asked
 
 
 def test_action_wrong_answer_asks_and_teaches(srv, model_id):
     chat = Chat(srv, make_filter(srv, teach_edits=False), f"{model_id}:action")
     first = chat.send(QUESTION)
     assert first["content"].strip() != CORRECTION
-    rep, emitted, asked = run_action(srv, chat, first["id"], "wrong", typed=None)  # the dialog cancelled
-    assert rep is None and memory(srv, "action")["version"] == 0
+    version, emitted, asked = run_action(srv, chat, first["id"], "wrong", typed=None)  # the dialog cancelled
+    assert version == 0 and emitted[-1]["data"]["description"] == "Nothing taught: no answer given"
     assert asked[0]["type"] == "input" and QUESTION in asked[0]["data"]["message"]
-    rep, emitted, asked = run_action(srv, chat, first["id"], "wrong", typed=f"  {CORRECTION} ")
-    assert rep["version"] == 1 and memory(srv, "action")["examples"] == 1
+    assert "steered by" not in asked[0]["data"]["message"]  # the empty memory steered nothing
+    version, emitted, asked = run_action(srv, chat, first["id"], "wrong", typed=f"  {CORRECTION} ")
+    assert version == 1 and memory(srv, "action")["examples"] == 1
     assert emitted[-1]["data"]["description"].startswith("Taught memory action (version 1)")
     again = chat.send(QUESTION)
     assert again["content"].strip() == CORRECTION and again["miita"]["steered_by"][0]["answer"].strip() == CORRECTION
+    # a steered answer: the dialog names the taught answer that steered it (from the stored source)
+    version, emitted, asked = run_action(srv, chat, again["id"], "wrong", typed="")
+    assert version == 1 and f"steered by the taught answer(s) \u201c{CORRECTION}\u201d" in asked[0]["data"]["message"]
     second = chat.send("Where is my parcel?")  # edited, then taught with the button at once
     chat.edit(second["id"], "shipping desk")
-    rep, emitted, asked = run_action(srv, chat, second["id"], "teach")
-    assert not asked and rep["version"] == 2 and memory(srv, "action")["examples"] == 2
+    version, emitted, asked = run_action(srv, chat, second["id"], "teach")
+    assert not asked and version == 2 and memory(srv, "action")["examples"] == 2
 
 
 # ---------------------------------------------------------------------------------------- Open WebUI

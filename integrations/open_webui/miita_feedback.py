@@ -262,6 +262,7 @@ class Filter:
                              for s in steered],
                 "metadata": [{"source": f"miita-edge memory {miita.get('memory')}",
                               "name": f"prototype {s.get('prototype')}"} for s in steered],
+                "miita": miita,  # stored with the message's sources; the Action reads it
             }})
 
 

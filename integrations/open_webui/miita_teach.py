@@ -73,7 +73,8 @@ class Action:
 
     async def action(self, body: dict, __user__: Optional[dict] = None, __event_emitter__: Emitter = None,
                      __event_call__: Optional[Callable[[dict], Awaitable[Any]]] = None,
-                     __id__: Optional[str] = None) -> Optional[dict]:
+                     __id__: Optional[str] = None) -> None:
+        """Returns nothing: Open WebUI's browser merges a returned dict's `messages` into the chat."""
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         index = next((i for i, m in enumerate(messages) if body.get("id") and m.get("id") == body["id"]), None)
         if index is None:  # no id: the last assistant message
@@ -86,19 +87,24 @@ class Action:
             await _status(__event_emitter__, "Nothing taught: no question before this answer")
             return None
         answer = _text(messages[index].get("content"))
+        # the Filter stores the answer's `miita` object with its sources (when it was steered)
+        miita = next((s["miita"] for s in messages[index].get("sources") or []
+                      if isinstance(s, dict) and isinstance(s.get("miita"), dict)), {})
         if (__id__ or "").rsplit(".", 1)[-1] == "wrong":
+            steered = ", ".join(f"\u201c{(x.get('answer') or '').strip()}\u201d" for x in miita.get("steered_by") or [])
             if __event_call__ is None:
                 return None
             typed = await __event_call__({"type": "input", "data": {
                 "title": "What is the right answer?",
-                "message": f"The memory answered \u201c{answer.strip()[:200]}\u201d to \u201c{question[:200]}\u201d. "
-                           "Type the answer it should give; it will be taught.",
+                "message": f"The memory answered \u201c{answer.strip()[:200]}\u201d to \u201c{question[:200]}\u201d"
+                           + (f", steered by the taught answer(s) {steered[:300]}" if steered else "")
+                           + ". Type the answer it should give; it will be taught.",
                 "placeholder": "the right answer"}})
             answer = typed if isinstance(typed, str) else ""
         if not answer.strip():
             await _status(__event_emitter__, "Nothing taught: no answer given")
             return None
-        memory = self.valves.memory or str(body.get("model") or "").rsplit(":", 1)[-1]
+        memory = self.valves.memory or miita.get("memory") or str(body.get("model") or "").rsplit(":", 1)[-1]
         v = self.valves
         try:
             rep = await asyncio.to_thread(_post, v.base_url, v.api_key, memory,
@@ -108,7 +114,7 @@ class Action:
             return None
         await _status(__event_emitter__, f"Taught memory {memory} (version {rep.get('version')}): "
                                          f"\u201c{question[:80]}\u201d \u2192 \u201c{answer.strip()[:80]}\u201d")
-        return rep
+        return None
 
 
 async def _status(emitter: Emitter, description: str) -> None:
