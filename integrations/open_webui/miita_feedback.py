@@ -217,13 +217,15 @@ class Filter:
         if message_id:
             rec = self.answers.get(message_id)
             return rec if rec is not None and rec.question == question else None
+        if not chat_id:
+            return None  # without an id or a chat there is nothing to match the answer by
         same = [a for a in self.answers.values() if a.chat_id == chat_id and a.turn == turn and a.question == question]
         if not same or any(normalized(a.original) == normalized(text) for a in same):
             return None  # unknown, or one of the answers generated here (regenerations share a turn)
         return same[-1]
 
     async def _teach_edits(self, messages: list, chat_id: str, emitter: Emitter, skip_id: Optional[str] = None) -> None:
-        if not self.valves.teach_edits or not chat_id:
+        if not self.valves.teach_edits:
             return
         for rec, text in self.edits(messages, chat_id, skip_id):
             memory = self.valves.memory or (rec.miita or {}).get("memory") or memory_of_model(rec.model)
