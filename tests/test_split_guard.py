@@ -6,17 +6,32 @@ pooling.py, presets.py, memsim_count_vote.py) reads a test row without ``--repor
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _bench_scripts import BENCH, load_bench
 from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
 from miita_edge.evaluation.splits import parse_rows
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str):
+    """bench/<name>.py as a module (registered in sys.modules: its dataclasses look it up there)."""
+    key = f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[key] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[key]
+
+
 REPORT_PLANS = sorted(BENCH.glob("sweep_plan_report*.txt"))
 TUNING = {"keys": ["eval"], "pooling": ["eval"], "memsim": [], "presets": [], "memsim_count_vote": []}
 

@@ -105,6 +105,10 @@ def _add_ask_and_forget(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", help="the query (default: read standard input)")
     p.add_argument("--no-adapt", action="store_true", help="answer with the frozen model alone")
+    p.add_argument("--trace", action="store_true",
+                   help="print, for each answer position, the token produced, the gate's alpha, and each "
+                        "retrieved answer's weight and stored token, kept or dropped by the prefix rule "
+                        "(where a taught reply drifts)")
     p.add_argument("--max-tokens", type=int, default=32, help="maximum new tokens (default: 32)")
     p.add_argument("--eta", type=float, help="adaptation scale relative to the hidden-state norm (default: the preset's)")
     p.add_argument("--gate", choices=["gated", "ungated"], help="activation gate (default: the preset's, gated)")
@@ -303,12 +307,30 @@ def cmd_ask(args) -> int:
     with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
         if not args.no_adapt and not m.store.exists():
             raise InputError(f"no memory at {m.memory_dir}: run 'miita-edge ingest' first, or pass --no-adapt")
+        if args.trace:
+            ans, steps = m.trace(text, max_tokens=args.max_tokens)
+            print(format_trace(m.engine, ans, steps))
+            return 0
         ans = m.ask(text, max_tokens=args.max_tokens, adapt=not args.no_adapt, eta=args.eta, gate=args.gate)
     if args.json:
         print(json.dumps(ans.to_json()))
     else:
         print(ans.text.strip())
     return 0
+
+
+def format_trace(engine, ans, steps) -> str:
+    """The ``ask --trace`` table: one line per answer position."""
+    def tok(t):
+        return "-" if t is None else repr(engine.token_bytes(t).decode("utf-8", "replace"))
+
+    lines = [f"answer {ans.text!r} (adapted: {ans.adapted}{'; ' + ans.reason if ans.reason else ''})"]
+    for s in steps:
+        kept = ", ".join(f"#{j} w={w:.2f} {tok(t)}" for j, w, t in s.kept) or "none"
+        lines.append(f"step {s.step:3d} produced {tok(s.produced):14s} alpha "
+                     f"{'-' if s.alpha is None else f'{s.alpha:.2f}'} {'steered' if s.steered else 'free   '}"
+                     f" kept: {kept}; dropped {len(s.dropped)}")
+    return "\n".join(lines)
 
 
 def _graph_rows(preset, meta) -> int:

@@ -33,6 +33,7 @@ from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
 from .method.relevance import GENERIC_QUESTIONS, null_scores
 from .method.templates import AUTO, resolve_template
+from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
 from .runtime.fingerprint import model_sha256
 from .streams import Example
@@ -410,6 +411,24 @@ class Miita:
         g = eng.generate(state, plan=qp.plan, eta=eta_abs, mode=gate or pr.gate, **gen_kw)
         return Answer(g.text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
                       [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason)
+
+    def trace(self, text: str, max_tokens: int = 64) -> tuple[Answer, list[StepTrace]]:
+        """``ask`` (greedy), and what steering did at each answer position (``method.trace``)."""
+        steered: list[bool] = []
+        seen: list[list[int]] = [[]]
+        orig = self.plan
+
+        def plan(state, mode=None, oracle_dir=None):
+            qp = orig(state, mode=mode, oracle_dir=oracle_dir)
+            return qp._replace(plan=recording_plan(qp.plan, steered, seen))
+
+        self.plan = plan
+        try:
+            ans = self.ask(text, max_tokens=max_tokens)
+        finally:
+            del self.plan
+        return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
+                                ans.alphas, steered)
 
     def ask_oracle(self, text: str, oracle_dir: np.ndarray, **kw) -> Answer:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
