@@ -136,6 +136,7 @@ class Launcher:
     def close(self) -> None:
         self.p.stdin.close()
         self.p.wait()
+        self.p.stdout.close()
 
 
 def measure(launcher: Launcher | None, mode: str, model: str = "", memory: str = "", prompt: str = "",

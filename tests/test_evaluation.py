@@ -567,5 +567,5 @@ def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
     d = D[2] + 0.3 * rng.standard_normal(D.shape[1]) / np.sqrt(D.shape[1])
     cos = (D @ d) / (np.linalg.norm(D, axis=1) * np.linalg.norm(d))
     expect = list(np.argsort(-cos, kind="stable")[:m.preset.retrieval.M])
-    ans = m.ask("I am still waiting for my card", max_tokens=2, mode="oracle", oracle_dir=d)
+    ans = m.ask_oracle("I am still waiting for my card", d, max_tokens=2)
     assert ans.prototypes == [int(j) for j in expect] and ans.prototypes[0] == 2

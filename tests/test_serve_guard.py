@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import weakref
 
 import pytest
 
@@ -36,6 +37,7 @@ class Conn:
         self.c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
         self.c.connect()
         self.sock = self.c.sock
+        weakref.finalize(self, self.c.close)  # closed when the test lets go of it, not left to the GC
 
     def call(self, method, path, body=None, headers=None, auth=True):
         h = {"Authorization": f"Bearer {API_KEY}"} if auth else {}

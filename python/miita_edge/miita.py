@@ -437,8 +437,12 @@ class Miita:
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query (ids, scores, weights, steering plan, relevance decision);
         see ``method.plan``."""
+        fresh = self._index is None or (self.preset.direction == "head" and self._geometry is None)
         geometry = self.geometry() if self.preset.direction == "head" else None
-        return plan_query(self.preset, self.bank, self.engine, self.retrieval_index(), state,
+        index = self.retrieval_index()
+        if fresh:  # their first use decoded calibration prompts: the caller's prompt goes back in the cache
+            self.engine.query(list(state.tokens), skip_bos_in_key=self.preset.skip_bos)
+        return plan_query(self.preset, self.bank, self.engine, index, state,
                           mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry)
 
     def geometry(self) -> HeadGeometry:

@@ -161,7 +161,7 @@ class _ReferenceDecoder:
     rows of the watched tensors out (slow, ~2.5 µs per graph node: for checks only)."""
 
     def __init__(self, engine, names):
-        self.L = L
+        self.L = L = llama_cpp
         lib = ggml_library()
         lib.ggml_get_name.restype = ctypes.c_char_p
         lib.ggml_get_name.argtypes = [ctypes.c_void_p]
