@@ -10,7 +10,8 @@ that change numbers are repeated where they are made:
 * Benchmarks (:data:`BENCHMARKS`): template, metric and new-token limit per benchmark. Labels get
   8 new tokens (the longest Banking77 label is 8 tokens before its stop newline), XQuAD answers 24
   (99% of gold answers are shorter), SuperNI 48 (p95 of its references is 35 tokens; longer
-  references are cut, which costs Rouge-L recall). Generation stops at the first newline.
+  references are cut, which costs Rouge-L recall), Banking77's canned replies 80 (the longest is 36
+  tokens). Generation stops at the first newline.
 * Prompts: SuperNI prompts are cut to 512 tokens (SAPT's T5 limit): the first 480 and the last 32
   tokens are kept, so the definition and the ``Output:`` cue survive
   (:func:`miita_edge.extract.truncate_tokens`). The others are not cut (longest: an XQuAD
