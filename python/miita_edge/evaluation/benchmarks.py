@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -17,7 +17,8 @@ from ..errors import InputError
 from ..streams import Example, read_examples
 from .splits import SPLITS, dev_positions, order_permutation, parse_rows, shuffle_rows, window
 
-__all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "parse_stages", "read_meta", "split_train_dev"]
+__all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "load_replies",
+           "parse_stages", "read_meta", "split_train_dev"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class BenchSpec:
     gold_field: str | None  # test-row field with all gold answers (None: "output")
     lang_from_task: bool  # exact match normalises by the row's language (= its stage)
     description: str = ""
+    replies: str | None = None  # package data file mapping each row's "label" to its output (None: keep outputs)
+    extra_metrics: tuple[str, ...] = ()  # further metrics.py scores of every cell, reported beside ``metric``
 
 
 BENCHMARKS: dict[str, BenchSpec] = {s.name: s for s in (
@@ -44,6 +47,9 @@ BENCHMARKS: dict[str, BenchSpec] = {s.name: s for s in (
               "extractive QA in en/ar/zh/ru (stands in for PAXQA)"),
     BenchSpec("superni", "superni", "rougeL", 48, 512, False, "superni", "superni", "references", False,
               "15 SuperNI tasks, task-incremental"),
+    BenchSpec("banking77-replies", "plain", "reply_exact", 80, None, False, "banking77", "banking77", None, False,
+              "Banking77 utterances answered with their intent's canned support reply (25-36 tokens)",
+              replies="banking77_replies.json", extra_metrics=("token_prefix", "rougeL")),
 )}
 
 
@@ -58,6 +64,7 @@ class TestItem:
     example: Example
     golds: list[str]
     lang: str | None = None
+    label: str | None = None  # the row's "label", read only for a benchmark with replies
 
 
 @dataclass
@@ -124,8 +131,38 @@ def _read_rows(path: Path, spec: BenchSpec, order: list[str]) -> dict[str, list[
             raise InputError(f"{where} stage {ex.task!r} is not in meta.json stage_order")
         row = json.loads(lines[ex.line - 1])
         golds = _gold_list(where, row, spec) if spec.gold_field is None or spec.gold_field in row else [ex.output]
-        by_stage[ex.task].append(TestItem(ex, golds, ex.task if spec.lang_from_task else None))
+        label = None
+        if spec.replies is not None:
+            label = row.get("label")
+            if not isinstance(label, str) or not label:
+                raise InputError(f'{where} needs a non-empty string field "label" (its intent) for {spec.name}')
+        by_stage[ex.task].append(TestItem(ex, golds, ex.task if spec.lang_from_task else None, label))
     return by_stage
+
+
+def load_replies(spec: BenchSpec, meta: dict) -> dict[str, str]:
+    """The package's reply file of ``spec``: one non-empty reply per label of meta.json's
+    ``labels_per_stage``, each label exactly once, no reply for a label the data lacks."""
+    path = Path(__file__).with_name("data") / str(spec.replies)
+    try:
+        replies = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot read the replies of {spec.name} ({exc})") from None
+    if not isinstance(replies, dict) or not all(isinstance(v, str) and v.strip() and "\n" not in v
+                                                for v in replies.values()):
+        raise InputError(f"{path}: must map each label to a non-empty one-line reply")
+    per = meta.get("labels_per_stage")
+    labels = [lab for v in per.values() for lab in v] if isinstance(per, dict) else None
+    if labels is None or len(set(labels)) != len(labels) or set(labels) != set(replies):
+        raise InputError(f"{path}: its labels must be exactly meta.json's labels_per_stage, each once")
+    return replies
+
+
+def _with_reply(item: TestItem, replies: dict[str, str]) -> TestItem:
+    if item.label not in replies:
+        raise InputError(f"line {item.example.line}: label {item.label!r} has no reply")
+    reply = replies[item.label]
+    return replace(item, example=replace(item.example, output=reply), golds=[reply])
 
 
 def read_meta(spec: BenchSpec, d: Path) -> dict:
@@ -165,7 +202,9 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
     dev rows are never among the training rows either way. ``limit_test`` takes the first N
     evaluated rows, ``rows`` a window of them (not both); ``limit_train`` the first N training
     rows left after the dev rows. ``order_seed`` permutes the stages and the training rows within
-    each (``splits.order_permutation``; 0 = the given order). One-line errors.
+    each (``splits.order_permutation``; 0 = the given order). A benchmark with ``replies`` takes
+    its dev rows from the rows as stored (the same rows as its source benchmark's), then replaces
+    every row's output and gold by its label's reply. One-line errors.
     """
     d = Path(data_dir).expanduser()
     meta = read_meta(spec, d)
@@ -183,6 +222,7 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
     train = _read_rows(d / "train.jsonl", spec, order)
     test_path = d / "test.jsonl"
     test = _read_rows(test_path, spec, order) if split == "test" else None
+    replies = load_replies(spec, meta) if spec.replies is not None else None
     out = []
     for i in chosen:
         name = order[i]
@@ -192,6 +232,8 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
             ev, used = ev[:limit_test], [1, len(ev[:limit_test])]
         else:
             ev, used = window(name, ev, window_)
+        if replies is not None:
+            tr, ev = [_with_reply(it, replies) for it in tr], [_with_reply(it, replies) for it in ev]
         tr = shuffle_rows(order_seed, name, [it.example for it in tr][:limit_train])
         if not tr:
             raise InputError(f"{d / 'train.jsonl'}: stage {name!r} has no training rows")

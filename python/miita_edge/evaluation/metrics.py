@@ -43,6 +43,15 @@ by many points, so they are written down here once and used everywhere:
   that ``rouge_score``'s tokenizer keeps only ``[a-z0-9]`` tokens, so non-Latin text scores 0;
   this is fine for the English SuperNI tasks and is why QA in other scripts uses exact match.
   The generation is scored whole (no first-line cut): summaries may span lines.
+
+* Canned replies (banking77-replies) -- :func:`normalize_reply`: the whole generation and the
+  gold reply with whitespace collapsed (``" ".join(s.split())``); case and punctuation are kept,
+  because a support reply is right only if it is the reply, character for character. Three scores:
+  :func:`reply_exact` (1/0, the normalised strings are equal), :func:`token_prefix` (the share of
+  the gold reply's *whitespace-separated words* produced, in place, before the first wrong or
+  missing one; extra words after a complete reply do not lower it, exact match catches those) and
+  Rouge-L as for SuperNI. Words rather than model tokens so the score does not depend on which
+  model's tokenizer a run uses.
 """
 
 from __future__ import annotations
@@ -58,19 +67,25 @@ from typing import Any
 
 __all__ = [
     "METRICS",
+    "REPLY_METRICS",
     "answer_line",
     "exact_match",
     "label_accuracy",
     "label_match",
     "normalize_label",
+    "normalize_reply",
     "per_example_scores",
+    "reply_exact",
     "rouge_l",
     "score",
     "squad_normalize",
+    "token_prefix",
 ]
 
 #: Metric names accepted by :func:`score` (the names used in ``shared/data/*/meta.json``).
 METRICS: tuple[str, ...] = ("accuracy", "exact_match", "rougeL")
+#: The canned-reply scores (banking77-replies), also accepted by :func:`score`.
+REPLY_METRICS: tuple[str, ...] = ("reply_exact", "token_prefix")
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +262,40 @@ def rouge_l(pred: str, refs: str | Sequence[str]) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Canned replies
+# --------------------------------------------------------------------------------------------
+
+
+def normalize_reply(text: str) -> str:
+    """Whitespace collapsed and stripped; nothing else (see the module docstring)."""
+    return " ".join(text.split())
+
+
+def reply_exact(pred: str, golds: str | Sequence[str]) -> float:
+    """1.0 if the whitespace-normalised generation equals any whitespace-normalised gold reply."""
+    p = normalize_reply(pred)
+    return float(any(p == normalize_reply(g) for g in _as_gold_list(golds)))
+
+
+def token_prefix(pred: str, golds: str | Sequence[str]) -> float:
+    """Share (0..1) of the gold reply's words matched in place before the first mismatch, max over
+    golds. Words are whitespace-separated after :func:`normalize_reply`; an empty gold scores 1.0
+    only against an empty generation."""
+    p = normalize_reply(pred).split(" ") if pred.strip() else []
+    best = 0.0
+    for g in _as_gold_list(golds):
+        gw = normalize_reply(g).split(" ") if g.strip() else []
+        if not gw:
+            best = max(best, float(not p))
+            continue
+        n = 0
+        while n < len(gw) and n < len(p) and p[n] == gw[n]:
+            n += 1
+        best = max(best, n / len(gw))
+    return best
+
+
+# --------------------------------------------------------------------------------------------
 # Dispatch
 # --------------------------------------------------------------------------------------------
 
@@ -264,7 +313,8 @@ def per_example_scores(
     golds_list: Sequence[str | Sequence[str]],
     langs: str | Sequence[str] | None = None,
 ) -> list[float]:
-    """Each example's score in 0..1 (1/0 for accuracy and exact match, Rouge-L F for rouge_l):
+    """Each example's score in 0..1 (1/0 for accuracy, exact match and reply_exact, Rouge-L F for
+    rougeL, the matched word share for token_prefix):
     what :func:`score` averages, kept per example so that a bootstrap can resample queries.
 
     ``golds_list[i]`` is the gold answer of example ``i``: a string or a list of acceptable
@@ -272,8 +322,8 @@ def per_example_scores(
     Rouge-L). ``langs`` (one code, or one per example) is only meaningful for ``exact_match``
     and defaults to ``"en"``; passing it to another metric raises, because it would be ignored.
     """
-    if metric_name not in METRICS:
-        raise ValueError(f"unknown metric {metric_name!r}; expected one of {METRICS}")
+    if metric_name not in METRICS + REPLY_METRICS:
+        raise ValueError(f"unknown metric {metric_name!r}; expected one of {METRICS + REPLY_METRICS}")
     _check_lengths(preds, golds_list)
     n = len(preds)
 
@@ -290,6 +340,10 @@ def per_example_scores(
             if len(lang_list) != n:
                 raise ValueError(f"{n} predictions but {len(lang_list)} languages")
         return [exact_match(p, g, l) for p, g, l in zip(preds, golds_list, lang_list)]
+    if metric_name == "reply_exact":
+        return [reply_exact(p, g) for p, g in zip(preds, golds_list)]
+    if metric_name == "token_prefix":
+        return [token_prefix(p, g) for p, g in zip(preds, golds_list)]
     return [rouge_l(p, g) for p, g in zip(preds, golds_list)]
 
 

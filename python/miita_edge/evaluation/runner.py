@@ -10,7 +10,8 @@ that change numbers are repeated where they are made:
 * Benchmarks (:data:`BENCHMARKS`): template, metric and new-token limit per benchmark. Labels get
   8 new tokens (the longest Banking77 label is 8 tokens before its stop newline), XQuAD answers 24
   (99% of gold answers are shorter), SuperNI 48 (p95 of its references is 35 tokens; longer
-  references are cut, which costs Rouge-L recall). Generation stops at the first newline.
+  references are cut, which costs Rouge-L recall), Banking77's canned replies 80 (the longest is 36
+  tokens). Generation stops at the first newline.
 * Prompts: SuperNI prompts are cut to 512 tokens (SAPT's T5 limit): the first 480 and the last 32
   tokens are kept, so the definition and the ``Output:`` cue survive
   (:func:`miita_edge.extract.truncate_tokens`). The others are not cut (longest: an XQuAD
@@ -179,7 +180,32 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
     lo, hi = op_bootstrap_ci(pq["final"])
     result["op_ci95"] = [lo, hi]
     _oracle_alignment(result, setup, cell_data)
+    _extra_metrics(result, setup, cell_data, base)
     return result
+
+
+def _extra_metrics(result: dict, setup: RunSetup, cell_data: dict, base: list[dict]) -> None:
+    """The benchmark's further scores (``BenchSpec.extra_metrics``) of the same predictions, each
+    as its own matrix (0..100, None where a cell was not filled), final row, OP and baseline; OP,
+    BWT and FWT of the result itself stay those of the primary metric."""
+    spec, st, T = setup.spec, setup.stages, setup.T
+    if not spec.extra_metrics:
+        return
+    from .metrics import per_example_scores
+
+    def mean(metric: str, preds: list[str], tau: int) -> float:
+        per = per_example_scores(metric, preds, [it.golds for it in st[tau].test])
+        return 100.0 * math.fsum(per) / len(per)
+
+    out = {}
+    for m in spec.extra_metrics:
+        mat = [[mean(m, cell_data[(t, tau)]["predictions"], tau) if (t, tau) in cell_data else None
+                for tau in range(T)] for t in range(T)]
+        final = mat[T - 1]
+        out[m] = {"matrix": mat, "final": final,
+                  "op": None if None in final else math.fsum(final) / T,
+                  "baseline": [mean(m, c["predictions"], tau) for tau, c in enumerate(base)] or None}
+    result["extra_metrics"] = out
 
 
 def _oracle_alignment(result: dict, setup: RunSetup, cell_data: dict) -> None:
@@ -215,6 +241,11 @@ def _write_reports(result: dict, out: Path) -> None:
         lines.append(f"| {r['stage']} | {r['n_train']} | {r['n_test']} | {fmt(r['score_just_learned'])} | "
                      f"{fmt(r['score_final'])} | {fmt(r['baseline'])} | {r['learn_seconds']:.1f} | "
                      f"{r['memory_bytes_after']} |")
+    for m, d in result.get("extra_metrics", {}).items():
+        op = "—" if d["op"] is None else f"{d['op']:.2f}"
+        base = "" if not d["baseline"] else "; baseline " + ", ".join(f"{v:.2f}" for v in d["baseline"])
+        lines += ["", f"{m} (same predictions, 0..100): OP {op}; final row "
+                      + ", ".join("—" if v is None else f"{v:.2f}" for v in d["final"]) + base]
     if "oracle_alignment" in result:
         lines += ["", f"Oracle Alignment (mean cos(d̄, d*) over the queries of the final row): "
                       f"{result['oracle_alignment']['final']:.4f}"]
