@@ -115,7 +115,8 @@ def norm(text: str) -> str:
 
 def version_bytes(mem) -> int:
     """Size of the version file that CURRENT names (store format 2: one file per version)."""
-    vfile = os.path.join(mem, open(os.path.join(mem, "CURRENT")).read().strip())
+    with open(os.path.join(mem, "CURRENT")) as fh:
+        vfile = os.path.join(mem, fh.read().strip())
     assert os.path.isfile(vfile)
     return os.path.getsize(vfile)
 
