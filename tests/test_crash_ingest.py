@@ -42,12 +42,12 @@ def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
     last_version, last_examples = 0, 0
     kills = 0
     for _ in range(8):
-        p = subprocess.Popen([sys.executable, "-c", WORKER, str(mem)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "ready", p.stderr.read()[-2000:]
-        time.sleep(rng.uniform(0.05, 1.5))
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        with subprocess.Popen([sys.executable, "-c", WORKER, str(mem)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as p:  # the with block closes its pipes
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()[-2000:]
+            time.sleep(rng.uniform(0.05, 1.5))
+            p.send_signal(signal.SIGKILL)
+            p.wait()
         assert p.returncode == -signal.SIGKILL
         kills += 1
         st = store_mod.Store(mem)

@@ -182,7 +182,8 @@ def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
     s, n = engine.native.key()
     np.testing.assert_allclose(s / n, ref_all, rtol=1e-4, atol=1e-3 * np.abs(ref_all).max())
     # several ubatches in one decode call (n_batch = 4)
-    with Engine(model_path, EngineConfig(n_ctx=256, n_batch=4)) as small:
+    # (the reference's layer: the session engine's first key layer, whatever earlier tests set)
+    with Engine(model_path, EngineConfig(n_ctx=256, n_batch=4, key_layer=engine.key_layer)) as small:
         q2 = small.query(toks)
         np.testing.assert_allclose(q2.key, ref_nobos, rtol=1e-4, atol=1e-3 * np.abs(ref_nobos).max())
 
