@@ -59,7 +59,8 @@ class Server:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+            with e:
+                return e.code, json.loads(e.read())
 
     def get(self, path: str):
         return self.request("GET", path)

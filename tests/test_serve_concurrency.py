@@ -49,6 +49,8 @@ def test_clients_while_teaching(pair):
                 out.append(r.model_extra["miita"]["version"])
         except Exception as exc:  # noqa: BLE001 -- recorded, asserted below
             errors.append(f"client {i}: {exc!r}")
+        finally:
+            c.close()
         results[i] = out
 
     def teacher():

@@ -86,7 +86,11 @@ def drain(p: subprocess.Popen) -> tuple[str, str]:
     loses what ``readline`` had already buffered after the first line (a "begin v" line lost that
     way made a committed version look unannounced: 3 false failures in 1,000 kills, format 2)."""
     p.wait()
-    return p.stdout.read(), p.stderr.read()
+    try:
+        return p.stdout.read(), p.stderr.read()
+    finally:
+        p.stdout.close()
+        p.stderr.close()
 
 
 def _is_float(text: str) -> bool:
@@ -171,7 +175,7 @@ def store_campaign(kills: int, seed: int, work: Path, max_delay: float = 0.25, p
         ready = p.stdout.readline().split()
         if not ready or ready[0] != "ready":
             p.kill()
-            t.fail(f"kill {i}: worker did not start: {p.stderr.read()[-500:]}")
+            t.fail(f"kill {i}: worker did not start: {drain(p)[1][-500:]}")
             break
         time.sleep(rng.uniform(0, max_delay) if rng.random() < 0.8 else rng.uniform(0, 0.01))
         p.send_signal(signal.SIGKILL)

@@ -158,8 +158,8 @@ def test_accepted_files_through_the_real_model(tmp_path, engine, monkeypatch):
     original = miita_mod.Miita.__init__
     shared = engine
 
-    def init(self, model=None, memory=None, preset=None, template=None, engine=None, engine_config=None):
-        original(self, model, memory, preset, template, engine=shared, engine_config=engine_config)
+    def init(self, model=None, memory=None, preset=None, template=None, engine=None, engine_config=None, **kw):
+        original(self, model, memory, preset, template, engine=shared, engine_config=engine_config, **kw)
 
     monkeypatch.setattr(miita_mod.Miita, "__init__", init)
     files = tmp_path / "files"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from typing import Iterable, Sequence
 
 import llama_cpp
@@ -70,7 +71,10 @@ class Engine:
         mparams.use_mmap = True
         self._model = L.llama_model_load_from_file(str(self.info.path).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {self.info.path}")
+            hint = ("; usearch is loaded in this process, and its bundled C++ runtime makes llama.cpp fail on "
+                    "BPE vocabularies: load the model before the usearch index, or in another process"
+                    if "usearch.compiled" in sys.modules else "")
+            raise ModelError(f"llama.cpp could not load {self.info.path}{hint}")
         reason = refusal_after_load(L, self._model)
         if reason:
             L.llama_model_free(self._model)
