@@ -159,6 +159,7 @@ def _reference_layer_rows(model_path, tokens, layer):
 def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
     from miita_edge.runtime.engine import Engine, EngineConfig
 
+    engine.set_key_layers([engine.key_layer], ["mean"])  # the session engine: other tests move its layers
     toks = engine.tokenize(PROMPT)
     ref_rows = _reference_layer_rows(model_path, toks, engine.key_layer)
     assert ref_rows.shape == (len(toks), engine.n_embd)

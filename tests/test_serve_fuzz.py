@@ -123,4 +123,6 @@ def test_fuzz_operation(client, method, path):
     run()
     h = {"Authorization": f"Bearer {KEY}"}
     info = client.get("/v1/memories/m", headers=h)
-    assert info.status_code == 200 and info.json()["examples"] >= 1
+    # still readable and consistent (a fuzzed forget may legitimately remove every taught answer)
+    js = info.json()
+    assert info.status_code == 200 and isinstance(js["examples"], int) and js["examples"] >= 0 and js["version"] >= 1
