@@ -156,10 +156,21 @@ def _reference_layer_rows(model_path, tokens, layer):
     return np.concatenate(rows)
 
 
-def test_key_is_mean_of_layer_rows_in_any_batching(engine, model_path):
+@pytest.fixture
+def own_engine(model_path):
+    """An engine of the session engine's configuration that no other test has touched (the session
+    engine's key layers, prefix cache and KV state move with the tests run before)."""
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    engine.set_key_layers([engine.key_layer], ["mean"])  # the session engine: other tests move its layers
+    eng = Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256))
+    yield eng
+    eng.close()
+
+
+def test_key_is_mean_of_layer_rows_in_any_batching(own_engine, model_path):
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    engine = own_engine
     toks = engine.tokenize(PROMPT)
     ref_rows = _reference_layer_rows(model_path, toks, engine.key_layer)
     assert ref_rows.shape == (len(toks), engine.n_embd)
