@@ -142,6 +142,9 @@ def test_memory_answers_more_held_out_queries_than_the_frozen_model(tmp_path):
     print(f"\ndefault preset: frozen {n_frozen}/{len(test)}, with memory {n_adapted}/{len(test)} "
           f"({rep.prototypes} prototypes, {rep.anchors} anchors, {rep.bytes} bytes)")
     assert n_adapted > n_frozen, list(zip([e.output for e in test], frozen, adapted))
+    # replies come as users read them: the plain template's " " after "Answer:" is not part of them
+    hits = [a for a, e in zip(adapted, test) if norm(a) == e.output]
+    assert hits and all(a == a.lstrip(" ") for a in hits), hits
 
     # The memory lives on disk: a fresh process-level open answers the same way.
     with Miita(memory=mem, engine_config=ENGINE) as m2:

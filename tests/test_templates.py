@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from miita_edge.errors import InputError
-from miita_edge.method.templates import TEMPLATES, Template, get_template, truncate_words
+from miita_edge.method.templates import TEMPLATES, Template, get_template, strip_lead, truncate_words
 
 
 @pytest.mark.parametrize("name,x,prompt", [
@@ -132,3 +132,25 @@ def test_template_resolution_follows_the_model():
         resolve_template("chat", "{% for %}")
     with pytest.raises(InputError, match="exactly once"):
         resolve_template("chat", "no messages here")
+
+
+def test_the_leading_separator_is_what_precedes_the_output():
+    assert TEMPLATES["plain"].lead == " " and TEMPLATES["superni"].lead == ""
+    assert Template("t", "{input}", ">> {output}\n").lead == ">> "
+
+
+@pytest.mark.parametrize("text,lead,expect", [
+    (" card arrival", " ", (" ", "card arrival")),
+    ("card arrival", " ", ("", "card arrival")),   # a model that skipped the separator keeps its text
+    ("", " ", ("", "")),                           # the first token ended the answer
+    ("  two spaces", " ", (" ", " two spaces")),   # only the separator itself is cut
+    (">", ">> ", (">", "")),                       # a stream still inside the separator shows nothing
+    (">> x", ">> ", (">> ", "x")),
+    ("> x", ">> ", ("", "> x")),
+    (" x", "", ("", " x")),
+])
+def test_strip_lead(text, lead, expect):
+    assert strip_lead(text, lead) == expect
+    # every streamed prefix shows a prefix of the final reply
+    final = strip_lead(text, lead)[1]
+    assert all(final.startswith(strip_lead(text[:i], lead)[1]) for i in range(len(text) + 1))

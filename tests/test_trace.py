@@ -30,4 +30,4 @@ def test_a_traced_answer_is_the_asked_one(tmp_path):
         ans, steps = m.trace("my parcel never arrived", max_tokens=8)
         assert ans.text == m.ask("my parcel never arrived", max_tokens=8).text
         assert ans.adapted and steps and all(s.steered for s in steps)
-        assert m.engine.detokenize([s.produced for s in steps if s.produced is not None]) in ans.text + "\n"
+        assert m.engine.detokenize([s.produced for s in steps if s.produced is not None]) in ans.lead + ans.text + "\n"

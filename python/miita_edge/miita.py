@@ -32,7 +32,7 @@ from .method.key_layers import choose_key_layers
 from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
 from .method.relevance import GENERIC_QUESTIONS, null_scores
-from .method.templates import AUTO, resolve_template
+from .method.templates import AUTO, resolve_template, strip_lead
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
 from .runtime.fingerprint import model_sha256
@@ -70,6 +70,7 @@ class Answer:
     alphas: list[float]
     stop_reason: str
     reason: str | None = None  # why the memory did not steer (adapted is False), when it had a say
+    lead: str = ""  # the template's separator the model generated before the reply, removed from text
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -383,7 +384,9 @@ class Miita:
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None) -> Answer:
-        """``ask`` for a prompt already tokenized (serve renders chat messages itself).
+        """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
+        comes without the template's leading separator (``Answer.lead`` holds what was cut); a model
+        whose first token ends the answer (the newline stop) answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
         upper bound; ``ask_oracle``)."""
@@ -399,18 +402,21 @@ class Miita:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
         if not adapt or self.bank.n_prototypes == 0:
             g = eng.generate(state, **gen_kw)
-            return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason,
-                          reason="adaptation is off" if not adapt else "the memory is empty")
+            lead, text = strip_lead(g.text, self.template.lead)
+            return Answer(text, False, [], [], [], 0.0, [], g.stop_reason,
+                          reason="adaptation is off" if not adapt else "the memory is empty", lead=lead)
         unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
         eta_abs = (pr.eta if eta is None else eta) * unit
         qp = self.plan(state, mode=mode, oracle_dir=oracle_dir)
         if qp.gate is not None and not qp.gate.adapted:
             # the relevance gate: nothing in memory applies, so the frozen model answers untouched
             g = eng.generate(state, **gen_kw)
-            return Answer(g.text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason)
+            lead, text = strip_lead(g.text, self.template.lead)
+            return Answer(text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason, lead=lead)
         g = eng.generate(state, plan=qp.plan, eta=eta_abs, mode=gate or pr.gate, **gen_kw)
-        return Answer(g.text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
-                      [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason)
+        lead, text = strip_lead(g.text, self.template.lead)
+        return Answer(text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
+                      [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason, lead=lead)
 
     def trace(self, text: str, max_tokens: int = 64) -> tuple[Answer, list[StepTrace]]:
         """``ask`` (greedy), and what steering did at each answer position (``method.trace``)."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["TEMPLATES", "Template", "get_template", "truncate_words"]
+__all__ = ["TEMPLATES", "Template", "get_template", "strip_lead", "truncate_words"]
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -75,6 +75,25 @@ class Template:
     def render_target(self, y: str) -> str:
         """The text the model should continue the prompt with, stop newline included."""
         return self.target.replace("{output}", y)
+
+    @property
+    def lead(self) -> str:
+        """The separator the target puts before the output (``" "`` after ``Answer:``): part of
+        what the model generates, not of the reply a user reads (``strip_lead``)."""
+        return self.target[: self.target.index("{output}")]
+
+
+def strip_lead(text: str, lead: str) -> tuple[str, str]:
+    """``(lead_removed, reply)``: ``text`` without the template's leading separator where it starts
+    with it. A text that is still a prefix of the separator (a stream's first bytes) shows as ``""``,
+    so that every streamed prefix is a prefix of the final reply."""
+    if not lead:
+        return "", text
+    if text.startswith(lead):
+        return lead, text[len(lead):]
+    if lead.startswith(text):
+        return text, ""
+    return "", text
 
 
 TEMPLATES: dict[str, Template] = {

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..method.extract import prompt_tokens
+from ..method.templates import strip_lead
 from . import chat as chat_mod
 from .errors import APIError
 from .params import GenParams
@@ -59,10 +60,11 @@ class TokenTap:
     the text so far (decoded incrementally with the final text's rule, so the streamed text is the
     answer's own prefix: invalid bytes become U+FFFD, an unfinished character waits), and records
     logprobs: the log-softmax of the logits the token was sampled from (steered ones when adapted;
-    before temperature and top_p)."""
+    before temperature and top_p). The template's leading separator (``lead``) is not streamed,
+    as ``Miita.ask`` does not return it."""
 
-    def __init__(self, eng, k: int | None, on_text=None):
-        self.eng, self.k, self.on_text = eng, k, on_text
+    def __init__(self, eng, k: int | None, on_text=None, lead: str = ""):
+        self.eng, self.k, self.on_text, self.lead = eng, k, on_text, lead
         self.n, self.rows, self.text = 0, [], ""
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -73,7 +75,7 @@ class TokenTap:
             piece = self._dec.decode(b)
             if piece:
                 self.text += piece
-                self.on_text(self.text)
+                self.on_text(strip_lead(self.text, self.lead)[1])
         if self.k is not None:
             self.rows.append(self._logprobs(tok, b, logits))
 
@@ -93,7 +95,8 @@ class TokenTap:
         return {"token": b.decode("utf-8", "replace"), "logprob": float(lp), "bytes": list(b)}
 
     def cut(self, text: str) -> list[dict] | None:
-        """The logprob entries of the tokens that start inside ``text`` (the answer up to its stop)."""
+        """The logprob entries of the tokens that start inside ``text`` (the generated text up to its
+        stop, the leading separator included)."""
         if self.k is None:
             return None
         limit, at, out = len(text.encode("utf-8")), 0, []
@@ -116,12 +119,13 @@ def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=
                        f"{eng.config.n_ctx} tokens", "context_length_exceeded", "max_tokens")
     choices, first = [], None
     for i in range(p.n):
-        tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far, i=i: on_token(i, so_far)))
+        tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far, i=i: on_token(i, so_far)),
+                       lead=m.template.lead)
         ans = m.ask(text, max_tokens=p.max_tokens, adapt=adapt, stop=p.stop, temperature=p.temperature,
                     seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks, on_logits=tap)
         first = first or ans
         finish = "length" if ans.stop_reason == "length" else "stop"
-        choices.append(Choice(ans.text, finish, tap.n, tap.cut(ans.text)))
+        choices.append(Choice(ans.text, finish, tap.n, tap.cut(ans.lead + ans.text)))
     return Result(choices, len(toks), describe(m, name, first, p))
 
 
@@ -135,7 +139,8 @@ def describe(m, name: str | None, ans, p: GenParams) -> dict:
         seqs, counts = m.bank.answer_tokens(), m.bank.counts()  # views: no Prototype objects made
         for pid, s, w in zip(ans.prototypes, ans.scores, ans.weights):
             toks_j = seqs[pid]
-            answer = m.engine.detokenize([int(t) for t in toks_j]).rstrip("\n") if len(toks_j) else None
+            answer = (strip_lead(m.engine.detokenize([int(t) for t in toks_j]).rstrip("\n"), m.template.lead)[1]
+                      if len(toks_j) else None)
             steer.append({"prototype": pid, "answer": answer, "weight": w, "score": s, "count": int(counts[pid])})
         ext.update(steered_by=steer, alphas=ans.alphas, eta=ans.eta)
     elif ans.reason:
