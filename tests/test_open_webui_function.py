@@ -28,7 +28,7 @@ from _serve_server import API_KEY, Server, tiny_model  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS = ROOT / "integrations" / "open_webui"
 DATA = Path(__file__).parent / "data" / "open_webui"
-MEMORIES = ("plain", "edit", "outlet", "tasks", "action", "fail")
+MEMORIES = ("plain", "edit", "outlet", "tasks", "action", "fail", "support")  # support: the recording's
 # the tiny model answers these with something else until taught; "billing" is one token for it,
 # so a steered answer reproduces it whole (longer corrections drift after a few tokens)
 QUESTION, CORRECTION = "Can I get a refund?", "billing"
@@ -349,6 +349,74 @@ def test_action_wrong_answer_asks_and_teaches(srv, model_id):
     chat.edit(second["id"], "shipping desk")
     version, emitted, asked = run_action(srv, chat, second["id"], "teach")
     assert not asked and version == 2 and memory(srv, "action")["examples"] == 2
+
+
+# ------------------------------------------------------------------------- a recorded real Open WebUI run
+
+
+def test_a_recorded_open_webui_run_replays(srv):
+    """The hook calls a real Open WebUI 0.12.4 made (tests/data/open_webui/recorded/hooks.json,
+    README.md there): a question the empty memory could not answer, the answer edited in the
+    browser, the next message; then, in a new chat, the steered answer and the "Wrong answer"
+    button. Replayed in order into fresh functions whose base_url is this test's server (which
+    serves a memory named as in the recording): the edit is taught exactly when the recorded second
+    inlet arrives, with the recorded texts, and the button teaches what the dialog returns."""
+    steps = json.loads((DATA / "recorded" / "hooks.json").read_text("utf-8"))["steps"]
+    user = template("inlet.json")["user"]
+    flt = make_filter(srv)
+    emitted: list[tuple[int, dict]] = []
+    versions = []
+    question = steps[0]["body"]["messages"][-1]["content"]
+    edited = steps[4]["body"]["messages"][1]["content"]  # the second inlet carries the user's edit
+    assert steps[4]["hook"] == "inlet" and steps[4]["body"]["messages"][1]["role"] == "assistant"
+    assert steps[3]["body"]["messages"][1]["content"] != edited  # what the server first answered
+
+    def emitter(i):
+        async def emit(e):
+            emitted.append((i, e))
+        return emit
+
+    for i, st in enumerate(steps[:-1]):
+        if st["hook"] == "inlet":
+            asyncio.run(flt.inlet(copy.deepcopy(st["body"]), __user__=user, __metadata__=st["__metadata__"],
+                                  __event_emitter__=emitter(i)))
+        elif st["hook"] == "stream":
+            flt.stream(copy.deepcopy(st["event"]), __metadata__=None)
+        else:
+            asyncio.run(flt.outlet(copy.deepcopy(st["body"]), __user__=user, __metadata__=st["__metadata__"],
+                                   __event_emitter__=emitter(i)))
+        versions.append(memory(srv, "support")["version"])
+    assert versions[:4] == [0] * 4 and versions[4:] == [1] * (len(steps) - 5), versions
+    taught = [(i, e["data"]["description"]) for i, e in emitted
+              if e["type"] == "status" and e["data"]["description"].startswith("Taught")]
+    assert taught == [(4, f"Taught memory support (version 1): \u201c{question}\u201d \u2192 \u201c{edited}\u201d")]
+    info = memory(srv, "support")
+    assert info["examples"] == 1 and info["prototypes"] == 1
+    # this server now steers the same question with the taught reply
+    chat = Chat(srv, make_filter(srv, teach_edits=False), "x:support")
+    _, miita = chat.complete([{"role": "user", "content": question}], {})
+    assert miita["adapted"] and miita["steered_by"][0]["answer"] == edited
+
+    act = load_function("miita_teach").Action()
+    act.valves = act.Valves(base_url=srv.url, api_key=API_KEY)
+    action = steps[-1]
+    assert action["hook"] == "action" and action["body"]["messages"][-1].get("sources")
+    asked = []
+    fix = "Please contact the shipping desk; a lost parcel is refunded after 14 days."
+
+    async def call(e):
+        asked.append(e)
+        return fix
+
+    async def emit(e):
+        emitted.append((len(steps) - 1, e))
+
+    out = asyncio.run(act.action(copy.deepcopy(action["body"]), __user__=user, __event_emitter__=emit,
+                                 __event_call__=call, __id__="wrong"))
+    assert out is None and len(asked) == 1 and question in asked[0]["data"]["message"]
+    assert f"steered by the taught answer(s) \u201c{edited}\u201d" in asked[0]["data"]["message"]
+    info = memory(srv, "support")
+    assert info["version"] == 2 and info["examples"] == 2
 
 
 # ---------------------------------------------------------------------------------------- Open WebUI

@@ -1,4 +1,5 @@
-"""Open WebUI's background task requests (tests/data/open_webui/, written from its source):
+"""Open WebUI's background task requests (tests/data/open_webui/: written from its source, and the
+requests a real Open WebUI 0.12.4 sent to ``miita-edge serve``, recorded/server.json):
 recognised by their templates' fixed phrases, answered unadapted with the reason in the ``miita``
 object, and queued behind foreground jobs on the single worker; a 26 KB tool list the user did not
 ask to call is accepted and answered with text."""
@@ -117,3 +118,53 @@ def test_worker_runs_background_jobs_after_queued_foreground_ones():
         assert w.submit(lambda: 7).result(10) == 7  # an error does not stop the worker
     finally:
         w.close()
+
+
+def recorded_requests() -> list[dict]:
+    """The chat requests a real Open WebUI sent (a chat, its title, follow-ups and tags, a teach)."""
+    rec = json.loads((DATA / "recorded" / "server.json").read_text("utf-8"))["requests"]
+    return [r for r in rec if r["path"] == "/v1/chat/completions"]
+
+
+def test_requests_of_a_real_open_webui_are_classified():
+    """Each recorded request's task as the instruction line of its prompt names it (checked here by
+    hand-written phrases, independent of PHRASES), and the user's own chats are no task."""
+    from miita_edge.serve.tasks import background_task
+
+    expect = {"Generate a concise title": "title_generation", "Generate 1-3 broad tags": "tags_generation",
+              "Predict 3-5 useful messages": "follow_up_generation"}
+    reqs = recorded_requests()
+    seen = set()
+    for r in reqs:
+        last = r["body"]["messages"][-1]["content"]
+        want = next((t for k, t in expect.items() if last.startswith("### Task:\n" + k)), None)
+        assert background_task(msgs(r["body"])) == want, last[:120]
+        seen.add(want)
+    assert seen == {None, *expect.values()}  # the recording holds every kind
+
+
+def test_requests_of_a_real_open_webui_are_answered(client):
+    """Replayed against this server (the recorded model id points at its memory): every request is
+    answered, the tasks unadapted, and none of them moves the memory's version."""
+    v0 = client.get("/v1/memories/support").json()["version"]
+    for r in recorded_requests():
+        body = dict(r["body"], model="x:support")
+        out = client.post("/v1/chat/completions", json=body)
+        assert out.status_code == 200, out.text
+        if body.get("stream"):
+            assert out.text.rstrip().endswith("data: [DONE]")
+        else:
+            x = out.json()["miita"]
+            assert x["adapted"] is False and x["reason"] == "background_task"
+    assert client.get("/v1/memories/support").json()["version"] == v0
+
+
+def test_a_file_chat_is_the_users_question():
+    """Open WebUI's RAG template also starts "### Task:": a chat with a file is answered as usual."""
+    from miita_edge.serve.tasks import background_task
+
+    rag = ("### Task:\nRespond to the user query using the provided context, incorporating inline citations "
+           "in the format [id] **only when the <source> tag includes an explicit id attribute**.\n\n"
+           "<context>\n<source id=\"1\">Parcels are refunded after 14 days.</source>\n</context>\n\n"
+           "<user_query>\nmy parcel never arrived\n</user_query>")
+    assert background_task(msgs({"model": "m", "messages": [{"role": "user", "content": rag}]})) is None

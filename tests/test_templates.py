@@ -143,7 +143,9 @@ def test_the_leading_separator_is_what_precedes_the_output():
     (" card arrival", " ", (" ", "card arrival")),
     ("card arrival", " ", ("", "card arrival")),   # a model that skipped the separator keeps its text
     ("", " ", ("", "")),                           # the first token ended the answer
-    ("  two spaces", " ", (" ", " two spaces")),   # only the separator itself is cut
+    ("  two spaces", " ", ("  ", "two spaces")),   # a space separator takes every leading space
+    ("\tx", " ", ("", "\tx")),                     # ... and nothing else
+    (">>  x", ">> ", (">> ", " x")),               # any other separator: only itself
     (">", ">> ", (">", "")),                       # a stream still inside the separator shows nothing
     (">> x", ">> ", (">> ", "x")),
     ("> x", ">> ", ("", "> x")),

@@ -85,10 +85,14 @@ class Template:
 
 def strip_lead(text: str, lead: str) -> tuple[str, str]:
     """``(lead_removed, reply)``: ``text`` without the template's leading separator where it starts
-    with it. A text that is still a prefix of the separator (a stream's first bytes) shows as ``""``,
-    so that every streamed prefix is a prefix of the final reply."""
+    with it. A separator of spaces takes every leading space with it (a SentencePiece tokenizer
+    renders the target's space as two). A text that is still a prefix of the separator (a stream's
+    first bytes) shows as ``""``, so that every streamed prefix is a prefix of the final reply."""
     if not lead:
         return "", text
+    if not lead.strip(" "):
+        body = text.lstrip(" ")
+        return text[: len(text) - len(body)], body
     if text.startswith(lead):
         return lead, text[len(lead):]
     if lead.startswith(text):

@@ -22,7 +22,8 @@ PHRASES = (
     ("title_generation", r"Generate a concise, 3-5 word title|Generate a concise title summarizing the chat history"
                          r"|Create a concise, 3-5 word phrase as a header"),
     ("tags_generation", r"Generate 1-3 broad tags categorizing the main themes"),
-    ("follow_up_generation", r"Suggest 3-5 relevant follow-up questions"),
+    ("follow_up_generation", r"Suggest 3-5 relevant follow-up questions"
+                             r"|Predict 3-5 useful messages this user might naturally send next"),
     ("query_generation", r"determine the necessity of generating search queries"),
     ("autocomplete_generation", r"You are an autocompletion system\."),
     ("image_prompt_generation", r"Generate a detailed prompt for an? image generation task"),
@@ -31,6 +32,9 @@ PHRASES = (
     ("function_calling", r"choose and return the correct tool\(s\) from the list of available tools"),
 )
 _PHRASES = [(name, re.compile(p)) for name, p in PHRASES]
+# Open WebUI's RAG template also starts "### Task:", but wraps the user's own question with the
+# retrieved context (a chat with a file attached): that is an answer to give, not a background task.
+_USER_TASK = re.compile(r"Respond to the user query using the provided context")
 SCAN_CHARS = 4096  # the phrases stand near a template's top (or, after a long tool list, its end)
 
 
@@ -52,6 +56,8 @@ def classify(messages) -> str | None:
             return name
     if last_user is not None:
         head = _text(last_user.content).lstrip()
+        if _USER_TASK.search(head):
+            return None
         if head.startswith("### Task:") or ("<chat_history>" in head and "</chat_history>" in head):
             return "task"
     return None
