@@ -1,0 +1,157 @@
+"""Check the Open WebUI functions in a real Open WebUI, through its web page.
+
+Needs a running ``miita-edge serve`` with an API key and one memory, a running Open WebUI whose
+OpenAI connection points at it (docs/serving.md, "Set-up (offline)"; ``WEBUI_AUTH=False``), and
+playwright with a Chromium (``pip install playwright``; Debian: ``apt-get install chromium``).
+It installs (or updates) both functions through Open WebUI's API, switches them on for every
+model, sets their Valves, then drives the page as a user would:
+
+1. a new chat asks QUESTION; 2. the answer is edited to CORRECTION and saved, and ``thanks!`` is
+sent: the memory's version must move by one, and only then; 3. a new chat asks QUESTION again:
+the answer must be CORRECTION; 4. "Wrong answer" on it, a second correction typed in the
+dialog: the version must move by one more. The chat must have a title. Screenshots go to
+``--shots``. Exit status 0 when every check passes.
+
+    python integrations/open_webui/e2e.py --server http://127.0.0.1:8080 --api-key KEY \\
+        --webui http://127.0.0.1:3000 --memory support --shots /tmp/owui-shots
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+QUESTION = "my parcel never arrived"
+CORRECTION = "Sorry about that! Please write to the shipping desk: shipping@example.com."
+SECOND = "Please contact the shipping desk; a lost parcel is refunded after 14 days."
+
+
+def http(url: str, body=None, token: str | None = None) -> dict | list | None:
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 method="GET" if body is None else "POST",
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read() or b"null")
+
+
+def install_functions(webui: str, token: str, server: str, key: str) -> None:
+    """Create or update both functions, switch them on and Global, and set their Valves."""
+    have = {f["id"]: f for f in http(f"{webui}/api/v1/functions/", token=token)}
+    for fid, desc in (("miita_feedback", "teaches edited answers"), ("miita_teach", "teach buttons")):
+        form = {"id": fid, "name": fid, "content": (HERE / f"{fid}.py").read_text("utf-8"),
+                "meta": {"description": desc}}
+        if fid in have:
+            http(f"{webui}/api/v1/functions/id/{fid}/update", form, token)
+        else:
+            http(f"{webui}/api/v1/functions/create", form, token)
+        f = http(f"{webui}/api/v1/functions/id/{fid}", token=token)
+        if not f["is_active"]:
+            http(f"{webui}/api/v1/functions/id/{fid}/toggle", {}, token)
+        if not f["is_global"]:
+            http(f"{webui}/api/v1/functions/id/{fid}/toggle/global", {}, token)
+        http(f"{webui}/api/v1/functions/id/{fid}/valves/update",
+             {"base_url": server, "api_key": key, "memory": ""}, token)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--server", default="http://127.0.0.1:8080", help="miita-edge serve, as Open WebUI reaches it")
+    ap.add_argument("--api-key", required=True, help="the server's --api-key")
+    ap.add_argument("--webui", default="http://127.0.0.1:3000", help="Open WebUI's address")
+    ap.add_argument("--memory", default="support", help="the served memory to chat with")
+    ap.add_argument("--shots", type=Path, default=Path("open-webui-shots"), help="where screenshots go")
+    ap.add_argument("--chromium", default="/usr/bin/chromium", help="the browser binary")
+    args = ap.parse_args(argv)
+    from playwright.sync_api import sync_playwright  # optional: only this check needs it
+
+    args.shots.mkdir(parents=True, exist_ok=True)
+    token = http(f"{args.webui}/api/v1/auths/signin", {"email": "", "password": ""})["token"]
+    install_functions(args.webui, token, args.server, args.api_key)
+    models = [m["id"] for m in http(f"{args.webui}/api/models", token=token)["data"]]
+    model = next((m for m in models if m.endswith(f":{args.memory}")), None)
+    if model is None:
+        print(f"Open WebUI lists no model for memory {args.memory!r}: {models}", file=sys.stderr)
+        return 2
+
+    def version() -> int:
+        req = urllib.request.Request(f"{args.server}/v1/memories/{args.memory}",
+                                     headers={"Authorization": f"Bearer {args.api_key}"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["version"]
+
+    checks: list[tuple[str, bool, str]] = []
+
+    def check(name: str, ok: bool, detail: str = "") -> None:
+        checks.append((name, ok, detail))
+        print(f"{'PASS' if ok else 'FAIL'}  {name}{': ' + detail if detail else ''}", flush=True)
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=args.chromium, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+
+        def new_chat() -> None:
+            page.goto(f"{args.webui}/?model={model}", wait_until="load", timeout=120_000)
+            page.wait_for_selector("#chat-input", timeout=60_000)
+            ok = page.locator("button:has-text(\"Okay, Let's Go!\")")
+            if ok.count():
+                ok.click()
+                time.sleep(1)
+
+        def send(text: str, n_answers: int) -> str:
+            box = page.locator("#chat-input")
+            box.click()
+            box.fill(text)
+            page.keyboard.press("Enter")
+            t0 = time.time()
+            while time.time() - t0 < 300:  # done: the last answer has its Regenerate button
+                answers = page.locator("#response-content-container")
+                if answers.count() >= n_answers and page.locator("button[aria-label='Regenerate']:visible").count():
+                    time.sleep(4)  # the outlet's status lines
+                    return answers.nth(n_answers - 1).inner_text()
+                time.sleep(1)
+            raise TimeoutError(f"no answer to {text!r} within 300 s")
+
+        v0 = version()
+        new_chat()
+        first = send(QUESTION, 1)
+        page.screenshot(path=str(args.shots / "01-first-answer.png"))
+        check("a plain chat teaches nothing", version() == v0, f"answer {first!r}")
+        page.locator("button[aria-label='Edit']:visible").last.click()
+        time.sleep(1)
+        page.locator("textarea").last.fill(CORRECTION)
+        page.screenshot(path=str(args.shots / "02-editing.png"))
+        page.locator("button:has-text('Save')").first.click()
+        time.sleep(2)
+        check("saving an edit teaches nothing yet", version() == v0)
+        send("thanks!", 2)
+        page.screenshot(path=str(args.shots / "03-taught-on-next-message.png"))
+        check("the next message teaches the edit", version() == v0 + 1, f"version {version()}")
+        title = page.title()
+        check("the chat has a title", bool(title) and not title.startswith("Open WebUI"), title)
+
+        new_chat()
+        again = send(QUESTION, 1)
+        page.screenshot(path=str(args.shots / "04-new-chat-corrected.png"))
+        check("the same question is answered with the correction", again.startswith(CORRECTION), repr(again))
+        check("asking teaches nothing", version() == v0 + 1)
+        page.locator("button[aria-label='Wrong answer']:visible").last.click()
+        time.sleep(2)
+        page.locator("input:visible, textarea:visible").last.fill(SECOND)
+        page.screenshot(path=str(args.shots / "05-wrong-answer-dialog.png"))
+        page.locator("button:has-text('Confirm'):visible").last.click()
+        time.sleep(6)
+        page.screenshot(path=str(args.shots / "06-taught-by-action.png"))
+        check("the Wrong answer dialog teaches", version() == v0 + 2, f"version {version()}")
+        browser.close()
+    failed = [c for c in checks if not c[1]]
+    print(f"{len(checks) - len(failed)}/{len(checks)} checks passed; screenshots in {args.shots}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
