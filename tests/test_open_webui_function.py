@@ -431,3 +431,26 @@ def test_with_real_open_webui():
     for name in ("miita_feedback", "miita_teach"):
         text = (FUNCTIONS / f"{name}.py").read_text("utf-8")
         assert extract_frontmatter(text) == frontmatter(text)
+
+
+def test_in_a_running_open_webui(tmp_path):
+    """integrations/open_webui/e2e.py against a running Open WebUI and ``miita-edge serve``, given by
+    MIITA_OPEN_WEBUI_URL, MIITA_SERVE_URL, MIITA_SERVE_KEY and MIITA_SERVE_MEMORY (a new, empty
+    memory; docs/serving.md, "In a real Open WebUI"): the page is driven in Chromium and every
+    check must pass."""
+    import os
+
+    need = ("MIITA_OPEN_WEBUI_URL", "MIITA_SERVE_URL", "MIITA_SERVE_KEY", "MIITA_SERVE_MEMORY")
+    missing = [n for n in need if not os.environ.get(n)]
+    if missing:
+        pytest.skip(f"no running Open WebUI given ({', '.join(missing)} unset)")
+    pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    sys.path.insert(0, str(FUNCTIONS))
+    try:
+        import e2e  # type: ignore
+    finally:
+        sys.path.remove(str(FUNCTIONS))
+    env = os.environ
+    assert e2e.main(["--webui", env["MIITA_OPEN_WEBUI_URL"], "--server", env["MIITA_SERVE_URL"],
+                     "--api-key", env["MIITA_SERVE_KEY"], "--memory", env["MIITA_SERVE_MEMORY"],
+                     "--shots", str(tmp_path / "shots")]) == 0

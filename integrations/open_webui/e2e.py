@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--server", default="http://127.0.0.1:8080", help="miita-edge serve, as Open WebUI reaches it")
     ap.add_argument("--api-key", required=True, help="the server's --api-key")
     ap.add_argument("--webui", default="http://127.0.0.1:3000", help="Open WebUI's address")
-    ap.add_argument("--memory", default="support", help="the served memory to chat with")
+    ap.add_argument("--memory", default="support", help="the served memory to chat with (new and empty)")
     ap.add_argument("--shots", type=Path, default=Path("open-webui-shots"), help="where screenshots go")
     ap.add_argument("--chromium", default="/usr/bin/chromium", help="the browser binary")
     args = ap.parse_args(argv)
@@ -117,6 +117,9 @@ def main(argv=None) -> int:
             raise TimeoutError(f"no answer to {text!r} within 300 s")
 
         v0 = version()
+        if v0 != 0:
+            print(f"memory {args.memory!r} is at version {v0}: the check needs a new, empty memory", file=sys.stderr)
+            return 2
         new_chat()
         first = send(QUESTION, 1)
         page.screenshot(path=str(args.shots / "01-first-answer.png"))
