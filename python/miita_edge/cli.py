@@ -205,7 +205,7 @@ def _add_bench(sub) -> None:
                                    "score every stage's test set, filling A[t, tau]; report OP, BWT, FWT (against the "
                                    "frozen model), per-stage scores, wall time and memory bytes against the budget.",
                        epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--benchmark", required=True, metavar="NAME", help="banking77, dsc, xquad or superni")
+    p.add_argument("--benchmark", required=True, metavar="NAME", help=f"{', '.join(BENCHMARKS)} (listed below)")
     p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's directory (meta.json, train.jsonl, "
                    "test.jsonl), e.g. ../shared/data/banking77")
     p.add_argument("--method", required=True, metavar="M", help="method name (listed below)")
