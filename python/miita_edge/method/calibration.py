@@ -6,14 +6,13 @@ in the memory, and it does not count against the memory's byte budget.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ..runtime import key_pass
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir
+from ..runtime.fingerprint import cache_dir, write_cached
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
@@ -58,13 +57,7 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
     keys = np.stack([raw_key(engine, template, x, skip_bos) for x in CALIBRATION_INPUTS]).astype(np.float32)
     if keys.shape[1] != width:
         raise ValueError(f"calibration keys have {keys.shape[1]} values, expected {width} (key layers {layers})")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-        np.save(tmp, keys)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    write_cached(path, lambda tmp: np.save(tmp, keys))
     return keys
 
 

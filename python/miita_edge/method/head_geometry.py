@@ -27,14 +27,12 @@ answer token, computed once per query, and the decode step itself costs nothing 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir
+from ..runtime.fingerprint import cache_dir, write_cached
 from .calibration import CALIBRATION_INPUTS
 from .templates import Template
 
@@ -167,15 +165,6 @@ def head_geometry(engine: Engine, template: Template, sha256: str) -> HeadGeomet
     push = float(np.percentile(finite, PUSH_PERCENTILE)) if finite.size else 0.0
     if not push > 0:
         raise ValueError("the head's calibration gave no finite push (no word token can be made the argmax)")
-    _save(path, mean=mu, precision=P, push=np.float64(push))
+    write_cached(path, lambda tmp: np.savez(tmp, mean=mu, precision=P, push=np.float64(push)))
     return HeadGeometry(mu, P, push, engine.info.logit_mult)
 
-
-def _save(path: Path, **arrays) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        pass

@@ -17,14 +17,13 @@ the user cache directory.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..runtime import key_pass
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir
+from ..runtime.fingerprint import cache_dir, write_cached
 from ..runtime.key_pooling import key_mean
 from .calibration import CALIBRATION_INPUTS
 from .templates import Template
@@ -151,11 +150,6 @@ def choose_key_layers(engine: Engine, template: Template, sha256: str) -> KeyLay
     except (OSError, ValueError, KeyError, TypeError):
         pass
     c = measure(engine, template)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin}))
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    text = json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin})
+    write_cached(path, lambda tmp: tmp.write_text(text))
     return c

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 from platformdirs import user_cache_dir
 
@@ -17,6 +18,23 @@ from .gguf_model import file_sha256
 def cache_dir() -> Path:
     """The user's cache directory for miita-edge (derived files only: deleting it costs time)."""
     return Path(user_cache_dir("miita-edge", appauthor=False))
+
+
+def write_cached(path: Path, write: Callable[[Path], None]) -> None:
+    """Write a derived file of the cache directory: ``write(tmp)`` fills a temporary sibling (named
+    with this process's id and ``path``'s suffix, so numpy's savers keep the name), then it replaces
+    ``path`` at once, so a concurrent reader sees the old file or the new one, never half of one.
+    A cache that cannot be written (read-only home, full disk) only costs recomputation."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(tmp)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
 
 
 def _cache_file() -> Path:
@@ -36,11 +54,5 @@ def model_sha256(path: str | os.PathLike) -> str:
         return table[key]
     digest = file_sha256(p)
     table[key] = digest
-    try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table))
-        os.replace(tmp, cache)
-    except OSError:  # a read-only cache only costs time
-        pass
+    write_cached(cache, lambda tmp: tmp.write_text(json.dumps(table)))
     return digest
