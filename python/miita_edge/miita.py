@@ -383,13 +383,14 @@ class Miita:
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
-                   on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None) -> Answer:
+                   on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
+                   _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut); a model
         whose first token ends the answer (the newline stop) answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
-        upper bound; ``ask_oracle``)."""
+        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
         pr = self.preset
         eng = self._use_keys()
         if adapt and self.bank.n_prototypes:  # first uses decode calibration prompts: before this query's pass
@@ -413,7 +414,8 @@ class Miita:
             g = eng.generate(state, **gen_kw)
             lead, text = strip_lead(g.text, self.template.lead)
             return Answer(text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason, lead=lead)
-        g = eng.generate(state, plan=qp.plan, eta=eta_abs, mode=gate or pr.gate, **gen_kw)
+        plan = qp.plan if _wrap_plan is None else _wrap_plan(qp.plan)
+        g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, **gen_kw)
         lead, text = strip_lead(g.text, self.template.lead)
         return Answer(text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
                       [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason, lead=lead)
@@ -422,17 +424,9 @@ class Miita:
         """``ask`` (greedy), and what steering did at each answer position (``method.trace``)."""
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
-        orig = self.plan
-
-        def plan(state, mode=None, oracle_dir=None):
-            qp = orig(state, mode=mode, oracle_dir=oracle_dir)
-            return qp._replace(plan=recording_plan(qp.plan, steered, seen))
-
-        self.plan = plan
-        try:
-            ans = self.ask(text, max_tokens=max_tokens)
-        finally:
-            del self.plan
+        self._use_keys()  # the template's special-token rule, before tokenising
+        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens,
+                              _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
 
