@@ -355,6 +355,9 @@ def test_truncate_tokens_keeps_head_and_tail():
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--stages", "9"], "out of range 1..7"),
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--budget", "lots"], "not understood"),
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--limit-per-stage", "0"], ">= 1"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--limit-per-stage", "3",
+      "--test-rows", "61-220"], "not both"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--test-rows", "9-3"], "9-3"),
 ])
 def test_bad_input_is_one_line(argv, needle, tmp_path, capsys):
     rc = main(["bench", *argv, "--out", str(tmp_path / "o")])
@@ -369,11 +372,12 @@ def test_help_names_every_option_and_method(capsys):
     text = capsys.readouterr().out
     for opt in ("--benchmark", "--data", "--method", "--budget", "--stages", "--limit-per-stage",
                 "--limit-train-per-stage", "--out", "--json", "--max-tokens", "--max-prompt-tokens",
-                "--baseline-cache", "--no-baseline", "--threads", "--model"):
+                "--baseline-cache", "--no-baseline", "--threads", "--model", "--split", "--test-rows",
+                "--order-seed", "banking77-replies"):
         assert opt in text
     for name in ("frozen", "miita-default", "token-mem", "miita-paper", "miita-dense", "miita-ungated",
                  "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle",
-                 "label-vote", "example-mem"):
+                 "label-vote", "example-mem", "frozen-labels", "summary-mem", "knn-lm"):
         assert name in text
 
 
@@ -569,3 +573,22 @@ def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
     expect = list(np.argsort(-cos, kind="stable")[:m.preset.retrieval.M])
     ans = m.ask_oracle("I am still waiting for my card", d, max_tokens=2)
     assert ans.prototypes == [int(j) for j in expect] and ans.prototypes[0] == 2
+
+
+def test_protocol_options_reach_the_harness(tmp_path, monkeypatch, capsys):
+    """--split, --test-rows and --order-seed are passed to run_benchmark as they are given."""
+    import miita_edge.cli as cli
+
+    seen = {}
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        raise InputError("stop here")
+
+    monkeypatch.setattr(cli, "run_benchmark", fake)
+    rc = main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--split", "dev",
+               "--test-rows", "2-5", "--order-seed", "3", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "stop here" in capsys.readouterr().err
+    assert (seen["split"], seen["rows"], seen["order_seed"]) == ("dev", "2-5", 3)
+    main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--out", str(tmp_path)])
+    assert (seen["split"], seen["rows"], seen["order_seed"]) == ("test", None, 0)

@@ -16,6 +16,7 @@ from .demo.run import run_demo
 from .errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError
 from .evaluation import BENCHMARKS, METHODS, run_benchmark
 from .evaluation.report import _json_default
+from .evaluation.splits import add_protocol_arguments, protocol_kwargs
 from .memory import store as store_mod
 from .memory.budget import parse_budget
 from .method import ann_index
@@ -238,6 +239,7 @@ def _add_bench(sub) -> None:
                    "Gemma-3-270M Q4_K_M)")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a summary")
+    add_protocol_arguments(p)
 
 
 
@@ -463,7 +465,7 @@ def cmd_bench(args) -> int:
                         max_tokens=args.max_tokens, progress=progress, max_prompt_tokens=mpt,
                         baseline=None if args.no_baseline else "frozen", baseline_dir=args.baseline_cache,
                         model=args.model, threads=args.threads, cells=args.cells,
-                        extract_cache_dir=args.extract_cache,
+                        extract_cache_dir=args.extract_cache, **protocol_kwargs(args),
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
     if args.json:
         print(json.dumps(res, default=_json_default, allow_nan=False))

@@ -1,0 +1,89 @@
+"""Does a memory leave alone what it has nothing to say about? For each benchmark, a memory of its
+first stage (the first N training rows of stage 1, outside the dev rows, through the benchmark's
+template, no budget), then each prompt of tests/data/offtopic.txt (202 general questions and
+small talk that no benchmark answer fits) asked with and without the memory: the share answered
+exactly as the frozen model answers it. Target: >= 95% on every benchmark and model.
+
+Each (model, benchmark) runs in a child process: llama.cpp cannot load a BPE vocabulary in a process
+that has imported usearch (docs/models.md), and each child holds one model.
+
+    python bench/offtopic.py [--model GGUF]... [--benchmarks banking77,dsc,xquad,superni]
+                             [--rows 200] [--data ../shared/data] [--show 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _report import ROOT, Target, Targets, add_target_argument, print_header
+
+OFFTOPIC = ROOT / "tests" / "data" / "offtopic.txt"
+DATA_DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
+
+CHILD = r"""
+import json, sys, time
+from pathlib import Path
+from miita_edge import Example, Miita
+from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+model, bench, data, rows_n, off, mem = (json.loads(a) for a in sys.argv[1:])
+spec = get_benchmark(bench)
+_, stages = load_benchmark(spec, data, stages="1")
+stage = stages[0]
+rows = stage.train[:rows_n]
+qs = [ln.strip() for ln in Path(off).read_text("utf-8").splitlines() if ln.strip()]
+t0 = time.perf_counter()
+with Miita(model, mem, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None) as m:
+    m.ingest(rows, budget="none")
+    changed = []
+    for q in qs:
+        a, f = m.ask(q, max_tokens=8), m.ask(q, max_tokens=8, adapt=False)
+        if a.text != f.text:
+            changed.append({"q": q, "frozen": f.text, "adapted": a.text})
+print(json.dumps({"stage": stage.name, "rows": len(rows), "n": len(qs), "changed": changed,
+                  "seconds": time.perf_counter() - t0}))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", action="append", default=None,
+                    help="GGUF path; repeatable (default: the embedded Gemma-3-270M)")
+    ap.add_argument("--benchmarks", default="banking77,dsc,xquad,superni")
+    ap.add_argument("--rows", type=int, default=200, help="training rows of stage 1 in the memory")
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
+    wanted = [Target("untouched", ">=", 95.0, "%", "off-topic prompts answered as the frozen model, worst run")]
+    add_target_argument(ap, wanted)
+    args = ap.parse_args()
+    targets = Targets.from_args(wanted, args.target, ap)
+    print_header()
+    import tempfile
+
+    worst = 100.0
+    for model in args.model or [None]:
+        name = Path(model).name if model else "embedded Gemma-3-270M"
+        for bench in args.benchmarks.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                argv = [json.dumps(a) for a in (model, bench, str(args.data / DATA_DIRS[bench]), args.rows,
+                                                 str(OFFTOPIC), str(Path(tmp) / "mem"))]
+                proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"{name} {bench}: failed\n{proc.stderr[-2000:]}")
+                return 1
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            rate = 100.0 * (res["n"] - len(res["changed"])) / res["n"]
+            worst = min(worst, rate)
+            print(f"{name:32s} {bench:10s} stage {res['stage']} ({res['rows']} rows): "
+                  f"{res['n'] - len(res['changed'])}/{res['n']} untouched = {rate:.1f}%  ({res['seconds']:.0f} s)")
+            for c in res["changed"][: args.show]:
+                print(f"    {c['q']!r}: frozen {c['frozen']!r} -> {c['adapted']!r}")
+    print(f"worst (model, benchmark): {worst:.1f}%  {targets.check('untouched', worst)}")
+    print(targets.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
