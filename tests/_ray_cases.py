@@ -1,4 +1,4 @@
-"""Ingest with extraction on a local Ray cluster equals a single-process ingest (issue 15).
+"""Ingest with extraction on a local Ray cluster equals a single-process ingest.
 
 Run by tests/test_ray_ingest.py in a process of its own (see there why); runnable by hand with
 ``python -m pytest -q tests/_ray_cases.py``.

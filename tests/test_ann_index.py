@@ -1,4 +1,4 @@
-"""The usearch front of the recall scans (method/ann_index.py, issue 15).
+"""The usearch front of the recall scans (method/ann_index.py).
 
 References are brute-force numpy scans written here. Timing is not tested (bench/ann.py).
 """
@@ -382,7 +382,7 @@ print("exiting", front.state, flush=True)
 
 @pytest.mark.parametrize("delay", [0.0, 0.3, 0.8])
 def test_a_process_that_exits_while_a_graph_builds_exits_cleanly(tmp_path, delay):
-    """Found while measuring issue 15: a process that ended while the background build was inside
+    """Found while measuring ingest speed: a process that ended while the background build was inside
     usearch's C++ code was aborted (exit 134, "terminate called without an active exception").
     The build thread is not a daemon now, so the interpreter waits for it at exit."""
     import os

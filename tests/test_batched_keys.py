@@ -1,4 +1,4 @@
-"""Keys of several prompts from one llama_decode (``runtime.key_pass.prompt_keys``, issue 15).
+"""Keys of several prompts from one llama_decode (``runtime.key_pass.prompt_keys``).
 
 Each prompt is its own sequence and the callback sums each sequence's key-layer rows separately.
 Against one-prompt-per-decode extraction: bitwise equal when every decode holds one prompt (the
@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.runtime import key_pass
 
 pytestmark = pytest.mark.model
 

@@ -223,7 +223,7 @@ def test_one_percent_budget_resolves_over_everything_ingested_including_this_fil
     """1% of this tiny stream cannot hold a prototype; the error shows what 1% resolved to.
 
     A fraction resolves once per ingest call, against the stream as it will be after the call:
-    every row of the first file plus every row of this one (issue 14, item 5).
+    every row of the first file plus every row of this one.
     """
     data = write_jsonl(tmp_path / "more.jsonl", MORE_ROWS)
     after_call = utf8_bytes(BASE_ROWS) + utf8_bytes(MORE_ROWS)

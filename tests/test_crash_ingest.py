@@ -1,4 +1,4 @@
-"""Ingests killed with SIGKILL at random moments never leave a broken memory (issue 3).
+"""Ingests killed with SIGKILL at random moments never leave a broken memory.
 
 A worker process ingests small batches in a loop (one atomic commit each);
 the test kills it at random times. After every kill the memory must open at a

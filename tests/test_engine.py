@@ -1,4 +1,4 @@
-"""Real-model tier for the engine and its eval callback (issue 2, item 5).
+"""Real-model tier for the engine and its eval callback.
 
 Every check compares what llama.cpp computed with our callback installed
 against an independent numpy reference.

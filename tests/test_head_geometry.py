@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.method.head_geometry import HeadGeometry, head_statistics, needed_steps, word_tokens
+from miita_edge.method.head_geometry import HeadGeometry, head_statistics, needed_steps
 from miita_edge.method.steering import prefix_direction
 
 

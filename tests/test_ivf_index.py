@@ -1,4 +1,4 @@
-"""The inverted-file front of the default preset's vote (method/ivf_index.py, issue 15).
+"""The inverted-file front of the default preset's vote (method/ivf_index.py).
 
 References are brute-force numpy recomputations written here; no optional package is needed.
 Timing is not tested (bench/ann_breadth.py --ivf-native, bench/ann.py).

@@ -1,4 +1,4 @@
-"""Key-only passes stop the graph after the deepest key layer (``runtime.key_pass.prompt_key``, issue 15).
+"""Key-only passes stop the graph after the deepest key layer (``runtime.key_pass.prompt_key``).
 
 The rows a key sums are computed before the stop exactly as in a full pass, so the reference is a
 full pass of the same engine (``Engine.query``, which computes every layer and the logits):

@@ -1,4 +1,4 @@
-"""Per-layer key pooling (default preset v4, issue 14): a key layer pooled at its last selected row.
+"""Per-layer key pooling (default preset v4): a key layer pooled at its last selected row.
 
 The reference for a last-row block is independent of the pooling code: the same engine pooling by
 the mean over a mask that selects only the last prompt row (one row summed in double and divided

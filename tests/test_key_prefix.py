@@ -1,4 +1,4 @@
-"""Key-only passes that continue the previous prompt's rows (``runtime.key_prefix``, issue 15).
+"""Key-only passes that continue the previous prompt's rows (``runtime.key_prefix``).
 
 A templated stream shares its instruction: ``runtime.key_pass.prompt_key`` decodes only the rows after the
 deepest cut that ``key_prefix.cut`` allows, starting the key sums from the snapshot the callback

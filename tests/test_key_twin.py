@@ -1,4 +1,4 @@
-"""The lossless Q8_0 twin (``runtime.key_twin``) and the fast ingest that uses it (issue 15).
+"""The lossless Q8_0 twin (``runtime.key_twin``) and the fast ingest that uses it.
 
 References: gguf-py's own dequantisers (independent of our re-encoding) for "the same weights"
 (block by block: tests/test_q8_twin.py);
@@ -7,7 +7,6 @@ keys' stated bound, tests/test_batched_keys.py).
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest

@@ -1056,7 +1056,7 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_opened_bank_answers_its_views_before_making_prototypes(payload, key_precision, shuffle):
     """from_arrays makes no Prototype objects until ``protos`` is used (opening 1M prototypes took
-    ~14 s, issue 15); the views read from the arrays equal those of the materialised bank, also
+    ~14 s); the views read from the arrays equal those of the materialised bank, also
     for stored anchors that are not sorted by owner."""
     H = 12
     rng = np.random.default_rng(1)

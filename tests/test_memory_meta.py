@@ -27,7 +27,7 @@ def fields(**over) -> dict:
 
 
 @pytest.mark.parametrize("over", [{}, {"template": "plain", "budget": "64KiB", "skipped": 0},
-                                  {"preset": {"name": "default"},  # version 1 (before issue 14), one key layer
+                                  {"preset": {"name": "default"},  # version 1, one key layer
                                    "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 9}},
                                   {"preset": {**paper_preset().to_json(), "eta": 0.25, "bank": {"tau_d": 0.9}}}],
                          ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides"])

@@ -1,4 +1,4 @@
-"""The relevance gate, key narrowing, the centroid vote and key order (issue 14), each against a
+"""The relevance gate, key narrowing, the centroid vote and key order, each against a
 brute-force recomputation in plain numpy."""
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def memory_meta(bank: MemoryBank, **over) -> dict:
 @pytest.mark.parametrize("shape", [(9, 2, 3), (1, 1, 2), (77, 4, 4), (400, 3, 6)], ids=str)
 def test_default_preset_memory_framing_is_at_most_256_bytes(tmp_path, shape):
     """Framing = every byte that is not array payload: header, names, dtypes, shapes, CRC, padding,
-    the memory's own fields. Issue 14 asks for at most 256 bytes (format 1: 1,368 at 1%)."""
+    the memory's own fields. The target is at most 256 bytes (format 1: 1,368 at 1%)."""
     bank = default_bank(*shape)
     meta = memory_meta(bank, stream_bytes=2_852_224 if shape[0] > 100 else 239055,
                        examples=14_000 if shape[0] > 100 else 3075)

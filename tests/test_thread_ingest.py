@@ -1,4 +1,4 @@
-"""Keys extracted on sibling contexts, one Python thread each (``method.thread_ingest``, issue 15).
+"""Keys extracted on sibling contexts, one Python thread each (``method.thread_ingest``).
 
 References: one-context batched extraction of the same shards (bitwise: a shard's decodes do not
 depend on which context or thread ran them), one-prompt-per-decode ``extract`` (within the batched
