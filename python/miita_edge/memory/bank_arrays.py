@@ -210,7 +210,7 @@ class StoredArrays:
 
     def prototypes(self) -> list[Prototype]:
         """The Prototype objects, made when a bank is first changed (writes and repair need them)."""
-        cfg, H, raw, scale, acount = self.config, self.H, self.raw, self.scale, self.acount
+        cfg, raw, scale, acount = self.config, self.raw, self.scale, self.acount
         by_owner = np.arange(len(self.owner)) if self.by_owner is None else self.by_owner
         bounds = np.searchsorted(self.owner[by_owner], np.arange(self.J + 1))
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import fcntl
-import json
 import os
 import shutil
 import stat
