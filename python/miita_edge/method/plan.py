@@ -206,7 +206,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
 
     def plan(step: int, generated) -> np.ndarray | None:
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
-                                normalize=pr.direction != "head")
+                                normalize=pr.direction != "head", recover=pr.recover)
 
     return QueryPlan(ids, best, weights, plan, decision)
 

@@ -66,6 +66,10 @@ class Preset:
     # What eta is relative to: "hidden", the query's hidden norm ‖h_q‖ (the addition is
     # eta·‖h_q‖·α·d̄); or "push", the model's measured logit push G (eta·G·α·Σ w d, in logits).
     eta_unit: str = "hidden"
+    # After a generated token that no steering answer has at its position, answers that began with
+    # the generated first token and differ in at most one token per 8 positions keep steering
+    # (steering.prefix_direction's recovery) instead of the memory letting go of the reply.
+    recover: bool = False
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -148,6 +152,8 @@ class Preset:
             raise StoreError(f"preset direction {self.direction!r} is not 'row' or 'head'")
         if self.eta_unit not in ("hidden", "push"):
             raise StoreError(f"preset eta_unit {self.eta_unit!r} is not 'hidden' or 'push'")
+        if not isinstance(self.recover, bool):
+            raise StoreError(f"preset recover {self.recover!r} is not true or false")
         if self.direction == "head" and self.bank.payload != "tokens":
             raise StoreError("preset direction 'head' needs the 'tokens' payload")
 
@@ -217,11 +223,11 @@ def default_preset_v4() -> Preset:
     return p
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 5: version 4, and each
-    answer token steers along its head-geometry direction with the model's measured logit push
-    (method/head_geometry.py), so the taught token wins on any head, not only on one whose rows
-    all have the same norm."""
+def default_preset_v5() -> Preset:
+    """Version 4, and each answer token steers along its head-geometry direction with the model's
+    measured logit push (method/head_geometry.py), so the taught token wins on any head, not only
+    on one whose rows all have the same norm. Kept so that memories built with it let go of a
+    reply at its first divergent token, as they did."""
     p = default_preset_v4()
     p.direction = "head"
     p.eta_unit = "push"
@@ -236,11 +242,21 @@ def default_preset() -> Preset:
     return p
 
 
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Version 6: version 5, and a reply
+    that began right recovers from a divergent token (a sampled one, say) instead of losing the
+    memory for its remaining tokens (``Preset.recover``)."""
+    p = default_preset_v5()
+    p.recover = True
+    p.version = 6
+    return p
+
+
 PRESETS = {"paper": paper_preset, "default": default_preset}
 #: Every (name, version) a memory may have been built with.
 _VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
              ("default", 3): default_preset_v3, ("default", 4): default_preset_v4,
-             ("default", 5): default_preset}
+             ("default", 5): default_preset_v5, ("default", 6): default_preset}
 
 
 def preset_names() -> list[str]:

@@ -96,9 +96,17 @@ def vote(ids: np.ndarray, weights: np.ndarray, labels: Sequence[object]):
     return max(acc.items(), key=lambda kv: kv[1])[0] if acc else None
 
 
+def slips_allowed(step: int) -> int:
+    """How many generated tokens may differ from a steering answer's own before ``step`` while it
+    still steers (``prefix_direction``'s recovery): one per 8 answer positions begun. A reply that
+    began right survives a sampled (or a weakly pushed) token now and then; an answer that has
+    turned into another text is no longer pushed."""
+    return (step + 7) // 8
+
+
 def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
                      weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray],
-                     normalize: bool = True) -> np.ndarray | None:
+                     normalize: bool = True, recover: bool = False) -> np.ndarray | None:
     """Norm(Σ_{j consistent} w_j d_{j,step}) or None when no retrieved answer continues the prefix.
 
     A prototype j is consistent at ``step`` when its answer is longer than
@@ -107,18 +115,26 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
     geometry), W_lead being the largest total weight that the consistent answers give one token at
     this step: the vote's leading token gets the full push (a gain of one unit) and every other
     candidate its share of the lead's weight, however the weights are spread.
+    ``recover``: when no answer is consistent, those whose first token was generated and whose
+    other tokens before ``step`` differ from the generated ones in at most ``slips_allowed(step)``
+    places, position by position, are taken as consistent: a reply that started right is pushed
+    back onto its own next token after a divergent one, instead of losing the memory for the rest.
     """
+    prefix = [int(t) for t in generated[:step]]
+    members = [(int(j), float(w)) for j, w in zip(ids, weights)
+               if len(seqs[j]) > step and [int(t) for t in seqs[j][:step]] == prefix]
+    if not members and recover and step > 0:
+        limit = slips_allowed(step)
+        members = [(int(j), float(w)) for j, w in zip(ids, weights)
+                   if len(seqs[j]) > step and int(seqs[j][0]) == prefix[0]
+                   and sum(int(a) != b for a, b in zip(seqs[j][:step], prefix)) <= limit]
     acc = None
     by_token: dict[int, float] = {}
-    prefix = list(generated[:step])
-    for j, w in zip(ids, weights):
-        seq = seqs[j]
-        if len(seq) <= step or list(seq[:step]) != prefix:
-            continue
-        d = np.asarray(dir_fn(int(j), step), np.float64) * float(w)
+    for j, w in members:
+        d = np.asarray(dir_fn(j, step), np.float64) * w
         acc = d if acc is None else acc + d
-        tok = int(seq[step])
-        by_token[tok] = by_token.get(tok, 0.0) + float(w)
+        tok = int(seqs[j][step])
+        by_token[tok] = by_token.get(tok, 0.0) + w
     if acc is None:
         return None
     if not normalize:
