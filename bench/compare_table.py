@@ -26,16 +26,32 @@ import json
 import shutil
 from pathlib import Path
 
-BENCHES = ["banking77", "dsc", "xquad", "superni"]
+BENCHES = ["banking77", "dsc", "xquad", "superni", "banking77-replies"]
 METHODS = ["frozen", "miita-default", "label-vote", "example-mem", "knn-lm"]
 BUDGETS = ["1%", "5%", "20%"]
 
 
+def run_record(result: Path) -> dict:
+    """A job record made from one ``miita-edge bench --out`` folder's result.json."""
+    res = json.loads(result.read_text())
+    budget = res.get("budget_spec") or "none"
+    return {"job": f"{res['benchmark']}__{res['method']}__{budget.replace('%', 'pct')}",
+            "benchmark": res["benchmark"], "method": res["method"], "budget": budget, "rc": 0,
+            "command": res.get("command"), "op": res["op"], "bwt": res["bwt"], "fwt": res["fwt"],
+            "budget_bytes": res.get("budget_bytes"), "stream_bytes": res.get("stream_bytes"),
+            "memory_bytes": res.get("memory_bytes"), "wall_time_s": res.get("wall_time_s"),
+            "rows_used": res.get("rows_used"), "result": str(result)}
+
+
 def job_records(sweep: Path) -> list[dict]:
-    """A sweep's job records: ``done/*.json`` of a sweep folder, or an archive's ``*.job.json``
-    with ``result`` pointing at the archived result.json beside it."""
+    """A sweep's job records: ``done/*.json`` of a sweep folder, an archive's ``*.job.json``
+    with ``result`` pointing at the archived result.json beside it, or a folder of
+    ``miita-edge bench --out`` folders (each with its result.json), searched recursively."""
     if (sweep / "done").is_dir():
         return [json.loads(f.read_text()) for f in sorted((sweep / "done").glob("*.json"))]
+    if not any(sweep.glob("*.job.json")):
+        return [run_record(f) for f in sorted(sweep.rglob("result.json"))
+                if "state" not in f.parts and "baseline" not in f.parts]
     out = []
     for f in sorted(sweep.glob("*.job.json")):
         r = json.loads(f.read_text())
