@@ -103,8 +103,12 @@ def main() -> int:
         lines += [f"### {b}", "", f"{fr.get('n_train', '?')} training rows learned, {fr.get('n_test', '?')} test rows "
                   f"in the final row. Cells: OP [bootstrap 95% interval] / BWT / FWT (FWT against the frozen model).", "",
                   "| method | " + " | ".join(BUDGETS) + " | bytes stored at 1% / 5% / 20% |",
-                  "|---|" + "---|" * (len(BUDGETS) + 1),
-                  f"| frozen | {cell(fr)} (no memory) | | | 0 |"]
+                  "|---|" + "---|" * (len(BUDGETS) + 1)]
+        frozen = [(label, R[(b, "frozen", "none")]) for label, _, R in sweeps if (b, "frozen", "none") in R]
+        distinct = len({(r.get("op"), r.get("command", "").split("--model")[-1]) for _, r in frozen}) > 1
+        for label, r in (frozen if distinct and not args.latest else frozen[:1]):
+            name = f"frozen ({label})" if distinct and not args.latest else "frozen"
+            lines.append(f"| {name} | {cell(r)} (no memory) | | | 0 |")
         for m in METHODS[1:]:
             ran = [(label, R) for label, _, R in sweeps if any((b, m, bud) in R for bud in BUDGETS)]
             for label, R in ran[:1] if args.latest else ran:
