@@ -59,7 +59,7 @@ def test_page_correct_and_ask_again(tmp_path):
             newest = page.locator(".turn").first
             assert newest.locator(".answer-text").inner_text().strip() == "shipping desk"
             why = newest.locator(".why").inner_text()
-            assert "v2" in why and '" shipping desk"' in why
+            assert "v2" in why and '"shipping desk"' in why  # the stored answer as users read it
             # the adapt switch: the frozen model does not give the taught answer
             page.uncheck("#adapt")
             page.click("#ask")
