@@ -154,3 +154,14 @@ def add_target_argument(ap: argparse.ArgumentParser, targets: list[Target]) -> N
     ap.add_argument("--target", action="append", default=[], metavar="NAME=LIMIT",
                     help=f"override a target's limit (repeatable; an impossible one shows a MISSED line). "
                          f"Targets: {listing}")
+
+
+def parse_with_targets(ap: argparse.ArgumentParser, wanted: list[Target],
+                       argv: list[str] | None = None) -> tuple[argparse.Namespace, Targets]:
+    """A script's arguments with ``--target`` added, its targets with the overrides applied, and
+    the header printed: the three steps every benchmark takes before it measures."""
+    add_target_argument(ap, wanted)
+    args = ap.parse_args(argv)
+    targets = Targets.from_args(wanted, args.target, ap)
+    print_header(argv)
+    return args, targets

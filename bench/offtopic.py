@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _report import ROOT, Target, Targets, add_target_argument, print_header
+from _report import ROOT, Target, parse_with_targets
 
 OFFTOPIC = ROOT / "tests" / "data" / "offtopic.txt"
 DATA_DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
@@ -56,10 +56,7 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
     wanted = [Target("untouched", ">=", 95.0, "%", "off-topic prompts answered as the frozen model, worst run")]
-    add_target_argument(ap, wanted)
-    args = ap.parse_args()
-    targets = Targets.from_args(wanted, args.target, ap)
-    print_header()
+    args, targets = parse_with_targets(ap, wanted)
     import tempfile
 
     worst = 100.0

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _report import ROOT, Target, Targets, add_target_argument, print_header
+from _report import ROOT, Target, parse_with_targets
 
 
 def main() -> int:
@@ -30,10 +30,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--show", type=int, default=3, help="misses printed per version")
     wanted = [Target("gain", ">=", 0.0, " points", "Rouge-L under sampling, v6 minus v5")]
-    add_target_argument(ap, wanted)
-    args = ap.parse_args()
-    targets = Targets.from_args(wanted, args.target, ap)
-    print_header()
+    args, targets = parse_with_targets(ap, wanted)
 
     from miita_edge import Miita
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
