@@ -116,6 +116,16 @@ def main(argv=None) -> int:
                 time.sleep(1)
             raise TimeoutError(f"no answer to {text!r} within 300 s")
 
+        def type_into(button: str, field: str, text: str, shot: str, done: str) -> None:
+            """Click the last visible button labelled ``button`` under an answer, type ``text`` into
+            the field it opens, take ``shot``, and press ``done``."""
+            page.locator(f"button[aria-label='{button}']:visible").last.click()
+            time.sleep(1.5)
+            page.locator(field).last.fill(text)
+            page.screenshot(path=str(args.shots / shot))
+            page.locator(done).last.click()
+            time.sleep(2)
+
         v0 = version()
         if v0 != 0:
             print(f"memory {args.memory!r} is at version {v0}: the check needs a new, empty memory", file=sys.stderr)
@@ -124,12 +134,7 @@ def main(argv=None) -> int:
         first = send(QUESTION, 1)
         page.screenshot(path=str(args.shots / "01-first-answer.png"))
         check("a plain chat teaches nothing", version() == v0, f"answer {first!r}")
-        page.locator("button[aria-label='Edit']:visible").last.click()
-        time.sleep(1)
-        page.locator("textarea").last.fill(CORRECTION)
-        page.screenshot(path=str(args.shots / "02-editing.png"))
-        page.locator("button:has-text('Save')").first.click()
-        time.sleep(2)
+        type_into("Edit", "textarea", CORRECTION, "02-editing.png", "button:text-is('Save'):visible")
         check("saving an edit teaches nothing yet", version() == v0)
         send("thanks!", 2)
         page.screenshot(path=str(args.shots / "03-taught-on-next-message.png"))
@@ -142,12 +147,9 @@ def main(argv=None) -> int:
         page.screenshot(path=str(args.shots / "04-new-chat-corrected.png"))
         check("the same question is answered with the correction", again.startswith(CORRECTION), repr(again))
         check("asking teaches nothing", version() == v0 + 1)
-        page.locator("button[aria-label='Wrong answer']:visible").last.click()
-        time.sleep(2)
-        page.locator("input:visible, textarea:visible").last.fill(SECOND)
-        page.screenshot(path=str(args.shots / "05-wrong-answer-dialog.png"))
-        page.locator("button:has-text('Confirm'):visible").last.click()
-        time.sleep(6)
+        type_into("Wrong answer", "input:visible, textarea:visible", SECOND, "05-wrong-answer-dialog.png",
+                  "button:has-text('Confirm'):visible")
+        time.sleep(4)  # the Action's teach and its status line
         page.screenshot(path=str(args.shots / "06-taught-by-action.png"))
         check("the Wrong answer dialog teaches", version() == v0 + 2, f"version {version()}")
         browser.close()
