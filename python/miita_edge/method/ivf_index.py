@@ -1,8 +1,8 @@
 """An inverted file over packed 1-bit keys: the recall front of the default preset's vote for
 large memories.
 
-Why not the usearch graph that came first (``ann_index.AnnIndex``, still used for the paper
-preset's float rows): right after a prompt pass the caches are cold, and a graph walk is a chain
+Why not a usearch graph (``ann_index.AnnIndex``, the front of the paper preset's float rows):
+right after a prompt pass the caches are cold, and a graph walk is a chain
 of dependent reads through memory the prompt evicted, too slow at the breadth that keeps recall
 high. An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
 each one native call (docs/method.md §11 and docs/benchmarks.md). It needs no
@@ -39,7 +39,8 @@ __all__ = ["IvfIndex", "SCAN_ROWS", "list_count", "probe_count"]
 #: 1,000,000 clustered real-like rows (docs/method.md §11, docs/benchmarks.md)
 SCAN_ROWS = 8192
 #: candidates a probe proposes, by the rows indexed (the last threshold reached applies), and at
-#: least 16 per wanted row: what the graph proposed (ann_index.SEARCH), kept for the comparison
+#: least 16 per wanted row: as many as the graph front proposes (ann_index.SEARCH), so the two
+#: fronts hand the exact re-score the same number of candidates
 CANDIDATES = ((0, 256), (500_000, 512))
 #: centroids per distinct row: ~4 sqrt(n), a power of two (1,024 at 100,000 rows, 4,096 at 1,000,000)
 LISTS_PER_SQRT = 4
