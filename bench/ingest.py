@@ -10,7 +10,7 @@ One process, every row alternating in rounds (medians), the same rows for each:
 * ``default``: as shipped: the pass stops after the deepest key layer, one prompt per decode, and a
   pass continues the rows its prompt shares with the previous one (``runtime.key_prefix``; keys
   bitwise those of a whole pass);
-* ``batched keys``: ``Miita.batch_keys``, --seqs prompts per decode in one context (opt-in);
+* ``batched keys``: ``KeyOptions(batch=True)``, --seqs prompts per decode in one context (opt-in);
 * ``--contexts 2``: two one-thread contexts side by side, 32 prompts per decode (opt-in);
 * ``--fast-keys``: the same two contexts on the model's Q8_0 twin cut after the deepest key layer
   (opt-in; the twin is written to the user cache once per model).
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         ap.error(f"--data {args.data}: no such file")
     print_header(argv)
 
-    from miita_edge.miita import Miita
+    from miita_edge.miita import KeyOptions, Miita
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     train = rows_of(args.data, args.examples)
@@ -84,11 +84,9 @@ def main(argv=None) -> int:
 
     def setup(label: str) -> Miita:
         batched = label.startswith("batched")
+        keys = KeyOptions(batch=batched, contexts=2 if label == "--contexts 2" else 1, fast=label == "--fast-keys")
         m = Miita(engine=eng_b if batched else eng, memory=tempfile.mkdtemp(), template=args.template,
-                  preset=args.preset)
-        m.batch_keys = batched
-        m.key_contexts = 2 if label == "--contexts 2" else 1
-        m.fast_keys = label == "--fast-keys"
+                  preset=args.preset, keys=keys)
         c = m.engine.config
         c.keys_stop_early, c.clear_kv_data = label != "full depth", label == "full depth"
         c.key_prefix_cache = label != "default, whole passes"
@@ -103,7 +101,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         m.ingest(train[:4], budget="none", progress=False)
         restore(m)
-        print(f"   ({label}: first use, its contexts made{' and the twin found or written' if m.fast_keys else ''}, "
+        print(f"   ({label}: first use, its contexts made{' and the twin found or written' if m.keys.fast else ''}, "
               f"{time.perf_counter() - t0:.2f} s)", flush=True)
     rates: dict[str, list[float]] = {label: [] for label in rows}
     for _ in range(args.rounds):  # rounds alternate the rows, so drifts hit every row alike

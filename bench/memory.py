@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 
     from miita_edge.demo.run import demo_stream
     from miita_edge.runtime.engine import Engine, EngineConfig
-    from miita_edge.miita import Miita
+    from miita_edge.miita import KeyOptions, Miita
 
     train, test = demo_stream()
     train = train[: args.examples]
@@ -142,10 +142,9 @@ def main(argv=None) -> int:
 
     def setup(label, preset) -> Miita:
         batched = "batched keys" in label  # several prompts per llama_decode (off by default)
-        m = Miita(engine=eng8 if batched else eng, memory=tempfile.mkdtemp(), preset=preset, template="plain")
-        m.batch_keys = batched
-        m.key_contexts = 2 if "2 contexts" in label else 1
-        m.fast_keys = "fast keys" in label
+        keys = KeyOptions(batch=batched, contexts=2 if "2 contexts" in label else 1, fast="fast keys" in label)
+        m = Miita(engine=eng8 if batched else eng, memory=tempfile.mkdtemp(), preset=preset, template="plain",
+                  keys=keys)
         before = "full depth" in label  # the engine as it was: every layer, KV buffers zeroed per reset
         m.engine.config.keys_stop_early, m.engine.config.clear_kv_data = not before, before
         return m
@@ -156,7 +155,7 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             w.ingest(train[:4], budget="none", progress=False)
             w.engine.config.keys_stop_early, w.engine.config.clear_kv_data = True, False
-            twin = w.fast_key_engine() if w.fast_keys else None
+            twin = w.fast_key_engine() if w.keys.fast else None
             print(f"   ({label}: first use, its contexts made{', the twin found or written and loaded' if twin else ''}, "
                   f"{time.perf_counter() - t0:.2f} s{f'; twin {twin.info.path.name}, {twin.n_layer} layers' if twin else ''})")
     got: dict[str, list[float]] = {label: [] for label, _ in variants}

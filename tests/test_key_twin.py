@@ -140,7 +140,7 @@ def test_the_twin_of_the_bundled_model_holds_the_same_weights(twin_cache):
 
 @pytest.mark.model
 def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path):
-    """``Miita.fast_keys``: keys from the twin on two contexts, against one prompt per decode on
+    """``KeyOptions(fast=True)``: keys from the twin on two contexts, against one prompt per decode on
     the original model, in stored form (sign bits of the centred key): the batched keys' bound (at
     most 10% of the bits, nearer its own input than any other), the memory's fingerprint the
     original model's, and a memory built that way answers."""

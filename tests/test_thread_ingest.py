@@ -153,14 +153,14 @@ def test_only_one_prompt_per_decode_keeps_verbatim_inputs_exact_repeats(engine, 
     exact repeat (cosine 1 between sign vectors, method/relevance.py). A one-by-one key is bitwise
     the key the same prompt gets at ask time, so every verbatim training input is steered; a
     batched key is within rounding of it, enough to flip sign bits, so the repeat is not exact."""
-    from miita_edge.miita import Miita
+    from miita_edge.miita import KeyOptions, Miita
     from miita_edge.streams import Example
 
     rows = [Example(x, f"unique answer {i}", line=i + 1) for i, (x, _) in enumerate(ROWS[10:18])]
     steered = {}
     for contexts in (1, 2):
-        m = Miita(engine=engine, memory=tmp_path / f"c{contexts}", template="plain")
-        m.key_contexts = contexts
+        m = Miita(engine=engine, memory=tmp_path / f"c{contexts}", template="plain",
+                  keys=KeyOptions(contexts=contexts))
         m.ingest(rows, budget="none", progress=False)
         steered[contexts] = sum(m.ask(r.input, max_tokens=2).adapted for r in rows)
     assert steered[1] == len(rows)

@@ -165,30 +165,6 @@ class Miita:
     def budget_spec(self, text: str) -> None:
         self.budget = parse_budget(text)
 
-    @property
-    def batch_keys(self) -> bool:
-        return self.keys.batch
-
-    @batch_keys.setter
-    def batch_keys(self, on: bool) -> None:
-        self.keys = dataclasses.replace(self.keys, batch=bool(on))
-
-    @property
-    def key_contexts(self) -> int:
-        return self.keys.contexts
-
-    @key_contexts.setter
-    def key_contexts(self, n: int) -> None:
-        self.keys = dataclasses.replace(self.keys, contexts=int(n))
-
-    @property
-    def fast_keys(self) -> bool:
-        return self.keys.fast
-
-    @fast_keys.setter
-    def fast_keys(self, on: bool) -> None:
-        self.keys = dataclasses.replace(self.keys, fast=bool(on))
-
     # ---------------------------------------------------------------- counters
     @property
     def examples(self) -> int:
