@@ -373,7 +373,7 @@ def test_help_names_every_option_and_method(capsys):
     for opt in ("--benchmark", "--data", "--method", "--budget", "--stages", "--limit-per-stage",
                 "--limit-train-per-stage", "--out", "--json", "--max-tokens", "--max-prompt-tokens",
                 "--baseline-cache", "--no-baseline", "--threads", "--model", "--split", "--test-rows",
-                "--order-seed", "banking77-replies"):
+                "--order-seed", "--replies", "banking77-replies"):
         assert opt in text
     for name in ("frozen", "miita-default", "token-mem", "miita-paper", "miita-dense", "miita-ungated",
                  "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle",
@@ -576,7 +576,7 @@ def test_ask_ranks_by_the_oracle_direction(engine1, tmp_path):
 
 
 def test_protocol_options_reach_the_harness(tmp_path, monkeypatch, capsys):
-    """--split, --test-rows and --order-seed are passed to run_benchmark as they are given."""
+    """--split, --test-rows, --order-seed and --replies are passed to run_benchmark as they are given."""
     import miita_edge.cli as cli
 
     seen = {}
@@ -587,8 +587,8 @@ def test_protocol_options_reach_the_harness(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(cli, "run_benchmark", fake)
     rc = main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--split", "dev",
-               "--test-rows", "2-5", "--order-seed", "3", "--out", str(tmp_path / "o")])
+               "--test-rows", "2-5", "--order-seed", "3", "--replies", "own.json", "--out", str(tmp_path / "o")])
     assert rc == 2 and "stop here" in capsys.readouterr().err
-    assert (seen["split"], seen["rows"], seen["order_seed"]) == ("dev", "2-5", 3)
+    assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("dev", "2-5", 3, "own.json")
     main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--out", str(tmp_path)])
-    assert (seen["split"], seen["rows"], seen["order_seed"]) == ("test", None, 0)
+    assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("test", None, 0, None)

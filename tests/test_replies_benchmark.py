@@ -112,6 +112,30 @@ def test_bad_replies_file_and_rows_without_label_are_refused(tmp_path):
         load_benchmark(SPEC, d, stages="1")
 
 
+def test_own_replies_for_other_intents(tmp_path):
+    """A canned-reply set of the user's own: other intents (their own data directory in Banking77's
+    layout) and other replies (``replies=``), read instead of the package's file."""
+    d = tmp_path / "data"
+    d.mkdir()
+    meta = {"benchmark": "banking77", "stage_order": ["s1", "s2"], "labels_per_stage": {"s1": ["pin"], "s2": ["fee"]}}
+    (d / "meta.json").write_text(json.dumps(meta), "utf-8")
+    rows = lambda n, off=0: "".join(json.dumps({"task": t, "input": f"{t} q{i + off}", "output": lab, "label": lab}) + "\n"  # noqa: E731
+                                    for t, lab in (("s1", "pin"), ("s2", "fee")) for i in range(n))
+    (d / "train.jsonl").write_text(rows(12), "utf-8")
+    (d / "test.jsonl").write_text(rows(2, 100), "utf-8")
+    own = {"pin": "Change your PIN at any cash machine under PIN services.", "fee": "There is no fee for that."}
+    f = tmp_path / "own.json"
+    f.write_text(json.dumps(own), "utf-8")
+    _, stages = load_benchmark(SPEC, d, replies=f)
+    for s, lab in zip(stages, ("pin", "fee")):
+        assert s.train and {e.output for e in s.train} == {own[lab]}
+        assert [it.golds for it in s.test] == [[own[lab]]] * 2
+    with pytest.raises(InputError, match="labels_per_stage"):  # the package's replies name other labels
+        load_benchmark(SPEC, d)
+    with pytest.raises(InputError, match="takes no replies file"):
+        load_benchmark(get_benchmark("banking77"), BANKING, stages="1", limit_test=1, replies=f)
+
+
 # --------------------------------------------------------------------------- metrics
 def test_reply_metrics_against_hand_computed_values():
     gold = "Cards usually arrive within five working days."

@@ -140,10 +140,11 @@ def _read_rows(path: Path, spec: BenchSpec, order: list[str]) -> dict[str, list[
     return by_stage
 
 
-def load_replies(spec: BenchSpec, meta: dict) -> dict[str, str]:
-    """The package's reply file of ``spec``: one non-empty reply per label of meta.json's
-    ``labels_per_stage``, each label exactly once, no reply for a label the data lacks."""
-    path = Path(__file__).with_name("data") / str(spec.replies)
+def load_replies(spec: BenchSpec, meta: dict, path: str | os.PathLike | None = None) -> dict[str, str]:
+    """The reply file of ``spec`` (the package's, or ``path``: a user's own replies for the same
+    labels): one non-empty reply per label of meta.json's ``labels_per_stage``, each label exactly
+    once, no reply for a label the data lacks."""
+    path = Path(path).expanduser() if path is not None else Path(__file__).with_name("data") / str(spec.replies)
     try:
         replies = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError) as exc:
@@ -195,7 +196,7 @@ def split_train_dev(name: str, rows: list[TestItem]) -> tuple[list[TestItem], li
 
 def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, limit_test: int | None = None,
                    limit_train: int | None = None, *, split: str = "test", rows: str | None = None,
-                   order_seed: int = 0) -> tuple[dict, list[Stage]]:
+                   order_seed: int = 0, replies: str | os.PathLike | None = None) -> tuple[dict, list[Stage]]:
     """(meta.json, selected stages in learning order with their train and evaluated rows), validated.
 
     ``split``: the evaluated rows are the stage's test rows, or its dev rows (``splits`` rule);
@@ -204,7 +205,8 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
     rows left after the dev rows. ``order_seed`` permutes the stages and the training rows within
     each (``splits.order_permutation``; 0 = the given order). A benchmark with ``replies`` takes
     its dev rows from the rows as stored (the same rows as its source benchmark's), then replaces
-    every row's output and gold by its label's reply. One-line errors.
+    every row's output and gold by its label's reply, from the package's file or from ``replies``
+    (a JSON file of the same shape; refused for a benchmark without replies). One-line errors.
     """
     d = Path(data_dir).expanduser()
     meta = read_meta(spec, d)
@@ -222,7 +224,9 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
     train = _read_rows(d / "train.jsonl", spec, order)
     test_path = d / "test.jsonl"
     test = _read_rows(test_path, spec, order) if split == "test" else None
-    replies = load_replies(spec, meta) if spec.replies is not None else None
+    if replies is not None and spec.replies is None:
+        raise InputError(f"{replies}: benchmark {spec.name} takes no replies file (one with canned replies does)")
+    replies = load_replies(spec, meta, replies) if spec.replies is not None else None
     out = []
     for i in chosen:
         name = order[i]

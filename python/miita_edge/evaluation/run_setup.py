@@ -125,7 +125,7 @@ def _config(spec, method, budget, budget_bytes, stages, data_hashes, max_tokens,
 
 def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, stages, limit_per_stage,
                 limit_train_per_stage, max_tokens, engine, max_prompt_tokens, baseline, model, cells,
-                split: str = "test", rows: str | None = None, order_seed: int = 0) -> RunSetup:
+                split: str = "test", rows: str | None = None, order_seed: int = 0, replies=None) -> RunSetup:
     """Check every argument (one-line errors), read the rows and resolve the budget to bytes."""
     spec = get_benchmark(benchmark)
     info = get_method(method)
@@ -146,7 +146,7 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
     elif limit_train_per_stage == 0:  # explicitly: every training row
         limit_train_per_stage = None
     meta, stages_ = load_benchmark(spec, data_dir, stages, limit_per_stage, limit_train_per_stage, split=split,
-                                   rows=rows, order_seed=order_seed)
+                                   rows=rows, order_seed=order_seed, replies=replies)
     learned_stream = stream_bytes(ex for s in stages_ for ex in s.train)
     budget_bytes = None if b.unlimited else b.resolve(learned_stream)
     if budget_bytes == 0:
@@ -158,6 +158,8 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
                     "test": sha([[it.example.input, it.golds, it.lang] for it in s.test])} for s in stages_]
     config = _config(spec, method, budget, budget_bytes, stages_, data_hashes, max_tokens, max_prompt_tokens,
                      model_id, cells, split, rows, order_seed)
+    if replies is not None:  # only then: configurations of runs on the package's replies keep their hash
+        config["replies_file"] = str(Path(replies).expanduser())
     return RunSetup(spec, method, info, baseline, base_info, probe.learns, probe.stores, budget, budget_bytes,
                     learned_stream, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
                     sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage))

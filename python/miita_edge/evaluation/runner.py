@@ -60,7 +60,7 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                   baseline_dir: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
                   threads: int = 0, command: str | None = None, cells: str = "all",
                   extract_cache_dir: str | os.PathLike | None = None, split: str = "test",
-                  rows: str | None = None, order_seed: int = 0) -> dict:
+                  rows: str | None = None, order_seed: int = 0, replies: str | os.PathLike | None = None) -> dict:
     """Run (or resume) one method on one benchmark; returns the result dict (also written to
     ``out_dir/result.json``, ``result.md`` and ``heatmap.png``).
 
@@ -85,7 +85,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     setup = prepare_run(benchmark, data_dir, method, out_dir, budget=budget, stages=stages,
                         limit_per_stage=limit_per_stage, limit_train_per_stage=limit_train_per_stage,
                         max_tokens=max_tokens, engine=engine, max_prompt_tokens=max_prompt_tokens, baseline=baseline,
-                        model=model, cells=cells, split=split, rows=rows, order_seed=order_seed)
+                        model=model, cells=cells, split=split, rows=rows, order_seed=order_seed,
+                        replies=replies)
     claim_out_dir(setup)
     out = setup.out
     work = out / "work"
@@ -160,7 +161,7 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "limit_per_stage": limit_test, "limit_train_per_stage": limit_train,
         "split": setup.config["split"], "dev_rule": setup.config["dev_rule"],
         "row_window": setup.config["row_window"], "rows_used": {s.name: s.rows for s in setup.stages},
-        "order_seed": setup.config["order_seed"],
+        "order_seed": setup.config["order_seed"], "replies_file": setup.config.get("replies_file"),
         "matrix": A, "op": A.op(), "bwt": A.bwt(),
         "fwt": None if base_scores is None else A.fwt(base_scores),
         "baseline": base_scores, "baseline_method": setup.baseline,

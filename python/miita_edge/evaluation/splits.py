@@ -110,18 +110,21 @@ def shuffle_rows(seed: int, stage: str, items: list[T]) -> list[T]:
 
 # ---------------------------------------------------------------------------- command lines
 def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
-    """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``)."""
+    """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``,
+    ``replies``)."""
     p.add_argument("--split", choices=SPLITS, default="test",
                    help="score the test rows (default) or the dev rows (held-out training rows, for tuning)")
     p.add_argument("--test-rows", metavar="A-B", help="score rows A..B of each stage's evaluated rows (1-based, "
                    "inclusive; A- runs to the end) instead of the first --limit-per-stage")
     p.add_argument("--order-seed", type=int, default=0, help="stream order: 0 = the given order (default); k > 0 "
                    "permutes the stages and the training rows within each stage with seed k")
+    p.add_argument("--replies", metavar="FILE", help="canned-reply benchmarks: a JSON object mapping every label "
+                   "of the data's meta.json to one reply, used instead of the package's replies")
 
 
 def protocol_kwargs(args: argparse.Namespace) -> dict:
     """``run_benchmark`` keyword arguments of :func:`add_protocol_arguments`' options."""
-    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed}
+    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed, "replies": args.replies}
 
 
 # ---------------------------------------------------------------------------- tuning guard
