@@ -77,16 +77,30 @@ ORDER_METHODS = ["frozen", "frozen-labels", "miita-default", "miita-paper", "lab
                  "semantic-mem", "summary-mem"]
 
 
-def load_order_runs(sweep: Path) -> dict[tuple, list[dict]]:
-    """(model, benchmark, method, budget) -> the finished result.json of each seed, by seed."""
+def load_order_runs(sweeps: Path | list[Path]) -> dict[tuple, list[dict]]:
+    """(model, benchmark, method, budget) -> the finished result.json of each seed. A folder is a
+    ``bench/sweep.py`` output (its ``done/`` records; the model as the plan names it) or any tree
+    of ``miita-edge bench --out`` folders (every ``result.json`` under it; the model by its file
+    name), and several folders add up; two runs of one cell with the same seed are refused."""
     out: dict[tuple, list[dict]] = {}
-    for f in sorted((sweep / "done").glob("*.json")):
-        r = json.loads(f.read_text())
-        if r.get("rc") != 0 or not r.get("result"):
-            continue
-        keys = r.get("plan_keys") or {}
-        res = json.loads(Path(r["result"]).read_text())
-        out.setdefault((keys.get("model", "bundled"), r["benchmark"], r["method"], r["budget"]), []).append(res)
+    for sweep in [sweeps] if isinstance(sweeps, Path) else sweeps:
+        if (sweep / "done").is_dir():
+            for f in sorted((sweep / "done").glob("*.json")):
+                r = json.loads(f.read_text())
+                if r.get("rc") != 0 or not r.get("result"):
+                    continue
+                keys = r.get("plan_keys") or {}
+                res = json.loads(Path(r["result"]).read_text())
+                out.setdefault((keys.get("model", "bundled"), r["benchmark"], r["method"], r["budget"]), []).append(res)
+        else:
+            for f in sorted(sweep.rglob("result.json")):
+                res = json.loads(f.read_text())
+                model = str(res.get("model") or "no model").removesuffix(".gguf")
+                out.setdefault((model, res["benchmark"], res["method"], res.get("budget_spec") or "none"), []).append(res)
+    for key, results in out.items():
+        seeds = [r.get("order_seed", 0) for r in results]
+        if len(set(seeds)) != len(seeds):
+            raise SystemExit(f"{' '.join(key)}: two runs with the same stream order ({sorted(seeds)})")
     return out
 
 
@@ -94,7 +108,7 @@ def _ci(a: dict | None) -> str:
     return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
 
 
-def order_tables(sweep: Path) -> list[str]:
+def order_tables(sweep: Path | list[Path]) -> list[str]:
     """The reporting tables: means over stream orders with bootstrap intervals."""
     from miita_edge.evaluation.aggregate import aggregate, runs_from_results, with_baseline
 
@@ -132,16 +146,23 @@ def order_tables(sweep: Path) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sweep", type=Path, default=Path("bench-results/sweep"))
+    ap.add_argument("--sweep", type=Path, action="append", default=None,
+                    help="the sweep folder (default bench-results/sweep); with --orders it may be given several times, "
+                         "and may be a tree of miita-edge bench --out folders")
     ap.add_argument("--orders", action="store_true", help="tables over stream orders (a reporting sweep)")
     ap.add_argument("--heatmaps", type=Path)
     ap.add_argument("--archive", type=Path,
                     help="copy each finished job's result.json and the sweep's record of every job (done/*.json, "
                          "failures included) into this folder, so the numbers survive the machine")
     args = ap.parse_args()
+    if args.sweep is None:
+        args.sweep = [Path("bench-results/sweep")]
     if args.orders:
         print("\n".join(order_tables(args.sweep)))
         return 0
+    if len(args.sweep) > 1:
+        ap.error("--sweep is given once without --orders")
+    args.sweep = args.sweep[0]
     R = load(args.sweep)
     lines: list[str] = []
     if args.archive and any(is_new(r, args.archive) for r in R.values()):

@@ -2,6 +2,8 @@
 against a brute-force numpy recomputation with explicit loops and against ``CLMatrix``."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,27 @@ def test_fwt_against_another_baseline_uses_its_final_row():
     (run,) = with_baseline(runs_from_results([res]), labels)
     assert run_metrics(run)["fwt"] == pytest.approx(0.0)  # next[b] = 1 against b's told-labels score 1
     assert run_metrics(runs_from_results([res])[0])["fwt"] == pytest.approx(100.0)
+
+
+def test_order_tables_read_bench_out_trees_and_refuse_a_repeated_seed(tmp_path):
+    """bench/results_table.py --orders over plain ``miita-edge bench --out`` folders: runs of one
+    cell from several folders add up by seed; the same seed twice is refused."""
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+
+    def put(folder, seed):
+        d = tmp_path / folder / f"run-{seed}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"model": "m.gguf", "benchmark": "dsc", "method": "miita-default",
+                                                   "budget_spec": "5%", "order_seed": seed}))
+
+    put("a", 0)
+    put("b", 1)
+    put("b", 2)
+    runs = rt.load_order_runs([tmp_path / "a", tmp_path / "b"])
+    assert list(runs) == [("m", "dsc", "miita-default", "5%")]
+    assert sorted(r["order_seed"] for r in runs[("m", "dsc", "miita-default", "5%")]) == [0, 1, 2]
+    put("c", 1)
+    with pytest.raises(SystemExit, match="same stream order"):
+        rt.load_order_runs([tmp_path / "a", tmp_path / "b", tmp_path / "c"])
