@@ -181,3 +181,23 @@ def test_small_run_reports_the_three_metrics(engine1, tmp_path):
     assert extra["token_prefix"]["matrix"] == [[extra["token_prefix"]["op"]]]
     assert len(extra["rougeL"]["baseline"]) == 1 and 0.0 <= extra["rougeL"]["baseline"][0] <= 100.0
     assert "token_prefix (same predictions, 0..100): OP" in (out / "result.md").read_text("utf-8")
+
+
+def test_replies_subset_draws_intents_and_asks_only_unread_rows(tmp_path):
+    """bench/replies_subset.py: N intents by seed, the first taught rows of each, and every test
+    row of those intents outside its stage's first rows, read back through the real loader."""
+    from test_split_guard import load_bench
+
+    rs = load_bench("replies_subset")
+    assert rs.main(["--data", str(BANKING), "--intents", "4", "--seed", "2", "--taught", "5", "--skip-test", "100",
+                    "--out", str(tmp_path)]) == 0
+    own = json.loads((tmp_path / "replies.json").read_text("utf-8"))
+    assert len(own) == 4 and all(own[k] == _replies()[k] for k in own)
+    asked = {r["input"] for r in map(json.loads, (tmp_path / "test.jsonl").read_text("utf-8").splitlines())}
+    want = set()
+    for stage in json.loads((BANKING / "meta.json").read_text("utf-8"))["stage_order"]:
+        want |= {r["input"] for r in _rows("test", stage)[100:] if r["label"] in own}
+    assert asked == want
+    _, (st,) = load_benchmark(SPEC, tmp_path, replies=tmp_path / "replies.json")
+    assert {e.output for e in st.train} <= set(own.values()) and len(st.train) <= 20
+    assert {it.example.input for it in st.test} == want
