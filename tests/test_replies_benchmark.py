@@ -190,7 +190,7 @@ def test_replies_subset_draws_intents_and_asks_only_unread_rows(tmp_path):
 
     rs = load_bench("replies_subset")
     assert rs.main(["--data", str(BANKING), "--intents", "4", "--seed", "2", "--taught", "5", "--skip-test", "100",
-                    "--out", str(tmp_path)]) == 0
+                    "--stages", "2", "--out", str(tmp_path)]) == 0
     own = json.loads((tmp_path / "replies.json").read_text("utf-8"))
     assert len(own) == 4 and all(own[k] == _replies()[k] for k in own)
     asked = {r["input"] for r in map(json.loads, (tmp_path / "test.jsonl").read_text("utf-8").splitlines())}
@@ -198,6 +198,8 @@ def test_replies_subset_draws_intents_and_asks_only_unread_rows(tmp_path):
     for stage in json.loads((BANKING / "meta.json").read_text("utf-8"))["stage_order"]:
         want |= {r["input"] for r in _rows("test", stage)[100:] if r["label"] in own}
     assert asked == want
-    _, (st,) = load_benchmark(SPEC, tmp_path, replies=tmp_path / "replies.json")
-    assert {e.output for e in st.train} <= set(own.values()) and len(st.train) <= 20
-    assert {it.example.input for it in st.test} == want
+    _, stages = load_benchmark(SPEC, tmp_path, replies=tmp_path / "replies.json")
+    assert [s.name for s in stages] == ["s1", "s2"]
+    assert {e.output for s in stages for e in s.train} == set(own.values())
+    assert sum(len(s.train) for s in stages) <= 20
+    assert {it.example.input for s in stages for it in s.test} == want
