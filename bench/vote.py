@@ -14,8 +14,9 @@ learning pass, not one per point.
     python bench/vote.py --data ../shared/data --model PATH --out bench-results/vote-gemma
 
 **Selection rule (fixed before the first run):** the (k, T) with the highest mean OP over every
-(model, benchmark, budget) cell the runs cover; the shipped (8, 0.02) stays unless another point
-beats it by more than ``--margin`` points (default 0.5) of that mean. Ties go to the shipped point.
+(model, benchmark, budget) cell the runs cover; the shipped point (the default preset's: (8, 0.02)
+when the rule was first applied) stays unless another point beats it by more than ``--margin``
+points (default 0.5) of that mean. Ties go to the shipped point.
 ``--split test`` is refused without ``--report-on-test``: this script chooses settings.
 """
 from __future__ import annotations
@@ -32,7 +33,14 @@ from keys import guard  # noqa: E402
 
 KS = (4, 8, 12, 16)
 TS = (0.01, 0.02, 0.04, 0.08)
-SHIPPED = (8, 0.02)
+
+
+def shipped() -> tuple[int, float]:
+    """The default preset's (k, T), which the harness answers with and the rule defaults to."""
+    from miita_edge.method.presets import default_preset
+
+    p = default_preset()
+    return p.k_anchors, p.retrieval.T_agg
 
 
 def grid_method(ks=KS, ts=TS):
@@ -116,21 +124,22 @@ def run_one(args, bench: str, budget: str) -> dict:
     if "m" not in holder:
         raise SystemExit(f"{out}: finished cells were loaded, not computed; remove the folder to vote again")
     grid = grid_scores(spec, stages, holder["m"].votes)
-    shipped = grid[f"{SHIPPED[0]},{SHIPPED[1]}"]
-    if abs(shipped["op"] - res["op"]) > 1e-9:  # the recorded votes are the ones the harness scored
-        raise SystemExit(f"{bench} {budget}: the grid's shipped point ({shipped['op']:.2f}) is not the harness's "
+    k0, t0 = shipped()
+    ship = grid[f"{k0},{t0}"]
+    if abs(ship["op"] - res["op"]) > 1e-9:  # the recorded votes are the ones the harness scored
+        raise SystemExit(f"{bench} {budget}: the grid's shipped point ({ship['op']:.2f}) is not the harness's "
                          f"OP ({res['op']:.2f})")
     return {"benchmark": bench, "budget": budget, "split": args.split, "model": res["model"],
             "rows": sum(len(s.test) for s in stages), "grid": grid}
 
 
-def choose(rows: list[dict], margin: float) -> tuple[str, dict]:
+def choose(rows: list[dict], margin: float, ship: tuple[int, float]) -> tuple[str, dict]:
     """The selection rule of the module docstring: (chosen point, mean OP of every point)."""
     pts = rows[0]["grid"].keys()
     mean = {p: float(np.mean([r["grid"][p]["op"] for r in rows])) for p in pts}
     best = max(mean, key=lambda p: mean[p])
-    ship = f"{SHIPPED[0]},{SHIPPED[1]}"
-    return (best if mean[best] > mean[ship] + margin else ship), mean
+    s = f"{ship[0]},{ship[1]}"
+    return (best if mean[best] > mean[s] + margin else s), mean
 
 
 def main(argv=None) -> int:
@@ -143,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--extract-cache", type=Path, default=None, help="the harness's extract cache (speeds learning)")
     ap.add_argument("--out", type=Path, default=Path("bench-results/vote"))
     ap.add_argument("--margin", type=float, default=0.5)
+    ap.add_argument("--shipped", default=None, metavar="K,T",
+                    help="the point the rule defaults to (default: the default preset's)")
     ap.add_argument("--choose", nargs="*", type=Path, default=None,
                     help="no runs: apply the selection rule to these grid.jsonl files (several models)")
     from miita_edge.evaluation.splits import add_split_arguments
@@ -164,9 +175,10 @@ def main(argv=None) -> int:
                 g = r["grid"]
                 print(f"{b} {budget} ({r['rows']} {r['split']} rows): "
                       + "  ".join(f"k{v['k']} T{v['T']}: {v['op']:.1f}" for v in g.values()), flush=True)
-    chosen, mean = choose(rows, args.margin)
+    ship = shipped() if args.shipped is None else (int(args.shipped.split(",")[0]), float(args.shipped.split(",")[1]))
+    chosen, mean = choose(rows, args.margin, ship)
     print("mean OP over", len(rows), "cells:", "  ".join(f"({p}) {v:.2f}" for p, v in sorted(mean.items())))
-    print(f"chosen (k, T) = ({chosen}); shipped ({SHIPPED[0]},{SHIPPED[1]})")
+    print(f"chosen (k, T) = ({chosen}); shipped ({ship[0]},{ship[1]})")
     return 0
 
 

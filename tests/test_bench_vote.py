@@ -35,6 +35,6 @@ def test_grid_scores_match_a_plain_recount():
 def test_selection_keeps_the_shipped_point_inside_the_margin():
     vote = load_bench("vote")
     row = lambda a, b: {"grid": {"8,0.02": {"op": a}, "12,0.04": {"op": b}}}  # noqa: E731
-    assert vote.choose([row(70, 70.4), row(80, 80.4)], 0.5)[0] == "8,0.02"
-    assert vote.choose([row(70, 71), row(80, 80.2)], 0.5)[0] == "12,0.04"
-    assert vote.choose([row(70, 69), row(80, 79)], 0.5)[0] == "8,0.02"
+    assert vote.choose([row(70, 70.4), row(80, 80.4)], 0.5, (8, 0.02))[0] == "8,0.02"
+    assert vote.choose([row(70, 71), row(80, 80.2)], 0.5, (8, 0.02))[0] == "12,0.04"
+    assert vote.choose([row(70, 69), row(80, 79)], 0.5, (8, 0.02))[0] == "8,0.02"
