@@ -144,6 +144,65 @@ def order_tables(sweep: Path | list[Path]) -> list[str]:
     return lines
 
 
+MODEL_NAMES = {"gemma-3-270m-q4_k_m": "Gemma-3-270M", "SmolLM2-135M-Instruct.Q4_1": "SmolLM2-135M-Instruct"}
+
+
+def _name(model: str) -> str:
+    return MODEL_NAMES.get(model, model)
+
+
+def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
+    """The README's results paragraph, every number from the same runs as the order tables:
+    per benchmark and model the default's OP at each budget (mean over orders), the frozen model
+    and the strongest outside baseline run, the worst and the best BWT of the default, and what
+    the runs were (``about``: preset, date, machine, rows; from the archive's sweep.json)."""
+    from miita_edge.evaluation.aggregate import aggregate, runs_from_results
+
+    R = load_order_runs(sweep)
+    agg = {k: aggregate(runs_from_results(v)) for k, v in R.items()}
+    models = sorted({k[0] for k in R}, key=str.lower)
+    parts, bwts, ns = [], [], set()
+    for b in BENCHES:
+        per_model = []
+        for m in models:
+            d = [agg.get((m, b, "miita-default", bud)) for bud in BUDGETS]
+            if not all(d):
+                continue
+            ns |= {a["n_runs"] for a in d}
+            bwts += [(a["bwt"]["mean"], f"{_name(m)}, {b}", bud) for a, bud in zip(d, BUDGETS)]
+            fr = agg.get((m, b, "frozen", "none"))
+            outside = [(a["op"]["mean"], meth, bud) for (mm, bb, meth, bud), a in agg.items()
+                       if mm == m and bb == b and meth not in ("frozen", "frozen-labels", "miita-default")]
+            best = max(outside) if outside else None
+            ops = " / ".join(f"{a['op']['mean']:.1f}" for a in d)
+            per_model.append(f"{_name(m)} {ops}"
+                             + (f" (frozen {fr['op']['mean']:.1f}" if fr else " (")
+                             + (f"; `{best[1]}` {best[0]:.1f} at {best[2]})" if best else ")"))
+        if per_model:
+            parts.append(f"{b}: " + ", ".join(per_model))
+    if not parts:
+        raise SystemExit("no default-preset runs at every budget in the sweep")
+    worst, best = min(bwts), max(bwts)
+    n = "–".join(str(x) for x in sorted(ns)) if len(ns) > 1 else str(next(iter(ns)))
+    return (f"Today's tables (docs/RESULTS.md: the default preset {about['preset']}, run {about['date']} on "
+            f"{about['machine']}; {about['rows']}; {n} stream orders, means over orders; models "
+            f"{' and '.join(_name(m) for m in models)}): OP at {' / '.join(BUDGETS)} budget, "
+            + "; ".join(parts)
+            + f". BWT of the default runs from {worst[0]:.1f} ({worst[1]}, {worst[2]}) to {best[0]:.1f} "
+              f"({best[1]}, {best[2]}). Not in these runs: {about['not_run']}.")
+
+
+def fill(path: Path, marker: str, text: str) -> None:
+    """Replace the block between ``<!-- MARKER -->`` and ``<!-- /MARKER -->`` in ``path``."""
+    import re
+
+    s = path.read_text("utf-8")
+    pat = re.compile(rf"<!-- {marker} -->.*?<!-- /{marker} -->", re.S)
+    if not pat.search(s):
+        raise SystemExit(f"{path}: no <!-- {marker} --> ... <!-- /{marker} --> block")
+    path.write_text(pat.sub(lambda _: f"<!-- {marker} -->\n{text}\n<!-- /{marker} -->", s), "utf-8")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", type=Path, action="append", default=None,
@@ -151,6 +210,10 @@ def main() -> int:
                          "and may be a tree of miita-edge bench --out folders")
     ap.add_argument("--orders", action="store_true", help="tables over stream orders (a reporting sweep)")
     ap.add_argument("--heatmaps", type=Path)
+    ap.add_argument("--fill", action="store_true",
+                    help="with --orders: write the tables into docs/RESULTS.md (<!-- ORDER-TABLES --> block) and "
+                         "the summary paragraph into README.md (<!-- RESULTS-SUMMARY -->), from the first sweep "
+                         "folder's sweep.json (preset, date, machine, rows, what was not run)")
     ap.add_argument("--archive", type=Path,
                     help="copy each finished job's result.json and the sweep's record of every job (done/*.json, "
                          "failures included) into this folder, so the numbers survive the machine")
@@ -158,7 +221,13 @@ def main() -> int:
     if args.sweep is None:
         args.sweep = [Path("bench-results/sweep")]
     if args.orders:
-        print("\n".join(order_tables(args.sweep)))
+        tables = "\n".join(order_tables(args.sweep)).strip()
+        if args.fill:
+            about = json.loads((args.sweep[0] / "sweep.json").read_text("utf-8"))
+            root = Path(__file__).resolve().parent.parent
+            fill(root / "docs" / "RESULTS.md", "ORDER-TABLES", tables)
+            fill(root / "README.md", "RESULTS-SUMMARY", summary_paragraph(args.sweep, about))
+        print(tables)
         return 0
     if len(args.sweep) > 1:
         ap.error("--sweep is given once without --orders")
