@@ -146,3 +146,25 @@ def test_order_tables_read_bench_out_trees_and_refuse_a_repeated_seed(tmp_path):
     put("c", 1)
     with pytest.raises(SystemExit, match="same stream order"):
         rt.load_order_runs([tmp_path / "a", tmp_path / "b", tmp_path / "c"])
+
+
+def test_readme_paragraph_numbers_come_from_the_runs_it_reads():
+    """bench/results_table.py's README paragraph over archived runs: every OP it states is the mean
+    of the runs' own OP, and its worst and best BWT are the extremes of the default's cells."""
+    from pathlib import Path
+
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+    root = Path(__file__).resolve().parent.parent / "docs" / "results" / "v5"
+    sweeps = [root / "gemma" / "banking77", root / "smollm2" / "banking77"]
+    about = {"preset": "vX", "date": "D", "machine": "M", "rows": "R", "not_run": "N"}
+    text = rt.summary_paragraph(sweeps, about)
+    runs = rt.load_order_runs(sweeps)
+    defaults = {k: v for k, v in runs.items() if k[2] == "miita-default"}
+    assert len(defaults) == 6
+    for (model, _, _, budget), (res,) in defaults.items():
+        assert f"{res['op']:.1f}" in text
+    bwts = [res["bwt"] for (res,) in defaults.values()]
+    assert f"from {min(bwts):.1f} (" in text and f"to {max(bwts):.1f} (" in text
+    assert "Gemma-3-270M" in text and "SmolLM2-135M-Instruct" in text and "run D on M" in text
