@@ -135,7 +135,8 @@ def test_default_preset_selection_equals_the_exact_path_above_the_threshold(monk
     for q in queries(C, 60, 0.6, 6):
         a, b = plan(index, bank, q), plan(exact, bank, q)
         s = np.where(np.unpackbits(exact.packed, axis=1) > 0, 1.0, -1.0) @ q
-        if np.isin(ref_top(s, 8), index.ann.ready().propose(q, 8)).all():
+        k = default_preset().k_anchors
+        if np.isin(ref_top(s, k), index.ann.ready().propose(q, k)).all():
             contained += 1
             for x, y in zip(a, b):
                 assert np.array_equal(x, y)  # bitwise: same ids, scores and weights
@@ -154,7 +155,8 @@ def test_below_the_threshold_the_exact_scan_is_untouched(monkeypatch):
 
     for q in queries(C, 5, 0.6, 7):
         u = bank.prepare_query(q)  # the query as retrieval reads it (tests/test_native_types.py checks it)
-        ref = knn_prototypes(q, None, index.owner, 8, default_preset().retrieval.T_agg, unit_anchors=True,
+        p = default_preset()
+        ref = knn_prototypes(q, None, index.owner, p.k_anchors, p.retrieval.T_agg, unit_anchors=True,
                              scores=_native.bit_scores(index.packed, u) / np.sqrt(H))
         for x, y in zip(plan(index, bank, q), (ref[0], ref[2], ref[1])):  # plan: ids, scores, weights
             assert np.array_equal(x, y)
