@@ -2,7 +2,7 @@
 large memories.
 
 Why not a usearch graph (``ann_index.AnnIndex``, the front of the paper preset's float rows):
-right after a prompt pass the caches are cold, and a graph walk is a chain
+right after a prompt is decoded the caches are cold, and a graph walk is a chain
 of dependent reads through memory the prompt evicted, too slow at the breadth that keeps recall
 high. An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
 each one native call (docs/method.md §11 and docs/benchmarks.md). It needs no
@@ -112,7 +112,7 @@ class IvfIndex:
         One native call (``ext.ivf_search``); the lists hold the same bytes as ``rows``, so
         ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
         ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
-        workers are still spinning from the prompt pass and take the work at once; with a single
+        workers are still spinning from the prompt decode and take the work at once; with a single
         llama.cpp thread a second one would have to be woken, which costs more than it saves
         (docs/benchmarks.md)."""
         if self._search is None:
