@@ -59,18 +59,15 @@ def grid_method(ks=KS, ts=TS):
             self.learned += 1
 
         def predict(self, examples):
-            from miita_edge.method.extract import prompt_tokens
             from miita_edge.method.steering import vote
 
             m = self.m
-            eng = m._use_keys()
-            labels = [eng.detokenize(t).strip() for t in m.bank.answer_tokens()]
+            labels = self.labels()
             pr = m.preset
             k0, t0 = pr.k_anchors, pr.retrieval.T_agg
             out = []
             for ex in examples:
-                st = eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
-                               skip_bos_in_key=pr.skip_bos)
+                st = self.query_state(ex)
                 try:
                     for (k, t), rec in self.votes.items():
                         pr.k_anchors, pr.retrieval.T_agg = k, t

@@ -270,17 +270,26 @@ class LabelVote(MiitaMethod):
     def __init__(self):
         super().__init__("default")
 
-    def predict(self, examples):
+    def labels(self) -> list[str]:
+        """Each stored prototype's answer as text, the vote's candidates."""
+        eng = self.m._use_keys()
+        return [eng.detokenize(t).strip() for t in self.m.bank.answer_tokens()]
+
+    def query_state(self, ex):
+        """The query's prompt pass (its key), as ``Miita.ask`` would take it."""
         from ..method.extract import prompt_tokens
-        from ..method.steering import vote
 
         m = self.m
         eng = m._use_keys()
-        labels = [eng.detokenize(t).strip() for t in m.bank.answer_tokens()]
+        return eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
+                         skip_bos_in_key=m.preset.skip_bos)
+
+    def predict(self, examples):
+        from ..method.steering import vote
+
+        labels = self.labels()
         out = []
         for ex in examples:
-            st = eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
-                           skip_bos_in_key=m.preset.skip_bos)
-            qp = m.plan(st)  # the preset's own retrieval: anchors (and centroids), relevance gate
+            qp = self.m.plan(self.query_state(ex))  # the preset's own retrieval: anchors (and centroids), relevance gate
             out.append(vote(qp.ids, qp.weights, labels) or "")
         return out
