@@ -75,6 +75,9 @@ def cell(r: dict | None, archive: Path | None = None) -> str:
 
 ORDER_METHODS = ["frozen", "frozen-labels", "miita-default", "miita-paper", "label-vote", "example-mem", "knn-lm",
                  "semantic-mem", "summary-mem"]
+# The baselines from outside the method, the ones the README paragraph compares the default with: the
+# paper preset and the label vote are MIITA itself, so "the strongest outside baseline" never names them.
+OUTSIDE_METHODS = ("example-mem", "knn-lm", "semantic-mem", "summary-mem")
 
 
 def load_order_runs(sweeps: Path | list[Path]) -> dict[tuple, list[dict]]:
@@ -172,7 +175,7 @@ def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
             bwts += [(a["bwt"]["mean"], f"{_name(m)}, {b}", bud) for a, bud in zip(d, BUDGETS)]
             fr = agg.get((m, b, "frozen", "none"))
             outside = [(a["op"]["mean"], meth, bud) for (mm, bb, meth, bud), a in agg.items()
-                       if mm == m and bb == b and meth not in ("frozen", "frozen-labels", "miita-default")]
+                       if mm == m and bb == b and meth in OUTSIDE_METHODS]
             best = max(outside) if outside else None
             ops = " / ".join(f"{a['op']['mean']:.1f}" for a in d)
             per_model.append(f"{_name(m)} {ops}"

@@ -168,3 +168,30 @@ def test_readme_paragraph_numbers_come_from_the_runs_it_reads():
     bwts = [res["bwt"] for (res,) in defaults.values()]
     assert f"from {min(bwts):.1f} (" in text and f"to {max(bwts):.1f} (" in text
     assert "Gemma-3-270M" in text and "SmolLM2-135M-Instruct" in text and "run D on M" in text
+
+
+def test_readme_paragraph_compares_with_outside_baselines_only(tmp_path):
+    """The paragraph's "strongest outside baseline" is an outside method: a label vote or paper
+    preset run that scores higher is MIITA itself and is never named there."""
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+
+    def put(method, budget, final):
+        d = tmp_path / f"{method}-{budget}"
+        d.mkdir()
+        res = {"model": "m.gguf", "benchmark": "dsc", "method": method, "budget_spec": budget, "order_seed": 0,
+               "stage_names": ["a", "b"],
+               "per_query": {"final": [final, final], "diagonal": [final, final], "next": [None, [0, 0]],
+                             "baseline": [[0, 0], [0, 0]]}}
+        (d / "result.json").write_text(json.dumps(res))
+
+    for b in rt.BUDGETS:
+        put("miita-default", b, [1, 0])
+    put("label-vote", "20%", [1, 1])
+    put("miita-paper", "20%", [1, 1])
+    put("example-mem", "5%", [0, 0])
+    put("knn-lm", "20%", [0, 1])
+    text = rt.summary_paragraph(tmp_path, {"preset": "v", "date": "d", "machine": "m", "rows": "r", "not_run": "n"})
+    assert "`knn-lm` 50.0 at 20%" in text
+    assert "label-vote" not in text and "miita-paper" not in text
