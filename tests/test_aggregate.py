@@ -195,3 +195,26 @@ def test_readme_paragraph_compares_with_outside_baselines_only(tmp_path):
     text = rt.summary_paragraph(tmp_path, {"preset": "v", "date": "d", "machine": "m", "rows": "r", "not_run": "n"})
     assert "`knn-lm` 50.0 at 20%" in text
     assert "label-vote" not in text and "miita-paper" not in text
+
+
+def test_results_and_readme_are_what_the_archive_regenerates():
+    """docs/RESULTS.md's order tables and the README's results paragraph are exactly what
+    ``bench/results_table.py --orders --sweep docs/results/v7/runs --fill`` writes from the archived
+    runs: a number edited by hand, or a run archived without refilling, fails here."""
+    import re
+    from pathlib import Path
+
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+    root = Path(__file__).resolve().parent.parent
+    sweep = root / "docs" / "results" / "v7" / "runs"
+
+    def block(path, marker):
+        m = re.search(rf"<!-- {marker} -->\n(.*?)\n<!-- /{marker} -->", path.read_text("utf-8"), re.S)
+        assert m, f"{path}: no {marker} block"
+        return m.group(1)
+
+    assert block(root / "docs" / "RESULTS.md", "ORDER-TABLES") == "\n".join(rt.order_tables([sweep])).strip()
+    about = json.loads((sweep / "sweep.json").read_text("utf-8"))
+    assert block(root / "README.md", "RESULTS-SUMMARY") == rt.summary_paragraph([sweep], about)
