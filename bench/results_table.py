@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCHES = ["banking77", "dsc", "xquad", "superni"]
+BENCHES = ["banking77", "dsc", "xquad", "superni", "banking77-replies"]
 CORE = ["frozen", "miita-default", "miita-paper", "example-mem", "knn-lm", "semantic-mem", "label-vote"]
 ABLATIONS = ["miita-default", "miita-dense", "miita-ungated", "miita-paper", "miita-paper-ungated",
              "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle"]
@@ -111,6 +111,19 @@ def _ci(a: dict | None) -> str:
     return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
 
 
+def _rows(res: dict) -> str:
+    if res.get("row_window"):
+        return res["row_window"]
+    n = res.get("limit_per_stage")
+    return f"1-{n}" if n else "all"
+
+
+def _train(res: dict) -> str:
+    n = res.get("limit_train_per_stage")
+    return (f"the first {n} training rows of each stage learned" if n else "all training rows learned") + \
+        " (outside the dev rows)"
+
+
 def order_tables(sweep: Path | list[Path]) -> list[str]:
     """The reporting tables: means over stream orders with bootstrap intervals."""
     from miita_edge.evaluation.aggregate import aggregate, runs_from_results, with_baseline
@@ -125,9 +138,10 @@ def order_tables(sweep: Path | list[Path]) -> list[str]:
             any_res = next(iter(mine.values()))[0]
             labels = mine.get(("frozen-labels", "none"), [None])[0]
             lines += [f"### {b} ({model})", "",
-                      f"Test rows {any_res.get('row_window') or 'first rows'} of each stage "
-                      f"({sum(p['n_test'] for p in any_res['per_stage'])} in the final row); split "
-                      f"{any_res.get('split', 'test')}. Cells: mean over stream orders [95% bootstrap interval over "
+                      f"Test rows {_rows(any_res)} of each stage "
+                      f"({sum(p['n_test'] for p in any_res['per_stage'])} in the final row), split "
+                      f"{any_res.get('split', 'test')}; {_train(any_res)}; metric "
+                      f"{any_res.get('metric', '?')}. Cells: mean over stream orders [95% bootstrap interval over "
                       "orders and queries] for OP / BWT / FWT against frozen"
                       + (" / FWT against frozen-labels" if labels else "") + "; n = orders run.", "",
                       "| method | budget | n | OP | BWT | FWT | FWT vs frozen-labels | bytes stored |",
@@ -164,31 +178,33 @@ def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
     R = load_order_runs(sweep)
     agg = {k: aggregate(runs_from_results(v)) for k, v in R.items()}
     models = sorted({k[0] for k in R}, key=str.lower)
-    parts, bwts, ns = [], [], set()
+    parts, bwts = [], []
     for b in BENCHES:
-        per_model = []
+        per_model, n_b = [], set()
         for m in models:
             d = [agg.get((m, b, "miita-default", bud)) for bud in BUDGETS]
             if not all(d):
                 continue
-            ns |= {a["n_runs"] for a in d}
+            n_b |= {a["n_runs"] for a in d}
             bwts += [(a["bwt"]["mean"], f"{_name(m)}, {b}", bud) for a, bud in zip(d, BUDGETS)]
             fr = agg.get((m, b, "frozen", "none"))
-            outside = [(a["op"]["mean"], meth, bud) for (mm, bb, meth, bud), a in agg.items()
+            outside = [(a["op"]["mean"], meth, bud, a["n_runs"]) for (mm, bb, meth, bud), a in agg.items()
                        if mm == m and bb == b and meth in OUTSIDE_METHODS]
             best = max(outside) if outside else None
             ops = " / ".join(f"{a['op']['mean']:.1f}" for a in d)
             per_model.append(f"{_name(m)} {ops}"
                              + (f" (frozen {fr['op']['mean']:.1f}" if fr else " (")
-                             + (f"; `{best[1]}` {best[0]:.1f} at {best[2]})" if best else ")"))
+                             + (f"; `{best[1]}` {best[0]:.1f} at {best[2]}"
+                                + ("" if {best[3]} == n_b else f", {best[3]} order{'' if best[3] == 1 else 's'}") + ")"
+                                if best else ")"))
         if per_model:
-            parts.append(f"{b}: " + ", ".join(per_model))
+            k = "–".join(str(x) for x in sorted(n_b))
+            parts.append(f"{b} ({k} order{'' if k == '1' else 's'}): " + ", ".join(per_model))
     if not parts:
         raise SystemExit("no default-preset runs at every budget in the sweep")
     worst, best = min(bwts), max(bwts)
-    n = "–".join(str(x) for x in sorted(ns)) if len(ns) > 1 else str(next(iter(ns)))
     return (f"Today's tables (docs/RESULTS.md: the default preset {about['preset']}, run {about['date']} on "
-            f"{about['machine']}; {about['rows']}; {n} stream orders, means over orders; models "
+            f"{about['machine']}; {about['rows']}; means over stream orders; models "
             f"{' and '.join(_name(m) for m in models)}): OP at {' / '.join(BUDGETS)} budget, "
             + "; ".join(parts)
             + f". BWT of the default runs from {worst[0]:.1f} ({worst[1]}, {worst[2]}) to {best[0]:.1f} "
