@@ -33,7 +33,8 @@ def load_bench(name: str):
 
 
 REPORT_PLANS = sorted(BENCH.glob("sweep_plan_report*.txt"))
-TUNING = {"keys": ["eval"], "pooling": ["eval"], "memsim": [], "presets": [], "memsim_count_vote": [], "vote": []}
+TUNING = {"keys": ["eval"], "pooling": ["eval"], "memsim": [], "presets": [], "memsim_count_vote": [], "vote": [],
+          "narrowing": []}
 
 
 def test_there_is_a_reporting_plan():

@@ -69,7 +69,8 @@ def _register_builtins() -> None:
     for mode in ("random", "semantic", "uncertainty", "oracle"):
         reg(f"miita-paper-{mode}", (lambda m=mode: MiitaMethod("paper", mode=m, oracle_alignment=True)),
             f"paper preset, retrieval variant {mode} (appendix C.3); reports Oracle Alignment")
-    reg("label-vote", LabelVote, "classification only: majority label of the top-8 anchors of a default memory, no LM")
+    reg("label-vote", LabelVote, "classification only: the weighted majority label of what a default memory "
+        "retrieves for the query (its anchor vote, centroids and relevance gate), no LM")
     reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, a uniform "
         "sample of the stream kept")
     reg("semantic-mem", lambda: _baseline("SemanticMem"), "semantic prototypes (key + answer-state centroids, "
