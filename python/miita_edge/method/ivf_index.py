@@ -47,7 +47,7 @@ LISTS_PER_SQRT = 4
 #: sample rows per centroid for the k-means rounds, and the rounds
 SAMPLE_PER_LIST = 32
 ROUNDS = 3
-BUILD_THREADS = 1  # a background build leaves the other core to the prompt pass
+BUILD_THREADS = 1  # a background build leaves the other core to the prompt decode
 
 _MAGIC = b"MIITAIVF"
 _FORMAT = 1
@@ -70,7 +70,7 @@ def probe_count(n: int, nlist: int) -> int:
 def query_code(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(packed signs, packed mask of the stronger half of the coordinates) of a float query:
     ``index_files.strong_half`` packed, in one native call (its numpy steps are slow right after a
-    prompt pass)."""
+    prompt is decoded)."""
     return ext.sign_code(np.asarray(q, np.float32).reshape(-1))
 
 
@@ -111,7 +111,7 @@ class IvfIndex:
 
         One native call (``ext.ivf_search``); the lists hold the same bytes as ``rows``, so
         ``rows`` is not read. ``tests/test_ivf_index.py`` checks it against the Python steps.
-        ``threads``: for the list pass; retrieval passes the engine's. With OpenMP, llama.cpp's
+        ``threads``: for the list scan; retrieval gives the engine's. With OpenMP, llama.cpp's
         workers are still spinning from the prompt decode and take the work at once; with a single
         llama.cpp thread a second one would have to be woken, which costs more than it saves
         (docs/benchmarks.md)."""
