@@ -168,6 +168,11 @@ def _name(model: str) -> str:
     return MODEL_NAMES.get(model, model)
 
 
+def _orders(*counts: int) -> str:
+    """'1 order', '3 orders', '1–3 orders': how many stream orders a cell or a benchmark ran."""
+    return "–".join(map(str, counts)) + (" order" if counts == (1,) else " orders")
+
+
 def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
     """The README's results paragraph, every number from the same runs as the order tables:
     per benchmark and model the default's OP at each budget (mean over orders), the frozen model
@@ -195,11 +200,10 @@ def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
             per_model.append(f"{_name(m)} {ops}"
                              + (f" (frozen {fr['op']['mean']:.1f}" if fr else " (")
                              + (f"; `{best[1]}` {best[0]:.1f} at {best[2]}"
-                                + ("" if {best[3]} == n_b else f", {best[3]} order{'' if best[3] == 1 else 's'}") + ")"
+                                + ("" if {best[3]} == n_b else f", {_orders(best[3])}") + ")"
                                 if best else ")"))
         if per_model:
-            k = "–".join(str(x) for x in sorted(n_b))
-            parts.append(f"{b} ({k} order{'' if k == '1' else 's'}): " + ", ".join(per_model))
+            parts.append(f"{b} ({_orders(*sorted(n_b))}): " + ", ".join(per_model))
     if not parts:
         raise SystemExit("no default-preset runs at every budget in the sweep")
     worst, best = min(bwts), max(bwts)
