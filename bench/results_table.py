@@ -107,6 +107,106 @@ def load_order_runs(sweeps: Path | list[Path]) -> dict[tuple, list[dict]]:
     return out
 
 
+#: The cells today's tables should hold (the issue's reporting grid, on the archived row windows):
+#: per model the methods run at every budget of BUDGETS; ``frozen`` on every benchmark and
+#: ``frozen-labels`` and ``label-vote`` on the classification ones; the canned replies on Gemma only.
+GRID_METHODS = {
+    "gemma-3-270m-q4_k_m": ["miita-default", "miita-paper", "label-vote", "example-mem", "knn-lm", "semantic-mem",
+                            "summary-mem"],
+    "SmolLM2-135M-Instruct.Q4_1": ["miita-default", "example-mem"],
+}
+CLASSIFICATION = ("banking77", "dsc")
+#: the canned replies (their own issue's grid): one order of these and the frozen model
+REPLIES_METHODS = ["miita-default", "example-mem"]
+#: the methods that run in three stream orders (seeds 0, 1, 2): the default, the frozen model and
+#: the strongest outside baseline, which is ``example-mem`` on every benchmark where others ran
+#: (not asked of the canned replies)
+THREE_ORDERS = ("frozen", "miita-default", "example-mem")
+SEEDS = (0, 1, 2)
+
+
+def grid_cells(model: str, bench: str) -> list[tuple[str, str]]:
+    """(method, budget) cells of GRID_METHODS for one model and benchmark."""
+    if bench == "banking77-replies":
+        if not model.lower().startswith("gemma"):
+            return []
+        methods = REPLIES_METHODS
+    else:
+        methods = [m for m in GRID_METHODS.get(model, []) if m != "label-vote" or bench in CLASSIFICATION]
+    cells = [("frozen", "none")] + ([("frozen-labels", "none")] if bench in CLASSIFICATION else [])
+    return cells + [(m, b) for m in methods for b in BUDGETS]
+
+
+def _cells_phrase(cells: list[tuple[str, str]]) -> str:
+    """'`a` and `b` at 1/5/20%, `c` at 1%, 5%': methods grouped by the budgets they lack."""
+    by_method: dict[str, list[str]] = {}
+    for m, b in cells:
+        by_method.setdefault(m, []).append(b)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for m, buds in by_method.items():
+        groups.setdefault(tuple(buds), []).append(f"`{m}`")
+    out = []
+    for buds, ms in groups.items():
+        names = ms[0] if len(ms) == 1 else ", ".join(ms[:-1]) + " and " + ms[-1]
+        if buds == ("none",):
+            out.append(names)
+        else:
+            out.append(names + " at " + ("/".join(b.rstrip("%") for b in BUDGETS) + "%" if list(buds) == BUDGETS
+                                         else " and ".join(buds)))
+    return "; ".join(out)
+
+
+def grid_count(R: dict[tuple, list[dict]], does_not_fit: list[list[str]]) -> str:
+    """How many of the grid's runs (every cell in its orders) are archived, in one sentence."""
+    seeds = {k: {r.get("order_seed", 0) for r in v} for k, v in R.items()}
+    nofit = {tuple(c) for c in does_not_fit}
+    want = have = 0
+    for model in GRID_METHODS:
+        for b in BENCHES:
+            for c in grid_cells(model, b):
+                if (model, b, *c) in nofit:
+                    continue
+                need = SEEDS if c[0] in THREE_ORDERS and b != "banking77-replies" else (0,)
+                want += len(need)
+                have += len(set(need) & seeds.get((model, b, *c), set()))
+    return (f"{have} of the grid's {want} runs are archived (docs/RESULTS.md, \"Not run\", lists the others; "
+            f"{len(nofit)} cells stop at once, one prototype larger than the budget).")
+
+
+def not_run(R: dict[tuple, list[dict]], does_not_fit: list[list[str]]) -> str:
+    """What the grid asks for and the archive lacks: one order (seed 0) of every grid cell, then
+    orders 1 and 2 of THREE_ORDERS; cells in ``does_not_fit`` (model, benchmark, method, budget: the
+    run stops at once with a budget error) are said as such instead. Derived from the archive, so
+    the README and RESULTS cannot call a cell missing that is there, or the reverse."""
+    seeds = {k: {r.get("order_seed", 0) for r in v} for k, v in R.items()}
+    nofit = {tuple(c) for c in does_not_fit}
+    first, more = [], []
+    for model in GRID_METHODS:
+        f_parts, m_parts = [], []
+        for b in BENCHES:
+            cells = grid_cells(model, b)
+            miss0 = [c for c in cells if 0 not in seeds.get((model, b, *c), set()) and (model, b, *c) not in nofit]
+            miss12 = [c for c in cells if c[0] in THREE_ORDERS and (model, b, *c) not in nofit
+                      and b != "banking77-replies" and not set(SEEDS) <= seeds.get((model, b, *c), set())]
+            if miss0:
+                f_parts.append(f"{b} ({_cells_phrase(miss0)})")
+            if miss12:
+                m_parts.append(f"{b} ({_cells_phrase(miss12)})")
+        if f_parts:
+            first.append(f"{_name(model)}: {', '.join(f_parts)}")
+        if m_parts:
+            more.append(f"{_name(model)}: {', '.join(m_parts)}")
+    text = []
+    if first:
+        text.append("on " + "; on ".join(first))
+    if more:
+        text.append("run in fewer than three stream orders on " + "; on ".join(more))
+    if nofit:
+        text.append("stopped at once, one prototype larger than the budget: "
+                    + ", ".join(f"{_name(m)} {b} `{meth}` at {bud}" for m, b, meth, bud in sorted(nofit)))
+    return "; ".join(text) if text else "every cell of the grid ran"
+
+
 def _ci(a: dict | None) -> str:
     return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
 
@@ -212,7 +312,18 @@ def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
             f"{' and '.join(_name(m) for m in models)}): OP at {' / '.join(BUDGETS)} budget, "
             + "; ".join(parts)
             + f". BWT of the default runs from {worst[0]:.1f} ({worst[1]}, {worst[2]}) to {best[0]:.1f} "
-              f"({best[1]}, {best[2]}). Not in these runs: {about['not_run']}.")
+              f"({best[1]}, {best[2]}). " + grid_count(R, about.get("does_not_fit", []))
+            + f" Not in these runs: {about['not_run']}.")
+
+
+def not_run_bullet(sweep: Path | list[Path], about: dict) -> str:
+    """RESULTS.md's "Not run" bullet: the grid's missing cells (:func:`not_run`) and what the
+    archive's sweep.json says lies outside the grid."""
+    return (f"- **Not run**, from the archive against the grid (`GRID_METHODS` in bench/results_table.py: "
+            f"on Gemma every method at 1/5/20%, on SmolLM2 the default and `example-mem`; three orders for "
+            f"the frozen model, the default and `example-mem`): "
+            + not_run(load_order_runs(sweep), about.get("does_not_fit", []))
+            + f". Outside the grid: {about['not_run']}.")
 
 
 def fill(path: Path, marker: str, text: str) -> None:
@@ -250,6 +361,7 @@ def main() -> int:
             root = Path(__file__).resolve().parent.parent
             fill(root / "docs" / "RESULTS.md", "ORDER-TABLES", tables)
             fill(root / "README.md", "RESULTS-SUMMARY", summary_paragraph(args.sweep, about))
+            fill(root / "docs" / "RESULTS.md", "NOT-RUN", not_run_bullet(args.sweep, about))
         print(tables)
         return 0
     if len(args.sweep) > 1:

@@ -218,3 +218,37 @@ def test_results_and_readme_are_what_the_archive_regenerates():
     assert block(root / "docs" / "RESULTS.md", "ORDER-TABLES") == "\n".join(rt.order_tables([sweep])).strip()
     about = json.loads((sweep / "sweep.json").read_text("utf-8"))
     assert block(root / "README.md", "RESULTS-SUMMARY") == rt.summary_paragraph([sweep], about)
+    assert block(root / "docs" / "RESULTS.md", "NOT-RUN") == rt.not_run_bullet([sweep], about)
+
+
+def test_not_run_lists_exactly_the_grid_cells_the_archive_lacks(tmp_path):
+    """The "Not run" list is derived from the archive: a cell is listed until its runs are there,
+    orders 1 and 2 are asked only of the three-order methods, and a does-not-fit cell is said as such."""
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+    gem, smol = list(rt.GRID_METHODS)
+    R = {}
+
+    def have(model, bench, method, budget, *seeds):
+        R[(model, bench, method, budget)] = [{"order_seed": s} for s in seeds]
+
+    # everything of SmolLM2 on dsc in three orders, except example-mem at 5% (orders 0 and 1 only)
+    have(smol, "dsc", "frozen", "none", 0, 1, 2)
+    have(smol, "dsc", "frozen-labels", "none", 0)
+    for b in rt.BUDGETS:
+        have(smol, "dsc", "miita-default", b, 0, 1, 2)
+        have(smol, "dsc", "example-mem", b, 0, 1) if b == "5%" else have(smol, "dsc", "example-mem", b, 0, 1, 2)
+    text = rt.not_run(R, [[gem, "xquad", "miita-paper", "1%"]])
+    mine = text.split("on SmolLM2-135M-Instruct: ")[1].split("; run in fewer")[0]
+    assert "dsc" not in mine and "banking77 (`frozen` and `frozen-labels`; `miita-default` and `example-mem` at 1/5/20%)" in mine
+    fewer = text.split("run in fewer than three stream orders on ")[1]
+    assert "SmolLM2-135M-Instruct: banking77" in fewer and "dsc (`example-mem` at 5%)" in fewer
+    assert "frozen-labels" not in fewer  # it learns nothing: one order is asked
+    assert "stopped at once, one prototype larger than the budget: Gemma-3-270M xquad `miita-paper` at 1%" in text
+    assert "xquad (`frozen`; `miita-default`, `miita-paper` at 5% and 20%" not in text
+    gem_x = text.split("on Gemma-3-270M: ")[1].split("xquad (")[1].split(")")[0]
+    assert "`miita-paper` at 5% and 20%" in gem_x  # the 1% cell is not asked twice
+    n_smol = len(rt.grid_cells(smol, "dsc"))
+    assert rt.grid_count(R, []).startswith(f"{3 * (1 + 6) + 1 - 1} of the grid's ")  # dsc: 21 of 22 runs present
+    assert n_smol == 2 + 2 * 3
