@@ -348,6 +348,9 @@ def main() -> int:
                     help="with --orders: write the tables into docs/RESULTS.md (<!-- ORDER-TABLES --> block) and "
                          "the summary paragraph into README.md (<!-- RESULTS-SUMMARY -->), from the first sweep "
                          "folder's sweep.json (preset, date, machine, rows, what was not run)")
+    ap.add_argument("--block", default="ORDER-TABLES",
+                    help="with --fill: the <!-- BLOCK --> of docs/RESULTS.md the tables go to; any other than "
+                         "ORDER-TABLES (for example WIDE-TABLES, the wider row windows) writes only the tables")
     ap.add_argument("--archive", type=Path,
                     help="copy each finished job's result.json and the sweep's record of every job (done/*.json, "
                          "failures included) into this folder, so the numbers survive the machine")
@@ -356,7 +359,9 @@ def main() -> int:
         args.sweep = [Path("bench-results/sweep")]
     if args.orders:
         tables = "\n".join(order_tables(args.sweep)).strip()
-        if args.fill:
+        if args.fill and args.block != "ORDER-TABLES":
+            fill(Path(__file__).resolve().parent.parent / "docs" / "RESULTS.md", args.block, tables)
+        elif args.fill:
             about = json.loads((args.sweep[0] / "sweep.json").read_text("utf-8"))
             root = Path(__file__).resolve().parent.parent
             fill(root / "docs" / "RESULTS.md", "ORDER-TABLES", tables)

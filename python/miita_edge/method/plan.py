@@ -8,7 +8,7 @@ query would cost more than the prompt pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -19,6 +19,7 @@ from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate
+from .rerank import continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
 
@@ -117,6 +118,8 @@ class RetrievalIndex:
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
+    # the rerank's log p(answer j's tokens | empty prompt), filled on first need (method/rerank.py)
+    prior: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, bank: MemoryBank, entries: dict | None = None, centroids: bool = False) -> "RetrievalIndex":
@@ -146,9 +149,14 @@ class RetrievalIndex:
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
-               mode: str | None = None, oracle_dir=None, rng=None, geometry=None) -> QueryPlan:
+               mode: str | None = None, oracle_dir=None, rng=None, geometry=None,
+               null_prompt: list[int] | None = None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
-    ``plan(step, generated)`` and, for a preset with the relevance gate, its decision."""
+    ``plan(step, generated)`` and, for a preset with the relevance gate, its decision.
+
+    ``null_prompt``: the template's prompt for an empty input, which a preset with the rerank
+    (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
+    The engine's cache must hold the query's prompt, and holds it again on return."""
     pr = preset
     bits_vote = pr.aggregation != "paper" and index.packed is not None
     # the 1-bit vote reads the query as unit float32 (one native call); the float paths as before
@@ -190,6 +198,8 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
+    if pr.rerank_lambda > 0 and null_prompt is not None and len(ids) > 1:
+        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -209,6 +219,27 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                 normalize=pr.direction != "head", recover=pr.recover)
 
     return QueryPlan(ids, best, weights, plan, decision)
+
+
+def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.ndarray, weights: np.ndarray,
+            null_prompt: list[int]) -> np.ndarray:
+    """The vote's weights after the model read its leading answers (method/rerank.py). Priors not
+    yet known are decoded after the empty prompt first, then the query's prompt is put back."""
+    lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
+    if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
+        return weights
+    missing = [j for j in lead if j not in index.prior]
+    if missing:
+        engine.reset()
+        first = engine.decode(list(null_prompt), "last")[0]
+        for j in missing:
+            index.prior[j] = continuation_logprob(engine, first, index.seqs[j])
+        engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
+    new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
+                         min_tokens=pr.rerank_min_tokens,
+                         query_logprob=lambda toks: continuation_logprob(engine, state.logits, toks),
+                         prior_logprob=index.prior.__getitem__)
+    return new
 
 
 def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateDecision:

@@ -1,0 +1,155 @@
+"""Does the model's own reading of the vote's leading answers pick the taught intent more often
+than the anchor vote alone? The measurement behind the default preset's rerank (docs/method.md §15).
+
+    python bench/rerank.py probe --data ../shared/data/banking77 --seed 11 --out bench-results/rerank
+    python bench/rerank.py probe --data ../shared/data/banking77 --seed 11 --labels --intents 77 --asked 5 \\
+        --out bench-results/rerank
+    python bench/rerank.py choose bench-results/rerank/replies-*.json
+
+Rows: only ``train.jsonl`` is read. ``--intents`` intents are drawn with ``--seed``; the first
+``--taught`` training rows of each are learned (with the intent's canned reply from the package,
+or with ``--labels`` its label), and the next ``--asked`` training rows of the intent are asked.
+No test row is read, so nothing here touches what RESULTS reports; the harness's dev split holds
+about four rows per intent, too few for a per-intent probe, so held-out training rows play its part.
+
+``probe`` learns the rows into a default-preset memory with the rerank off, and for every asked
+row records the relevance gate's decision, the vote's weight for each of its three leading
+answers, and their PMI (log p(answer | query) - log p(answer | empty query), by the model);
+``choose`` scores the vote with λ·PMI added to the log weights, for each λ of the grid, as the
+share of asked rows whose leading answer is the taught one (0 where the gate declined), and
+applies the rule fixed before the runs: the λ with the best mean over the files, if it beats
+λ = 0 by more than 0.5 points, else 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+MARGIN = 0.5
+
+
+def probe(args) -> Path:
+    from miita_edge.method.rerank import continuation_logprob
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    replies = json.loads((Path(__file__).resolve().parent.parent / "python" / "miita_edge" / "evaluation" / "data"
+                          / "banking77_replies.json").read_text("utf-8"))
+    train = [json.loads(x) for x in (args.data / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
+    labels = sorted(replies)
+    chosen = [labels[i] for i in sorted(np.random.default_rng(args.seed).choice(len(labels), args.intents,
+                                                                                 replace=False))]
+    taught, asked, answer = [], [], {}
+    for lab in chosen:
+        rows = [r for r in train if r["label"] == lab]
+        answer[lab] = rows[0]["output"] if args.labels else replies[lab]
+        taught += [Example(r["input"], answer[lab]) for r in rows[:args.taught]]
+        asked += [(r["input"], lab) for r in rows[args.taught:args.taught + args.asked]]
+    kind = "labels" if args.labels else "replies"
+    args.out.mkdir(parents=True, exist_ok=True)
+    mem = args.out / f"mem-{kind}-{args.seed}-{args.intents}"
+    shutil.rmtree(mem, ignore_errors=True)
+    m = Miita(model=args.model, memory=mem, template="banking77" if args.labels else "plain")
+    m.preset.rerank_lambda = 0.0
+    m.ingest(taught, budget=None, progress=False)
+    eng = m._use_keys()
+    seqs = m.retrieval_index().seqs
+    owner = {}
+    for j, s in enumerate(seqs):
+        text = eng.detokenize([int(t) for t in s]).strip()
+        owner[j] = next((lab for lab in chosen if answer[lab].strip() == text), None)
+    null = m.prompt_tokens("")
+    prior: dict[int, float] = {}
+    out, t0 = [], time.time()
+    for i, (x, lab) in enumerate(asked):
+        toks = m.prompt_tokens(x)
+        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        qp = m.plan(state)
+        adapted = qp.gate is None or qp.gate.adapted
+        lead = [int(k) for k in np.argsort(-np.asarray(qp.weights), kind="stable")[:3]] if adapted else []
+        cands = []
+        for k in lead:
+            j = int(qp.ids[k])
+            cands.append({"answer": owner[j], "w": float(qp.weights[k]), "n_tokens": len(seqs[j]),
+                          "lp": continuation_logprob(eng, state.logits, seqs[j])})
+        for c, k in zip(cands, lead):
+            j = int(qp.ids[k])
+            if j not in prior:
+                eng.reset()
+                first = eng.decode(list(null), "last")[0]
+                prior[j] = continuation_logprob(eng, first, seqs[j])
+            c["pmi"] = c["lp"] - prior[j]
+        out.append({"input": x, "gold": lab, "adapted": adapted, "cands": cands})
+        if args.progress:
+            print(f"\r{i + 1}/{len(asked)} asked, {time.time() - t0:.0f} s", end="", file=sys.stderr)
+    m.close()
+    f = args.out / f"{kind}-{args.seed}-{args.intents}.json"
+    f.write_text(json.dumps({"seed": args.seed, "intents": args.intents, "taught": args.taught,
+                             "asked": args.asked, "kind": kind, "rows": out}), "utf-8")
+    print(f"\n{f}: {len(out)} asked; vote alone {accuracy(out, 0.0):.1f}%", file=sys.stderr)
+    return f
+
+
+def accuracy(rows: list[dict], lam: float) -> float:
+    """Share of rows whose leading answer after adding λ·PMI to the log vote weights is the gold one."""
+    ok = 0
+    for r in rows:
+        if r["adapted"] and r["cands"]:
+            best = max(r["cands"], key=lambda c: np.log(max(c["w"], 1e-300)) + lam * c["pmi"])
+            ok += best["answer"] == r["gold"]
+    return 100.0 * ok / max(len(rows), 1)
+
+
+def choose(files: list[Path]) -> float:
+    runs = [json.loads(f.read_text("utf-8")) for f in files]
+    print("| file | asked | " + " | ".join(f"λ {lam:g}" for lam in LAMBDAS) + " | leading three hold gold |")
+    print("|---|---:|" + "---:|" * (len(LAMBDAS) + 1))
+    means = {lam: [] for lam in LAMBDAS}
+    for f, r in zip(files, runs):
+        accs = [accuracy(r["rows"], lam) for lam in LAMBDAS]
+        for lam, a in zip(LAMBDAS, accs):
+            means[lam].append(a)
+        hold = 100.0 * np.mean([x["adapted"] and any(c["answer"] == x["gold"] for c in x["cands"]) for x in r["rows"]])
+        print(f"| {f.name} | {len(r['rows'])} | " + " | ".join(f"{a:.1f}" for a in accs) + f" | {hold:.1f} |")
+    mean = {lam: float(np.mean(v)) for lam, v in means.items()}
+    print("| mean | | " + " | ".join(f"{mean[lam]:.2f}" for lam in LAMBDAS) + " | |")
+    best = max(LAMBDAS, key=lambda lam: (mean[lam], -lam))
+    pick = best if mean[best] > mean[0.0] + MARGIN else 0.0
+    print(f"rule: best λ {best:g} ({mean[best]:.2f} against {mean[0.0]:.2f} without); chosen λ = {pick:g}")
+    return pick
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("probe", help="learn a drawn set of intents and record the vote and PMI of each asked row")
+    p.add_argument("--data", type=Path, default=Path("../shared/data/banking77"))
+    p.add_argument("--model", default=None, help="GGUF (default: the embedded Gemma-3-270M)")
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--intents", type=int, default=12)
+    p.add_argument("--taught", type=int, default=10)
+    p.add_argument("--asked", type=int, default=20)
+    p.add_argument("--labels", action="store_true", help="teach each intent's label instead of its canned reply")
+    p.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    c = sub.add_parser("choose", help="the λ grid over probe files, and the rule's choice")
+    c.add_argument("files", type=Path, nargs="+")
+    args = ap.parse_args(argv)
+    if args.cmd == "probe":
+        if not (args.data / "train.jsonl").is_file():
+            ap.error(f"{args.data}: no train.jsonl (give Banking77's data directory)")
+        probe(args)
+    else:
+        choose(args.files)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""The rerank of the vote's leading answers (method/rerank.py) against plain recomputations."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from miita_edge.method.rerank import continuation_logprob, rerank_plan, rerank_weights, token_logprobs
+
+
+def test_token_logprobs_is_log_softmax_picked_per_row():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(5, 11)) * 4
+    toks = [3, 0, 10, 7, 7]
+    ref = [np.log(np.exp(z[i, t]) / np.exp(z[i]).sum()) for i, t in enumerate(toks)]
+    np.testing.assert_allclose(token_logprobs(z, toks), ref, rtol=1e-12)
+
+
+def test_rerank_weights_multiply_by_exp_lambda_pmi_and_keep_the_mass():
+    w = np.array([0.5, 0.25, 0.05])
+    pmi = np.array([-10.0, 4.0, 30.0])
+    out = rerank_weights(w, pmi, 0.1)
+    ref = w * np.exp(0.1 * pmi)
+    ref = ref / ref.sum() * w.sum()
+    np.testing.assert_allclose(out, ref, rtol=1e-12)
+    np.testing.assert_allclose(rerank_weights(w, pmi, 0.0), w, rtol=1e-12)
+    # far apart in log space (a weight of 1e-200, a PMI of 800 nats) it stays finite
+    out = rerank_weights(np.array([1.0, 1e-200]), np.array([0.0, 800.0]), 1.0)
+    assert np.isfinite(out).all() and out[1] > 0.99
+
+
+def test_rerank_plan_touches_only_the_leading_long_answers():
+    seqs = [[1] * 10, [2] * 10, [3] * 10, [4] * 10, [5] * 3]
+    ids = np.array([3, 0, 1, 2])
+    w = np.array([0.1, 0.5, 0.3, 0.1])
+    pri = {j: -float(j) for j in range(5)}
+    asked = []
+
+    def q(toks):
+        asked.append(toks[0])
+        return {1: -20.0, 2: -5.0, 4: -9.0, 3: 0.0}[toks[0]]
+
+    out, pmi = rerank_plan(ids, w, seqs, top=2, lam=0.5, min_tokens=8, query_logprob=q,
+                           prior_logprob=pri.__getitem__)
+    # the two leading answers are ids 0 (w 0.5) and 1 (w 0.3); the others keep their weights
+    assert sorted(asked) == [1, 2]
+    np.testing.assert_allclose(pmi, [-20.0 - 0.0, -5.0 - (-1.0)])
+    lead = np.array([0.5, 0.3]) * np.exp(0.5 * pmi)
+    np.testing.assert_allclose(out[[1, 2]], lead / lead.sum() * 0.8, rtol=1e-12)
+    assert out[0] == 0.1 and out[3] == 0.1
+    # a short answer among the leaders: the vote alone decides
+    ids2 = np.array([4, 0])
+    out2, pmi2 = rerank_plan(ids2, np.array([0.6, 0.4]), seqs, top=2, lam=0.5, min_tokens=8,
+                             query_logprob=q, prior_logprob=pri.__getitem__)
+    assert pmi2 is None and list(out2) == [0.6, 0.4]
+    # a single candidate: nothing to choose between
+    out3, pmi3 = rerank_plan(np.array([0]), np.array([1.0]), seqs, top=3, lam=0.5, min_tokens=8,
+                             query_logprob=q, prior_logprob=pri.__getitem__)
+    assert pmi3 is None and list(out3) == [1.0]
+
+
+def test_continuation_logprob_equals_one_full_decode_and_restores_the_cache(engine):
+    prompt = engine.tokenize("Question: where is my new card?\nAnswer:")
+    cont = engine.tokenize(" It is on its way and arrives within a week.", add_bos=False)
+    engine.reset()
+    first = engine.decode(prompt, "last")[0]
+    got = continuation_logprob(engine, first, cont)
+    assert engine.n_past == len(prompt)
+    # the cache still holds the prompt: the next token's logits are the prompt's last row again
+    again = engine.decode(cont[:1], "last")[0]
+    engine.reset()
+    full = engine.decode(prompt + cont, "all")
+    ref = sum(float(np.log(np.exp(full[len(prompt) - 1 + i].astype(np.float64)
+                                  - full[len(prompt) - 1 + i].max()).sum()) * -1
+                        + (full[len(prompt) - 1 + i, t] - full[len(prompt) - 1 + i].max()))
+              for i, t in enumerate(cont))
+    assert got == pytest.approx(ref, abs=2e-3)
+    np.testing.assert_allclose(again, full[len(prompt)], atol=2e-3)
+    engine.reset()
+
+
+def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(engine, tmp_path):
+    """Through ``Miita.plan``: the leading answers' weights are the vote's times exp(λ·PMI), PMI
+    recomputed here from two fresh decodes per answer (after the query's prompt, after the empty
+    prompt), and the engine's cache holds the query's prompt again afterwards."""
+    from miita_edge.method.presets import default_preset
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
+               "lost": "Freeze the card in the app at once, then order a replacement card there.",
+               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
+    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
+            "lost": ["I lost my card", "My card was stolen yesterday"],
+            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+    with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
+        m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
+        m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
+        m.preset.relevance_gate = False  # every answer a candidate: the rerank is what is checked
+        toks = m.prompt_tokens("Somebody took my card, what now?")
+        eng = m._use_keys()
+        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        off = m.plan(state)
+        m.preset.rerank_lambda = 0.2
+        on = m.plan(state)
+        assert eng.n_past == len(toks)
+        seqs = m.retrieval_index().seqs
+        null = m.prompt_tokens("")
+
+        def lp(prompt, cont):
+            eng.reset()
+            z = eng.decode(list(prompt) + list(cont), "all")[len(prompt) - 1:len(prompt) - 1 + len(cont)]
+            return float(token_logprobs(z, cont).sum())
+
+        lead = np.argsort(-off.weights, kind="stable")[:3]
+        assert len(lead) >= 2
+        pmi = np.array([lp(toks, seqs[int(off.ids[i])]) - lp(null, seqs[int(off.ids[i])]) for i in lead])
+        ref = off.weights.astype(np.float64).copy()
+        r = off.weights[lead] * np.exp(0.2 * pmi)
+        ref[lead] = r / r.sum() * off.weights[lead].sum()
+        assert list(on.ids) == list(off.ids)
+        # incremental and whole decodes differ by a few hundredths of a nat (batch shapes): 2% of a weight
+        np.testing.assert_allclose(on.weights, ref, rtol=2e-2, atol=1e-6)
+        assert not np.allclose(on.weights, off.weights, rtol=2e-2)  # the rerank moved something
+        eng.reset()
