@@ -35,23 +35,32 @@ LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
 MARGIN = 0.5
 
 
+def draw(data: Path, seed: int, intents: int, taught: int, asked: int, labels: bool
+         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, str]]:
+    """(taught (input, answer) rows, asked (input, intent) rows, each drawn intent's answer), from
+    ``train.jsonl`` alone: the first ``taught`` rows of each drawn intent, then the next ``asked``."""
+    replies = json.loads((Path(__file__).resolve().parent.parent / "python" / "miita_edge" / "evaluation" / "data"
+                          / "banking77_replies.json").read_text("utf-8"))
+    train = [json.loads(x) for x in (data / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
+    names = sorted(replies)
+    chosen = [names[i] for i in sorted(np.random.default_rng(seed).choice(len(names), intents, replace=False))]
+    t, a, answer = [], [], {}
+    for lab in chosen:
+        rows = [r for r in train if r["label"] == lab]
+        answer[lab] = rows[0]["output"] if labels else replies[lab]
+        t += [(r["input"], answer[lab]) for r in rows[:taught]]
+        a += [(r["input"], lab) for r in rows[taught:taught + asked]]
+    return t, a, answer
+
+
 def probe(args) -> Path:
     from miita_edge.method.rerank import continuation_logprob
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
-    replies = json.loads((Path(__file__).resolve().parent.parent / "python" / "miita_edge" / "evaluation" / "data"
-                          / "banking77_replies.json").read_text("utf-8"))
-    train = [json.loads(x) for x in (args.data / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
-    labels = sorted(replies)
-    chosen = [labels[i] for i in sorted(np.random.default_rng(args.seed).choice(len(labels), args.intents,
-                                                                                 replace=False))]
-    taught, asked, answer = [], [], {}
-    for lab in chosen:
-        rows = [r for r in train if r["label"] == lab]
-        answer[lab] = rows[0]["output"] if args.labels else replies[lab]
-        taught += [Example(r["input"], answer[lab]) for r in rows[:args.taught]]
-        asked += [(r["input"], lab) for r in rows[args.taught:args.taught + args.asked]]
+    taught, asked, answer = draw(args.data, args.seed, args.intents, args.taught, args.asked, args.labels)
+    taught = [Example(x, y) for x, y in taught]
+    chosen = list(answer)
     kind = "labels" if args.labels else "replies"
     args.out.mkdir(parents=True, exist_ok=True)
     mem = args.out / f"mem-{kind}-{args.seed}-{args.intents}"

@@ -122,3 +122,34 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         np.testing.assert_allclose(on.weights, ref, rtol=2e-2, atol=1e-6)
         assert not np.allclose(on.weights, off.weights, rtol=2e-2)  # the rerank moved something
         eng.reset()
+
+
+def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(tmp_path):
+    """bench/rerank.py choose: accuracy is recomputed by hand on rows where PMI helps, hurts or
+    ties; the rule returns 0 when no λ beats the vote alone by more than 0.5 points."""
+    import json
+
+    from test_split_guard import load_bench
+
+    rr = load_bench("rerank")
+
+    def row(gold, cands, adapted=True):
+        return {"gold": gold, "adapted": adapted,
+                "cands": [{"answer": a, "w": w, "pmi": p} for a, w, p in cands]}
+
+    # the vote is wrong, a large PMI of the gold answer fixes it at λ >= 0.1 (log 0.6 - log 0.4 = 0.405)
+    fixable = row("a", [("b", 0.6, 0.0), ("a", 0.4, 5.0)])
+    right = row("a", [("a", 0.9, 0.0), ("b", 0.1, 1.0)])
+    declined = row("a", [], adapted=False)
+    rows = [fixable, right, declined]
+    assert rr.accuracy(rows, 0.0) == pytest.approx(100 / 3)
+    assert rr.accuracy(rows, 0.1) == pytest.approx(200 / 3)
+    assert rr.accuracy(rows, 0.03) == pytest.approx(100 / 3)  # 0.15 < 0.405: not enough
+    f = tmp_path / "wins.json"
+    f.write_text(json.dumps({"rows": rows}))
+    assert rr.choose([f]) == 0.1
+    # PMI pointing the wrong way everywhere: no λ helps and the vote alone is kept
+    hurt = [row("a", [("a", 0.6, 0.0), ("b", 0.4, 50.0)]) for _ in range(3)]
+    g = tmp_path / "hurts.json"
+    g.write_text(json.dumps({"rows": hurt}))
+    assert rr.choose([g]) == 0.0

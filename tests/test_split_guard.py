@@ -2,7 +2,8 @@
 
 Fails if a reporting sweep plan (bench/sweep_plan_report*.txt) reads a dev row or a test row an
 earlier sweep or probe read, or if a script that explores settings (bench/keys.py, memsim.py,
-pooling.py, presets.py, memsim_count_vote.py, vote.py) reads a test row without ``--report-on-test``.
+pooling.py, presets.py, memsim_count_vote.py, vote.py) reads a test row without ``--report-on-test``,
+or if the rerank probe (bench/rerank.py, training rows only) reads one at all.
 """
 from __future__ import annotations
 
@@ -137,3 +138,15 @@ def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
     for bad in ("dsc miita-default", "dsc m 5% rows", "dsc m 5% colour=red", "dsc m 5% split=train"):
         with pytest.raises(SystemExit):
             sweep.parse_plan_line(bad)
+
+
+def test_the_rerank_probe_reads_no_test_row():
+    """bench/rerank.py teaches and asks held-out training rows only, never the same row twice."""
+    rerank = load_bench("rerank")
+    test_inputs = {json.loads(x)["input"] for x in (DATA / "banking77" / "test.jsonl").read_text("utf-8").splitlines()
+                   if x}
+    for labels in (False, True):
+        taught, asked, answer = rerank.draw(DATA / "banking77", 11, 12, 10, 20, labels)
+        assert len(answer) == 12 and len(taught) == 120 and len(asked) == 240
+        assert not ({x for x, _ in taught} | {x for x, _ in asked}) & test_inputs
+        assert not {x for x, _ in taught} & {x for x, _ in asked}
