@@ -121,6 +121,15 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         # incremental and whole decodes differ by a few hundredths of a nat (batch shapes): 2% of a weight
         np.testing.assert_allclose(on.weights, ref, rtol=2e-2, atol=1e-6)
         assert not np.allclose(on.weights, off.weights, rtol=2e-2)  # the rerank moved something
+        # a context too small for prompt + reply: the vote alone decides, nothing overflows
+        n_ctx = eng.config.n_ctx
+        try:
+            eng.config.n_ctx = len(toks) + 5
+            m.retrieval_index().prior.clear()
+            state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+            np.testing.assert_allclose(m.plan(state).weights, off.weights, rtol=1e-6)
+        finally:
+            eng.config.n_ctx = n_ctx
         eng.reset()
 
 

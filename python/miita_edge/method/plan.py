@@ -228,6 +228,9 @@ def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.nd
     lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
     if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
         return weights
+    room = engine.config.n_ctx - max(len(state.tokens), len(null_prompt))
+    if any(len(index.seqs[j]) > room for j in lead):  # a reply that does not fit after the prompt: the vote decides
+        return weights
     missing = [j for j in lead if j not in index.prior]
     if missing:
         engine.reset()
