@@ -106,6 +106,35 @@ def probe(args) -> Path:
     return f
 
 
+def cost(args) -> None:
+    """Seconds per ``ask`` with the rerank off and on, alternating query by query over the same
+    memory (a dozen-intent draw, the rerank's priors decoded before timing), and their ratio."""
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    taught, asked, _ = draw(args.data, args.seed, args.intents, args.taught, args.asked, False)
+    mem = args.out / f"mem-cost-{args.seed}"
+    shutil.rmtree(mem, ignore_errors=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    m = Miita(model=args.model, memory=mem, template="plain")
+    lam = m.preset.rerank_lambda or 0.1
+    m.ingest([Example(x, y) for x, y in taught], budget=None, progress=False)
+    m.preset.rerank_lambda = lam
+    for x, _ in asked:  # warm: the index, the calibration prompts and every prior the queries need
+        m.ask(x, max_tokens=1)
+    t = {0.0: [], lam: []}
+    for i, (x, _) in enumerate(asked):
+        for value in ((0.0, lam) if i % 2 == 0 else (lam, 0.0)):
+            m.preset.rerank_lambda = value
+            t0 = time.perf_counter()
+            m.ask(x, max_tokens=args.max_tokens)
+            t[value].append(time.perf_counter() - t0)
+    m.close()
+    off, on = float(np.mean(t[0.0])), float(np.mean(t[lam]))
+    print(f"{len(asked)} queries, {args.max_tokens} tokens at most: ask {off:.3f} s without the rerank, "
+          f"{on:.3f} s with it (λ {lam:g}): ratio {on / off:.2f}")
+
+
 def accuracy(rows: list[dict], lam: float) -> float:
     """Share of rows whose leading answer after adding λ·PMI to the log vote weights is the gold one."""
     ok = 0
@@ -148,6 +177,15 @@ def main(argv=None) -> int:
     p.add_argument("--labels", action="store_true", help="teach each intent's label instead of its canned reply")
     p.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
+    t = sub.add_parser("cost", help="seconds per ask with the rerank off and on, over one memory")
+    t.add_argument("--data", type=Path, default=Path("../shared/data/banking77"))
+    t.add_argument("--model", default=None)
+    t.add_argument("--seed", type=int, default=11)
+    t.add_argument("--intents", type=int, default=12)
+    t.add_argument("--taught", type=int, default=10)
+    t.add_argument("--asked", type=int, default=2, help="asked rows per intent")
+    t.add_argument("--max-tokens", type=int, default=80)
+    t.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
     c = sub.add_parser("choose", help="the λ grid over probe files, and the rule's choice")
     c.add_argument("files", type=Path, nargs="+")
     args = ap.parse_args(argv)
@@ -155,6 +193,8 @@ def main(argv=None) -> int:
         if not (args.data / "train.jsonl").is_file():
             ap.error(f"{args.data}: no train.jsonl (give Banking77's data directory)")
         probe(args)
+    elif args.cmd == "cost":
+        cost(args)
     else:
         choose(args.files)
     return 0

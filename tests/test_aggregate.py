@@ -199,7 +199,7 @@ def test_readme_paragraph_compares_with_outside_baselines_only(tmp_path):
 
 def test_results_and_readme_are_what_the_archive_regenerates():
     """docs/RESULTS.md's order tables and the README's results paragraph are exactly what
-    ``bench/results_table.py --orders --sweep docs/results/v7/runs --fill`` writes from the archived
+    ``bench/results_table.py --orders --sweep docs/results/tables --fill`` writes from the archived
     runs: a number edited by hand, or a run archived without refilling, fails here."""
     import re
     from pathlib import Path
