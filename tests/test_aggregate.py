@@ -208,7 +208,7 @@ def test_results_and_readme_are_what_the_archive_regenerates():
 
     rt = load_bench("results_table")
     root = Path(__file__).resolve().parent.parent
-    sweep = root / "docs" / "results" / "v7" / "runs"
+    sweep = root / "docs" / "results" / "tables"
 
     def block(path, marker):
         m = re.search(rf"<!-- {marker} -->\n(.*?)\n<!-- /{marker} -->", path.read_text("utf-8"), re.S)
