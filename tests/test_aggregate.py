@@ -219,6 +219,8 @@ def test_results_and_readme_are_what_the_archive_regenerates():
     about = json.loads((sweep / "sweep.json").read_text("utf-8"))
     assert block(root / "README.md", "RESULTS-SUMMARY") == rt.summary_paragraph([sweep], about)
     assert block(root / "docs" / "RESULTS.md", "NOT-RUN") == rt.not_run_bullet([sweep], about)
+    wide = root / "docs" / "results" / "tables-wide"
+    assert block(root / "docs" / "RESULTS.md", "WIDE-TABLES") == "\n".join(rt.order_tables([wide])).strip()
 
 
 def test_not_run_lists_exactly_the_grid_cells_the_archive_lacks(tmp_path):
