@@ -162,3 +162,26 @@ def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(
     g = tmp_path / "hurts.json"
     g.write_text(json.dumps({"rows": hurt}))
     assert rr.choose([g]) == 0.0
+
+
+def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_path, monkeypatch):
+    """A template that is only "{input}" on a model without BOS renders an empty input as no tokens
+    at all (SuperNI's on SmolLM2): the prior is read after a newline instead, and nothing fails."""
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    with Miita(engine=engine, memory=tmp_path / "mem", template="superni") as m:
+        m.ingest([Example(f"Summarise: note {i} about the {w}. Output: ", f"A long summary of note {i}: the {w} "
+                          "was discussed at length and everyone agreed on the plan.") for i, w in
+                  enumerate(["budget", "garden", "holiday", "meeting"])], budget=None, progress=False)
+        m.preset.relevance_gate = False
+        m.preset.rerank_lambda = 0.1
+        real = m.prompt_tokens
+        monkeypatch.setattr(m, "prompt_tokens", lambda text: [] if text == "" else real(text))
+        toks = real("Summarise: note 9 about the garden. Output: ")
+        eng = m._use_keys()
+        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        qp = m.plan(state)
+        assert len(qp.ids) >= 2 and len(m.retrieval_index().prior) >= 2  # reranked, priors read
+        assert eng.n_past == len(toks)
+        eng.reset()

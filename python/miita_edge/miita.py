@@ -418,7 +418,9 @@ class Miita:
         index = self.retrieval_index()
         if fresh:  # their first use decoded calibration prompts: the caller's prompt goes back in the cache
             self.engine.query(list(state.tokens), skip_bos_in_key=self.preset.skip_bos)
-        null = self.prompt_tokens("") if self.preset.rerank_lambda > 0 else None
+        # the reply's prior is read after the template's prompt for an empty input; a template that is
+        # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
+        null = (self.prompt_tokens("") or self.prompt_tokens("\n")) if self.preset.rerank_lambda > 0 else None
         return plan_query(self.preset, self.bank, self.engine, index, state,
                           mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null)
 

@@ -198,7 +198,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
-    if pr.rerank_lambda > 0 and null_prompt is not None and len(ids) > 1:
+    if pr.rerank_lambda > 0 and null_prompt and len(ids) > 1:
         weights = _rerank(pr, engine, index, state, ids, weights, null_prompt)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
