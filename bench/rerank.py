@@ -39,8 +39,9 @@ def draw(data: Path, seed: int, intents: int, taught: int, asked: int, labels: b
          ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, str]]:
     """(taught (input, answer) rows, asked (input, intent) rows, each drawn intent's answer), from
     ``train.jsonl`` alone: the first ``taught`` rows of each drawn intent, then the next ``asked``."""
-    replies = json.loads((Path(__file__).resolve().parent.parent / "python" / "miita_edge" / "evaluation" / "data"
-                          / "banking77_replies.json").read_text("utf-8"))
+    from miita_edge.evaluation import benchmarks
+
+    replies = json.loads((Path(benchmarks.__file__).with_name("data") / "banking77_replies.json").read_text("utf-8"))
     train = [json.loads(x) for x in (data / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
     names = sorted(replies)
     chosen = [names[i] for i in sorted(np.random.default_rng(seed).choice(len(names), intents, replace=False))]
