@@ -64,7 +64,7 @@ def probe(args) -> Path:
     chosen = list(answer)
     kind = "labels" if args.labels else "replies"
     args.out.mkdir(parents=True, exist_ok=True)
-    mem = args.out / f"mem-{kind}-{args.seed}-{args.intents}"
+    mem = args.out / f"mem-{kind}-{args.seed}-{args.intents}{args.tag}"
     shutil.rmtree(mem, ignore_errors=True)
     m = Miita(model=args.model, memory=mem, template="banking77" if args.labels else "plain")
     m.preset.rerank_lambda = 0.0
@@ -83,7 +83,7 @@ def probe(args) -> Path:
         state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         qp = m.plan(state)
         adapted = qp.gate is None or qp.gate.adapted
-        lead = [int(k) for k in np.argsort(-np.asarray(qp.weights), kind="stable")[:3]] if adapted else []
+        lead = [int(k) for k in np.argsort(-np.asarray(qp.weights), kind="stable")[:args.top]] if adapted else []
         cands = []
         for k in lead:
             j = int(qp.ids[k])
@@ -100,9 +100,9 @@ def probe(args) -> Path:
         if args.progress:
             print(f"\r{i + 1}/{len(asked)} asked, {time.time() - t0:.0f} s", end="", file=sys.stderr)
     m.close()
-    f = args.out / f"{kind}-{args.seed}-{args.intents}.json"
+    f = args.out / f"{kind}-{args.seed}-{args.intents}{args.tag}.json"
     f.write_text(json.dumps({"seed": args.seed, "intents": args.intents, "taught": args.taught,
-                             "asked": args.asked, "kind": kind, "rows": out}), "utf-8")
+                             "asked": args.asked, "kind": kind, "top": args.top, "rows": out}), "utf-8")
     print(f"\n{f}: {len(out)} asked; vote alone {accuracy(out, 0.0):.1f}%", file=sys.stderr)
     return f
 
@@ -136,32 +136,51 @@ def cost(args) -> None:
           f"{on:.3f} s with it (λ {lam:g}): ratio {on / off:.2f}")
 
 
-def accuracy(rows: list[dict], lam: float) -> float:
-    """Share of rows whose leading answer after adding λ·PMI to the log vote weights is the gold one."""
+def accuracy(rows: list[dict], lam: float, top: int = 3) -> float:
+    """Share of rows whose leading answer, after adding λ·PMI to the log vote weights of the ``top``
+    leading answers, is the gold one (0 where the gate declined)."""
     ok = 0
     for r in rows:
         if r["adapted"] and r["cands"]:
-            best = max(r["cands"], key=lambda c: np.log(max(c["w"], 1e-300)) + lam * c["pmi"])
+            best = max(r["cands"][:top], key=lambda c: np.log(max(c["w"], 1e-300)) + lam * c["pmi"])
             ok += best["answer"] == r["gold"]
     return 100.0 * ok / max(len(rows), 1)
 
 
-def choose(files: list[Path]) -> float:
+def choose(files: list[Path], tops: tuple[int, ...] = (3,), shipped: tuple[int, float] | None = None
+           ) -> tuple[int, float]:
+    """The grid of (top, λ) over the probe files and the rule's pick, fixed before the runs: the
+    point with the best mean; it replaces ``shipped`` only if it beats it by more than ``MARGIN``,
+    and then the point with the fewest leading answers (the cost: one decode each) among those
+    within ``MARGIN`` of the best is taken. Without ``shipped``, λ = 0 at the smallest top plays
+    its part."""
     runs = [json.loads(f.read_text("utf-8")) for f in files]
-    print("| file | asked | " + " | ".join(f"λ {lam:g}" for lam in LAMBDAS) + " | leading three hold gold |")
-    print("|---|---:|" + "---:|" * (len(LAMBDAS) + 1))
-    means = {lam: [] for lam in LAMBDAS}
     for f, r in zip(files, runs):
-        accs = [accuracy(r["rows"], lam) for lam in LAMBDAS]
-        for lam, a in zip(LAMBDAS, accs):
-            means[lam].append(a)
-        hold = 100.0 * np.mean([x["adapted"] and any(c["answer"] == x["gold"] for c in x["cands"]) for x in r["rows"]])
-        print(f"| {f.name} | {len(r['rows'])} | " + " | ".join(f"{a:.1f}" for a in accs) + f" | {hold:.1f} |")
-    mean = {lam: float(np.mean(v)) for lam, v in means.items()}
-    print("| mean | | " + " | ".join(f"{mean[lam]:.2f}" for lam in LAMBDAS) + " | |")
-    best = max(LAMBDAS, key=lambda lam: (mean[lam], -lam))
-    pick = best if mean[best] > mean[0.0] + MARGIN else 0.0
-    print(f"rule: best λ {best:g} ({mean[best]:.2f} against {mean[0.0]:.2f} without); chosen λ = {pick:g}")
+        if r.get("top", 3) < max(tops):
+            raise SystemExit(f"{f}: recorded {r.get('top', 3)} leading answers, fewer than --tops asks")
+    grid = [(t, lam) for t in tops for lam in LAMBDAS]
+    print("| file | asked | " + " | ".join(f"top {t} λ {lam:g}" for t, lam in grid) + " | leading hold gold |")
+    print("|---|---:|" + "---:|" * (len(grid) + 1))
+    means = {g: [] for g in grid}
+    for f, r in zip(files, runs):
+        accs = [accuracy(r["rows"], lam, t) for t, lam in grid]
+        for g, a in zip(grid, accs):
+            means[g].append(a)
+        hold = "/".join(f"{100.0 * np.mean([x['adapted'] and any(c['answer'] == x['gold'] for c in x['cands'][:t]) for x in r['rows']]):.1f}"
+                        for t in tops)
+        print(f"| {f.name} | {len(r['rows'])} | " + " | ".join(f"{a:.1f}" for a in accs) + f" | {hold} |")
+    mean = {g: float(np.mean(v)) for g, v in means.items()}
+    print("| mean | | " + " | ".join(f"{mean[g]:.2f}" for g in grid) + " | |")
+    base = shipped if shipped is not None else (min(tops), 0.0)
+    if base not in mean:
+        raise SystemExit(f"shipped point top {base[0]}, λ {base[1]:g} is not on the grid")
+    best = max(grid, key=lambda g: (mean[g], -g[0], -g[1]))
+    pick = base
+    if mean[best] > mean[base] + MARGIN:
+        near = [g for g in grid if mean[g] >= mean[best] - MARGIN]
+        pick = min(near, key=lambda g: (g[0], -mean[g], g[1]))
+    print(f"rule: best top {best[0]}, λ {best[1]:g} ({mean[best]:.2f}); against top {base[0]}, λ {base[1]:g} "
+          f"({mean[base]:.2f}): chosen top {pick[0]}, λ = {pick[1]:g}")
     return pick
 
 
@@ -176,6 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--taught", type=int, default=10)
     p.add_argument("--asked", type=int, default=20)
     p.add_argument("--labels", action="store_true", help="teach each intent's label instead of its canned reply")
+    p.add_argument("--top", type=int, default=3, help="leading answers recorded per asked row (choose --tops reads them)")
+    p.add_argument("--tag", default="", help="added to the output file's name")
     p.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
     t = sub.add_parser("cost", help="seconds per ask with the rerank off and on, over one memory")
@@ -189,6 +210,8 @@ def main(argv=None) -> int:
     t.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
     c = sub.add_parser("choose", help="the λ grid over probe files, and the rule's choice")
     c.add_argument("files", type=Path, nargs="+")
+    c.add_argument("--tops", default="3", help="comma-separated numbers of leading answers to rerank (default 3)")
+    c.add_argument("--shipped", default=None, help="TOP,LAMBDA the preset ships; kept unless beaten by more than 0.5")
     args = ap.parse_args(argv)
     if args.cmd == "probe":
         if not (args.data / "train.jsonl").is_file():
@@ -197,7 +220,11 @@ def main(argv=None) -> int:
     elif args.cmd == "cost":
         cost(args)
     else:
-        choose(args.files)
+        shipped = None
+        if args.shipped:
+            t, lam = args.shipped.split(",")
+            shipped = (int(t), float(lam))
+        choose(args.files, tuple(int(t) for t in args.tops.split(",")), shipped)
     return 0
 
 

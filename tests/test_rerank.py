@@ -156,12 +156,26 @@ def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(
     assert rr.accuracy(rows, 0.03) == pytest.approx(100 / 3)  # 0.15 < 0.405: not enough
     f = tmp_path / "wins.json"
     f.write_text(json.dumps({"rows": rows}))
-    assert rr.choose([f]) == 0.1
+    assert rr.choose([f]) == (3, 0.1)
     # PMI pointing the wrong way everywhere: no λ helps and the vote alone is kept
     hurt = [row("a", [("a", 0.6, 0.0), ("b", 0.4, 50.0)]) for _ in range(3)]
     g = tmp_path / "hurts.json"
     g.write_text(json.dumps({"rows": hurt}))
-    assert rr.choose([g]) == 0.0
+    assert rr.choose([g]) == (3, 0.0)
+    # the gold answer fourth: only a rerank over four leading answers finds it
+    deep = row("a", [("b", 0.4, 0.0), ("c", 0.3, 0.0), ("d", 0.2, 0.0), ("a", 0.1, 9.0)])
+    assert rr.accuracy([deep], 0.3, top=3) == 0.0
+    assert rr.accuracy([deep], 0.3, top=4) == 100.0  # log 0.4 - log 0.1 = 1.39 < 0.3 * 9
+    h = tmp_path / "deep.json"
+    h.write_text(json.dumps({"top": 4, "rows": [deep, right]}))
+    assert rr.choose([h], tops=(3, 4), shipped=(3, 0.1)) == (4, 0.3)
+    # a file that recorded three answers cannot score a rerank over four
+    with pytest.raises(SystemExit, match="fewer than --tops"):
+        rr.choose([f], tops=(3, 4))
+    # within the margin of the best, the fewest answers win (each is one more decode per query)
+    both = tmp_path / "both.json"
+    both.write_text(json.dumps({"top": 4, "rows": [fixable, right]}))
+    assert rr.choose([both], tops=(3, 4), shipped=(3, 0.0)) == (3, 0.1)
 
 
 def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_path, monkeypatch):
