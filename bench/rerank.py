@@ -144,7 +144,7 @@ def gate_curve(args) -> None:
     (the shipped gate: z = 3.09, never below the highest generic question; docs/method.md §10.3)."""
     from miita_edge import _native as ext
     from miita_edge.method.plan import generic_best
-    from miita_edge.method.relevance import EXACT_REPEAT, NULL_Z
+    from miita_edge.method.relevance import NULL_Z, gate
     from miita_edge.miita import Miita
 
     _, asked, _ = draw(args.data, args.seed, args.intents, args.taught, args.asked, False)
@@ -174,8 +174,7 @@ def gate_curve(args) -> None:
             null = np.maximum(null, top)
 
         def steers(r) -> bool:
-            return any(b >= EXACT_REPEAT or (idx.counts[j] >= 2 and b >= idx.radius[j] and b > null[j])
-                       for j, b in zip(r[0].tolist(), r[1]))
+            return gate(r[0], np.array(r[1]), idx.counts, idx.radius, null).adapted
 
         print(f"z {z:g}: on-topic steered {100 * np.mean([steers(r) for r in on]):.1f}%, "
               f"off-topic steered {100 * np.mean([steers(r) for r in offs]):.1f}%")
