@@ -142,8 +142,7 @@ def gate_curve(args) -> None:
     and of the test suite's off-topic prompts that at least one retrieved answer may steer, with
     each answer's null score at mean + z·σ of the generic questions' best cosines, for a grid of z
     (the shipped gate: z = 3.09, never below the highest generic question; docs/method.md §10.3)."""
-    from miita_edge import _native as ext
-    from miita_edge.method.plan import generic_best
+    from miita_edge.method.plan import anchor_best, generic_best, query_key
     from miita_edge.method.relevance import NULL_Z, gate
     from miita_edge.miita import Miita
 
@@ -155,15 +154,10 @@ def gate_curve(args) -> None:
     g = generic_best(idx, m._generic_bits())
     mu, sd, top = g.mean(axis=0), g.std(axis=0), g.max(axis=0)
 
-    def nearest(x: str) -> tuple[np.ndarray, list[float]]:
+    def nearest(x: str) -> tuple[np.ndarray, np.ndarray]:
         st = eng.query(m.prompt_tokens(x), skip_bos_in_key=m.preset.skip_bos)
         ids = np.asarray(m.plan(st).ids, np.int64)
-        rows = getattr(st, "pooled_rows", None)
-        k_q = m.bank.prepare_query(st.key_sum, rows) if rows is not None else m.bank.prepare_query(st.key)
-        K = idx.key_dim
-        d = ext.range_min_hamming(idx.packed, idx.anchor_start[ids], idx.anchor_start[ids + 1],
-                                  np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
-        return ids, [(K - 2 * v) / K if v >= 0 else -np.inf for v in d]
+        return ids, anchor_best(idx, query_key(m.preset, m.bank, idx, st), ids)
 
     on, offs = [nearest(x) for x, _ in asked], [nearest(x) for x in off]
     m.close()
@@ -174,7 +168,7 @@ def gate_curve(args) -> None:
             null = np.maximum(null, top)
 
         def steers(r) -> bool:
-            return gate(r[0], np.array(r[1]), idx.counts, idx.radius, null).adapted
+            return gate(r[0], r[1], idx.counts, idx.radius, null).adapted
 
         print(f"z {z:g}: on-topic steered {100 * np.mean([steers(r) for r in on]):.1f}%, "
               f"off-topic steered {100 * np.mean([steers(r) for r in offs]):.1f}%")

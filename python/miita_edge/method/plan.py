@@ -158,13 +158,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
     The engine's cache must hold the query's prompt, and holds it again on return."""
     pr = preset
-    bits_vote = pr.aggregation != "paper" and index.packed is not None
-    # the 1-bit vote reads the query as unit float32 (one native call); the float paths as before
-    if bits_vote:
-        rows = getattr(state, "pooled_rows", None)  # an engine's QueryState: its sums, divided natively
-        k_q = bank.prepare_query(state.key_sum, rows) if rows is not None else bank.prepare_query(state.key)
-    else:
-        k_q = bank.prepare_key(state.key)
+    k_q = query_key(pr, bank, index, state)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
     if A_unit is None and (pr.aggregation == "paper" or index.packed is None):  # a preset mixing 1-bit keys
         A, _ = bank.anchor_matrix()                                           # with float scoring
@@ -245,6 +239,25 @@ def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.nd
     return new
 
 
+def query_key(pr: Preset, bank: MemoryBank, index: RetrievalIndex, state) -> np.ndarray:
+    """The query's key as this preset scores it: the 1-bit vote reads it as unit float32 (one native
+    call over an engine's pooled sums); the float paths as the bank prepares keys."""
+    if pr.aggregation != "paper" and index.packed is not None:
+        rows = getattr(state, "pooled_rows", None)  # an engine's QueryState: its sums, divided natively
+        return bank.prepare_query(state.key_sum, rows) if rows is not None else bank.prepare_query(state.key)
+    return bank.prepare_key(state.key)
+
+
+def anchor_best(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each of ``ids``' highest cosine between the query in stored form (its sign bits) and its
+    anchors, -inf for a prototype without anchors: what the relevance gate compares."""
+    ids = np.asarray(ids, np.int64)
+    K = index.key_dim
+    d = ext.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
+                              np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
+    return np.array([(K - 2 * x) / K if x >= 0 else -math.inf for x in d], np.float64)
+
+
 def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
     form (its sign bits) against each one's anchors, as the radius was measured.
@@ -254,11 +267,7 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
     more than the few rows the gate reads right after a prompt pass."""
     ids = np.asarray(ids, np.int64)
-    K = index.key_dim
-    d = ext.range_min_hamming(index.packed, index.anchor_start[ids], index.anchor_start[ids + 1],
-                                  np.packbits(np.asarray(k_q)[:K] >= 0)).tolist()
-    best = [(K - 2 * x) / K if x >= 0 else -math.inf for x in d]
-    return gate(ids, np.array(best, np.float64), index.counts, index.radius, index.null)
+    return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null)
 
 
 def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:
