@@ -5,7 +5,6 @@ than the anchor vote alone? The measurement behind the default preset's rerank (
     python bench/rerank.py probe --data ../shared/data/banking77 --seed 11 --labels --intents 77 --asked 5 \\
         --out bench-results/rerank
     python bench/rerank.py choose bench-results/rerank/replies-*.json
-    python bench/rerank.py gate --memory bench-results/rerank/mem-replies-11-12
 
 Rows: only ``train.jsonl`` is read. ``--intents`` intents are drawn with ``--seed``; the first
 ``--taught`` training rows of each are learned (with the intent's canned reply from the package,
@@ -137,43 +136,6 @@ def cost(args) -> None:
           f"{on:.3f} s with it (λ {lam:g}): ratio {on / off:.2f}")
 
 
-def gate_curve(args) -> None:
-    """The relevance gate's trade-off over a probe's memory: the share of the asked (on-topic) rows
-    and of the test suite's off-topic prompts that at least one retrieved answer may steer, with
-    each answer's null score at mean + z·σ of the generic questions' best cosines, for a grid of z
-    (the shipped gate: z = 3.09, never below the highest generic question; docs/method.md §10.3)."""
-    from miita_edge.method.plan import anchor_best, generic_best, query_key
-    from miita_edge.method.relevance import NULL_Z, gate
-    from miita_edge.miita import Miita
-
-    _, asked, _ = draw(args.data, args.seed, args.intents, args.taught, args.asked, False)
-    off = [x.strip() for x in args.offtopic.read_text("utf-8").splitlines() if x.strip()]
-    m = Miita(model=args.model, memory=args.memory, template="plain")
-    m.preset.rerank_lambda, m.preset.relevance_gate = 0.0, False  # every retrieved answer, ungated
-    eng, idx = m._use_keys(), m.retrieval_index()
-    g = generic_best(idx, m._generic_bits())
-    mu, sd, top = g.mean(axis=0), g.std(axis=0), g.max(axis=0)
-
-    def nearest(x: str) -> tuple[np.ndarray, np.ndarray]:
-        st = eng.query(m.prompt_tokens(x), skip_bos_in_key=m.preset.skip_bos)
-        ids = np.asarray(m.plan(st).ids, np.int64)
-        return ids, anchor_best(idx, query_key(m.preset, m.bank, idx, st), ids)
-
-    on, offs = [nearest(x) for x, _ in asked], [nearest(x) for x in off]
-    m.close()
-    print(f"{len(on)} on-topic asked rows, {len(off)} off-topic prompts ({args.offtopic})")
-    for z in (NULL_Z, 2.33, 1.64, 1.0, 0.0):
-        null = mu + z * sd
-        if z == NULL_Z:
-            null = np.maximum(null, top)
-
-        def steers(r) -> bool:
-            return gate(r[0], r[1], idx.counts, idx.radius, null).adapted
-
-        print(f"z {z:g}: on-topic steered {100 * np.mean([steers(r) for r in on]):.1f}%, "
-              f"off-topic steered {100 * np.mean([steers(r) for r in offs]):.1f}%")
-
-
 def accuracy(rows: list[dict], lam: float, top: int = 3) -> float:
     """Share of rows whose leading answer, after adding λ·PMI to the log vote weights of the ``top``
     leading answers, is the gold one (0 where the gate declined)."""
@@ -246,15 +208,6 @@ def main(argv=None) -> int:
     t.add_argument("--asked", type=int, default=2, help="asked rows per intent")
     t.add_argument("--max-tokens", type=int, default=80)
     t.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
-    q = sub.add_parser("gate", help="the relevance gate's on-topic / off-topic trade-off over a probe's memory")
-    q.add_argument("--data", type=Path, default=Path("../shared/data/banking77"))
-    q.add_argument("--model", default=None)
-    q.add_argument("--memory", type=Path, required=True, help="the memory a replies probe left (mem-replies-SEED-INTENTS...)")
-    q.add_argument("--seed", type=int, default=11)
-    q.add_argument("--intents", type=int, default=12)
-    q.add_argument("--taught", type=int, default=10)
-    q.add_argument("--asked", type=int, default=20)
-    q.add_argument("--offtopic", type=Path, default=Path(__file__).resolve().parents[1] / "tests" / "data" / "offtopic.txt")
     c = sub.add_parser("choose", help="the λ grid over probe files, and the rule's choice")
     c.add_argument("files", type=Path, nargs="+")
     c.add_argument("--tops", default="3", help="comma-separated numbers of leading answers to rerank (default 3)")
@@ -264,10 +217,6 @@ def main(argv=None) -> int:
         if not (args.data / "train.jsonl").is_file():
             ap.error(f"{args.data}: no train.jsonl (give Banking77's data directory)")
         probe(args)
-    elif args.cmd == "gate":
-        if not args.memory.is_dir():
-            ap.error(f"{args.memory}: no memory there (run probe first)")
-        gate_curve(args)
     elif args.cmd == "cost":
         cost(args)
     else:

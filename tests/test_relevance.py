@@ -261,3 +261,87 @@ def test_generic_best_against_brute_force():
     want = np.array([[max(q[g] @ signs[a] / K for a in range(start[j], start[j + 1])) for j in range(3)]
                      for g in range(5)])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_uncapped_null_scores_at_another_tail_against_numpy():
+    from miita_edge.method.relevance import NEAREST_Z, null_scores
+
+    rng = np.random.default_rng(1)
+    g = rng.uniform(-0.2, 0.4, size=(40, 5))
+    want = np.array([g[:, j].mean() + NEAREST_Z * g[:, j].std() for j in range(5)])
+    np.testing.assert_allclose(null_scores(g, z=NEAREST_Z, cap=False), want, rtol=1e-12)
+    assert (null_scores(g, z=NEAREST_Z, cap=False) < null_scores(g)).all()  # 1 in 20 sits below 1 in 1,000
+
+
+def test_nearest_margin_against_brute_force():
+    """The query's cosine to its nearest generic question, from packed bits, plus 1/sqrt(K):
+    against numpy over the ±1 vectors, for a K that does not fill its last byte."""
+    from miita_edge.method.relevance import nearest_margin
+
+    rng = np.random.default_rng(4)
+    for K in (80, 77):
+        g = rng.choice([-1, 1], size=(9, K))
+        q = rng.choice([-1, 1], size=K)
+        q[: K // 2] = g[3, : K // 2]  # one question half-equal to the query: it is the nearest
+        want = max(g @ q) / K + 1 / np.sqrt(K)
+        got = nearest_margin(np.packbits(q > 0), np.packbits(g > 0, axis=1), K)
+        assert got == pytest.approx(want, abs=1e-12)
+        assert nearest_margin(np.packbits(g[5] > 0), np.packbits(g > 0, axis=1), K) == pytest.approx(1 + 1 / np.sqrt(K))
+
+
+def test_the_query_floor_closes_the_gate_for_every_answer():
+    from miita_edge.method.relevance import gate
+
+    ids, counts, radius = np.array([0, 1]), np.array([3, 3]), np.array([0.1, 0.1])
+    best = np.array([0.30, 0.25])
+    assert gate(ids, best, counts, radius, null=np.array([0.2, 0.2]), floor=0.27).keep.tolist() == [True, False]
+    d = gate(ids, best, counts, radius, null=np.array([0.2, 0.2]), floor=0.31)
+    assert not d.adapted and "general questions" in d.reason
+    # an exact repeat passes whatever the floor, as it passes any null
+    assert gate(ids, np.array([1.0, 0.25]), counts, radius, floor=1.5).keep.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_nearest_question_gate_through_plan_query_against_brute_force(seed):
+    """The default preset's gate with each answer's 1-in-20 null and the query's nearest-question
+    bar, as plan_query applies it from the index, against every rule recomputed in float64 over
+    the unpacked ±1 keys; generic questions near one cluster make the bar decide some queries."""
+    from miita_edge.method.plan import generic_best
+    from miita_edge.method.relevance import NEAREST_Z, null_scores
+
+    rng = np.random.default_rng(seed)
+    rows, centres = _clustered_writes(rng, pairs=3)
+    bank = _bank()
+    for key, toks in rows:
+        bank.write(np.zeros((0, H), np.float32), toks, key)
+    pr = default_preset()
+    assert pr.null_gate and pr.null_rule == "nearest"
+    index = RetrievalIndex.build(bank, None, centroids=False)
+    K = bank.key_dim
+    generic = [centres[0] + 0.8 * rng.standard_normal(H) for _ in range(3)] + [rng.standard_normal(H) * 3 for _ in range(9)]
+    gsig = np.stack([_sign_unit(bank.prepare_key(g)) * np.sqrt(K) for g in generic])  # ±1 rows
+    index.generic_packed = np.packbits(gsig > 0, axis=1)
+    index.null = null_scores(generic_best(index, index.generic_packed), z=NEAREST_Z, cap=False)
+    A, owner = bank.anchor_matrix()
+    A = A / np.sqrt(K)
+    counts, radii = bank.counts(), bank.radii()
+    J = len(counts)
+    gb = np.array([[max(float(a @ g) for a in A[owner == j]) / np.sqrt(K) if (owner == j).any() else -np.inf
+                    for j in range(J)] for g in gsig])
+    null = gb.mean(0) + NEAREST_Z * gb.std(0)
+    outcomes = {"kept": 0, "bar": 0}
+    for q in [centres[i % len(centres)] + s * rng.standard_normal(H) for i in range(30) for s in (0.3, 1.5)]:
+        qp = plan_query(pr, bank, None, index, SimpleNamespace(key=q))
+        full = plan_query(_no_gate(pr), bank, None, index, SimpleNamespace(key=q))
+        qs = _sign_unit(bank.prepare_key(q))
+        bar = max(float(g @ qs) for g in gsig) / np.sqrt(K) + 1 / np.sqrt(K)
+        keep, keep_without_bar = [], []
+        for j in full.ids:
+            best = max(float(a @ qs) for a in A[owner == j])
+            base = counts[j] >= 2 and best >= radii[j] - 1e-6 and best > null[j] + 1e-9
+            keep.append(best >= EXACT_REPEAT or (base and best > bar + 1e-9))
+            keep_without_bar.append(best >= EXACT_REPEAT or base)
+        assert qp.gate.keep.tolist() == keep
+        outcomes["kept"] += any(keep)
+        outcomes["bar"] += any(keep_without_bar) and not any(keep)
+    assert outcomes["kept"] and outcomes["bar"]  # the bar itself declines some queries here

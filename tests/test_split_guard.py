@@ -150,3 +150,13 @@ def test_the_rerank_probe_reads_no_test_row():
         assert len(answer) == 12 and len(taught) == 120 and len(asked) == 240
         assert not ({x for x, _ in taught} | {x for x, _ in asked}) & test_inputs
         assert not {x for x, _ in taught} & {x for x, _ in asked}
+
+
+def test_the_gate_probe_reads_no_test_row():
+    """bench/gate.py: its second off-topic set is XQuAD training questions, none of them a test
+    row's question; its on-topic rows are the rerank probe's draw (checked above)."""
+    gate = load_bench("gate")
+    qs = gate.xquad_questions(DATA / "paxqa_substitute_xquad")
+    test_q = {json.loads(x)["question"] for x in (DATA / "paxqa_substitute_xquad" / "test.jsonl").read_text("utf-8")
+              .splitlines() if x}
+    assert len(qs) == len(set(qs)) == 200 and not set(qs) & test_q

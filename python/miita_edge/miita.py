@@ -31,7 +31,7 @@ from .method.key_extractors import KeyOptions, choose_extractor, key_engine
 from .method.key_layers import choose_key_layers
 from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
-from .method.relevance import GENERIC_QUESTIONS, null_scores
+from .method.relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores
 from .method.templates import AUTO, resolve_template, strip_lead
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
@@ -435,7 +435,12 @@ class Miita:
         if self._index is None:
             index = RetrievalIndex.build(self.bank, self._entries, centroids=self.preset.centroid_vote)
             if self.preset.null_gate and index.packed is not None and self.bank.n_prototypes:
-                index.null = null_scores(generic_best(index, self._generic_bits()))
+                bits = self._generic_bits()
+                if self.preset.null_rule == "nearest":
+                    index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
+                    index.generic_packed = bits
+                else:
+                    index.null = null_scores(generic_best(index, bits))
             self._index = index
         return self._index
 

@@ -18,7 +18,7 @@ from ..native import ext
 from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
-from .relevance import GateDecision, gate
+from .relevance import GateDecision, gate, nearest_margin
 from .rerank import continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
@@ -114,6 +114,7 @@ class RetrievalIndex:
     counts: np.ndarray | None = None  # (J,) each prototype's n
     radius: np.ndarray | None = None  # (J,) each prototype's radius
     null: np.ndarray | None = None  # (J,) each prototype's null score (relevance.null_scores), if used
+    generic_packed: np.ndarray | None = None  # (G, ceil(K/8)) generic questions' bits: the nearest-question test
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
@@ -267,7 +268,11 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     float table ``bit_scores`` builds per query, and each numpy call on a handful of values, cost
     more than the few rows the gate reads right after a prompt pass."""
     ids = np.asarray(ids, np.int64)
-    return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null)
+    floor = -math.inf
+    if index.generic_packed is not None:
+        K = index.key_dim
+        floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
+    return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor)
 
 
 def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:

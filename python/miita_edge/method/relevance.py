@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "GateDecision", "best_per_prototype", "gate", "null_scores"]
+__all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "NEAREST_Z", "NULL_Z", "GateDecision", "best_per_prototype", "gate", "nearest_margin",
+           "null_scores"]
 
 #: Questions and small talk that no taught answer is meant for: the gate's reference for how close
 #: text the memory has nothing to say about comes to each answer's examples (``null_scores``).
@@ -77,28 +78,58 @@ def best_per_prototype(scores: np.ndarray, owner: np.ndarray, ids: np.ndarray) -
 #: The null score sits this many standard deviations above the generic questions' mean best cosine:
 #: the one-sided normal tail of 1 in 1,000, the share of questions the memory has nothing to say
 #: about that may still pass one answer's test (never below the highest generic question itself).
+#: Versions 5-8 of the default preset.
 NULL_Z = 3.09
 
 
-def null_scores(generic_best: np.ndarray) -> np.ndarray:
+#: The tail of the per-answer null score when the nearest-question test (``nearest_margin``) also
+#: applies (version 9): one in 20, uncapped. Each test alone lets through what the other stops
+#: (docs/method.md §16 has the trade-off on two models and two off-topic sets).
+NEAREST_Z = 1.64
+
+
+def null_scores(generic_best: np.ndarray, z: float = NULL_Z, cap: bool = True) -> np.ndarray:
     """Each prototype's null score, from ``generic_best`` (G, J), generic question g's best cosine to
-    prototype j's anchors: max(mean_j + NULL_Z·std_j, max_g): how near text it has nothing to say
-    about may come, extrapolated from G such questions to a 1-in-1,000 tail."""
+    prototype j's anchors: mean_j + z·std_j (and, with ``cap``, never below max_g): how near text it
+    has nothing to say about may come, extrapolated from G such questions to a one-sided normal tail
+    (z = 3.09: 1 in 1,000; 1.64: 1 in 20)."""
     g = np.asarray(generic_best, np.float64)
     if not g.size:
         return np.full(g.shape[1:], -np.inf)
-    return np.maximum(g.mean(axis=0) + NULL_Z * g.std(axis=0), g.max(axis=0))
+    out = g.mean(axis=0) + z * g.std(axis=0)
+    return np.maximum(out, g.max(axis=0)) if cap else out
+
+
+def nearest_margin(query_bits: np.ndarray, generic_bits: np.ndarray, key_dim: int) -> float:
+    """The cosine a retrieved answer's nearest anchor must beat under the nearest-question test: the
+    query's cosine to its nearest generic question, plus 1/sqrt(K), one standard deviation of the
+    cosine of two unrelated sign vectors of K bits.
+
+    Why: the per-answer null score asks how near general questions come to an answer *on
+    average*, and on a model whose keys put a memory's topic close to everyday questions
+    (SmolLM2-135M) that threshold is high enough to decline a quarter of the on-topic paraphrases.
+    Asking instead whether *this* query is nearer to the answer than to the question it most
+    resembles separates the two per query: an off-topic question usually has a near generic
+    sibling, an on-topic one does not (docs/method.md §16). Brute force over the packed rows:
+    ``query_bits`` (ceil(K/8),) and ``generic_bits`` (G, ceil(K/8)) as np.packbits writes them."""
+    g = np.unpackbits(np.asarray(generic_bits, np.uint8), axis=1)[:, :key_dim]
+    q = np.unpackbits(np.asarray(query_bits, np.uint8))[:key_dim]
+    if not len(g):
+        return -np.inf
+    d = int((g != q).sum(axis=1).min())
+    return (key_dim - 2 * d) / key_dim + 1.0 / np.sqrt(key_dim)
 
 
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
-         null: np.ndarray | None = None) -> GateDecision:
+         null: np.ndarray | None = None, floor: float = -np.inf) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
     ``counts`` (J,): every prototype's n; ``radius`` (J,): every prototype's radius; ``null`` (J,),
     if given: every prototype's null score (``null_scores``): a query must also come nearer than
     any generic question does, so a memory whose examples share a template's instruction, where
-    radii are wide, still leaves questions it has nothing to say about alone."""
+    radii are wide, still leaves questions it has nothing to say about alone; ``floor``, the
+    query's own bar (``nearest_margin``): every answer must also beat it."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -109,6 +140,8 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     r = np.asarray(radius, np.float64)[ids].tolist()
     b = best.tolist()
     z = np.asarray(null, np.float64)[ids].tolist() if null is not None else [-np.inf] * len(b)
+    if floor > -np.inf:
+        z = [max(zj, floor) for zj in z]
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
     if any(keep):
