@@ -97,7 +97,7 @@ def test_a_banking_memory_leaves_offtopic_questions_alone(real_model, tmp_path):
     """With a memory of Banking77's first stage (its first 200 training rows as stored), general
     questions and small talk get the frozen model's answer on most of the 202 prompts of
     tests/data/offtopic.txt (measured 95.0% on Gemma, 94.6% on SmolLM2 here; bench/offtopic.py
-    measures all four benchmarks outside the dev rows, 95.5-100% on both: docs/RESULTS.md)."""
+    measures all four benchmarks outside the dev rows, 97.5-100% on both under the default v9: docs/RESULTS.md)."""
     if not (SHARED_DATA / "banking77").is_dir():
         pytest.fail(f"benchmark data not found at {SHARED_DATA} (the tests read ../shared/data)")
     _, path = real_model
