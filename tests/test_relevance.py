@@ -345,3 +345,19 @@ def test_nearest_question_gate_through_plan_query_against_brute_force(seed):
         outcomes["kept"] += any(keep)
         outcomes["bar"] += any(keep_without_bar) and not any(keep)
     assert outcomes["kept"] and outcomes["bar"]  # the bar itself declines some queries here
+
+
+def test_a_v8_memory_keeps_its_null_rule_and_a_bad_rule_is_refused():
+    """Memories built with v5-v8 open with the per-answer 1-in-1,000 null; only v9 asks the
+    nearest-question test; a stored rule this version does not know is a clear error."""
+    import dataclasses
+
+    from miita_edge.errors import StoreError
+    from miita_edge.method.presets import Preset, preset_version
+
+    v8 = preset_version("default", 8)
+    assert (v8.null_gate, v8.null_rule) == (True, "tail")
+    assert Preset.from_json(v8.to_json()).null_rule == "tail"
+    assert Preset.from_json(default_preset().to_json()).null_rule == "nearest"
+    with pytest.raises(StoreError, match="null_rule"):
+        dataclasses.replace(default_preset(), null_rule="loose").validate_keys()
