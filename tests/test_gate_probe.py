@@ -3,9 +3,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-import pytest
-
 from test_split_guard import load_bench
 
 
