@@ -24,6 +24,7 @@ from .memory.bank import MemoryBank
 from .memory.budget import Budget, as_budget, parse_budget
 from .memory.manifest import Manifest, StreamCounts, call_stream_bytes, read_fields, stored_key_layers
 from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order, raw_key
+from .method.key_whitening import paraphrase_keys, whitening_for
 from .method.extract import prompt_tokens
 from .method.head_geometry import HeadGeometry, head_geometry
 from .method.ingest import IngestReport, learn, progress_bar
@@ -113,8 +114,9 @@ class Miita:
                                                                model_sha256(self.engine.info.path)).layers
             else:
                 self.key_layers = self.preset.key_layers(self.engine.n_layer)
-            mean, order = self._key_frame()
-            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order)
+            mean, order, whiten = self._key_frame()
+            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order,
+                                   key_whiten=whiten)
             self.budget = parse_budget(DEFAULT_BUDGET)
             self.counts = StreamCounts()
             self.version = 0
@@ -141,9 +143,9 @@ class Miita:
         self.template = resolve_template(meta["template"], self.engine.chat_template())
         self.engine.parse_special = self.template.special
         try:
-            mean, order = self._key_frame()
+            mean, order, whiten = self._key_frame()
             self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
-                                               len(self.key_layers), order)
+                                               len(self.key_layers), order, whiten)
             top = self.bank.max_token()
             if top >= self.engine.n_vocab:  # a consistent but foreign tokens array (corruption campaign)
                 raise ValueError(f"token id {top} is outside the model's vocabulary of {self.engine.n_vocab}")
@@ -221,16 +223,22 @@ class Miita:
             self.engine.set_key_layers(self.key_layers, pooling)
         return self.engine
 
-    def _key_frame(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """The centring vector and the coordinate order of this memory's keys (both derived from
-        the model and the template through the calibration inputs, never stored)."""
+    def _key_frame(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The centring vector, the whitening and the coordinate order of this memory's keys (all
+        derived from the model and the template through the calibration inputs and the
+        paraphrase groups, never stored)."""
         pr = self.preset
         if not pr.center_keys and pr.key_order == "index":
-            return None, None
+            return None, None, None
         keys = calibration_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
-        order = key_order(keys, len(self.key_layers)) if pr.key_order == "calibration" else None
-        return mean, order
+        whiten = None
+        if pr.key_whitening == "paraphrase":
+            raw = paraphrase_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
+            # centred as the bank centres (its mean is stored as float16)
+            whiten = whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
+        order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
+        return mean, order, whiten
 
     def fast_key_engine(self) -> Engine:
         """The engine fast keys are extracted on: the model's Q8_0 twin for this memory's key layers

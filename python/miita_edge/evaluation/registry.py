@@ -46,6 +46,15 @@ def _dense_preset():
     return p
 
 
+def _whitened_preset():
+    from ..miita import default_preset
+
+    p = default_preset()
+    p.key_whitening = "paraphrase"
+    p.validate_keys()
+    return p
+
+
 def _baseline(name: str) -> Method:
     return getattr(baselines, name)()
 
@@ -62,6 +71,8 @@ def _register_builtins() -> None:
         alias_of="miita-default")
     reg("miita-dense", lambda: MiitaMethod(_dense_preset),
         "default preset with the full per-position correction directions stored (payload 'sequence')")
+    reg("miita-whitened", lambda: MiitaMethod(_whitened_preset),
+        "default preset with keys whitened against paraphrase noise (method/key_whitening.py)")
     reg("miita-ungated", lambda: MiitaMethod("default", gate="ungated"), "default preset, gate ablation (alpha_t = 1)")
     reg("miita-paper", lambda: MiitaMethod("paper", oracle_alignment=True),
         "MIITA as published (paper preset, SemUncRet); reports Oracle Alignment")

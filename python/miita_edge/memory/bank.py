@@ -54,7 +54,8 @@ class MemoryBank(QueryView):
     """
 
     def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None,
-                 key_parts: int = 1, key_order: np.ndarray | None = None, key_dim: int | None = None):
+                 key_parts: int = 1, key_order: np.ndarray | None = None, key_dim: int | None = None,
+                 key_whiten: np.ndarray | None = None):
         config.validate()
         self.config = config
         self.n_embd = int(n_embd)
@@ -73,6 +74,11 @@ class MemoryBank(QueryView):
         self.key_order = None if key_order is None else np.asarray(key_order, np.int64)
         if self.key_order is not None and sorted(self.key_order.tolist()) != list(range(full)):
             raise ValueError(f"key_order is not a permutation of the {full} key coordinates")
+        # A (full, full) matrix each centred, block-normalised key is multiplied by before its
+        # coordinates are ordered and cut (method/key_whitening.py; derived, not stored). None: none.
+        self.key_whiten = None if key_whiten is None else np.ascontiguousarray(key_whiten, np.float32)
+        if self.key_whiten is not None and self.key_whiten.shape != (full, full):
+            raise ValueError(f"key_whiten has shape {self.key_whiten.shape}, expected ({full}, {full})")
         # Coordinates a stored key keeps now (repair may narrow 1-bit keys, never widen them).
         self.key_dim = full if key_dim is None else int(key_dim)
         if not 0 < self.key_dim <= full:
@@ -380,15 +386,15 @@ class MemoryBank(QueryView):
     @classmethod
     def from_arrays(cls, config: BankConfig, n_embd: int, arrays: dict[str, np.ndarray],
                     key_mean: np.ndarray | None = None, key_parts: int = 1,
-                    key_order: np.ndarray | None = None) -> "MemoryBank":
+                    key_order: np.ndarray | None = None, key_whiten: np.ndarray | None = None) -> "MemoryBank":
         """Rebuild from stored arrays; raises ValueError on inconsistent arrays.
 
-        ``key_mean`` and ``key_order`` are not stored: they derive from the model and template
+        ``key_mean``, ``key_order`` and ``key_whiten`` are not stored: they derive from the model and template
         (see ``Miita``), so the caller passes them in again; the key width is the stored one.
         Every array is checked here; the Prototype objects are made on first use of ``protos``.
         """
         stored = StoredArrays(config, int(n_embd), int(key_parts), arrays)
-        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim)
+        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim, key_whiten)
         bank._stored = stored
         bank._protos = None
         return bank

@@ -25,6 +25,7 @@ class QueryView:
     key_parts: int
     key_mean: np.ndarray | None
     key_order: np.ndarray | None
+    key_whiten: np.ndarray | None
     key_dim: int
     _protos: list[Prototype] | None
     _stored: StoredArrays | None
@@ -113,7 +114,8 @@ class QueryView:
 
     def prepare_key(self, key: np.ndarray) -> np.ndarray:
         """Raw mean-pooled key -> the vector that is compared and stored: centred, each layer's
-        block at unit norm, its coordinates in ``key_order``, the first ``key_dim`` kept, unit."""
+        block at unit norm, whitened (``key_whiten``, where the preset asks), its coordinates in
+        ``key_order``, the first ``key_dim`` kept, unit."""
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
@@ -122,6 +124,11 @@ class QueryView:
         if self.key_parts > 1:
             blocks = k.reshape(self.key_parts, self.n_embd)
             k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
+        return self._whiten_order_cut(k)
+
+    def _whiten_order_cut(self, k: np.ndarray) -> np.ndarray:
+        if self.key_whiten is not None:
+            k = self.key_whiten @ k
         if self.key_order is not None:
             k = k[self.key_order]
         k = k[:self.key_dim]
@@ -140,7 +147,13 @@ class QueryView:
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
-        return ext.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
+        if self.key_whiten is None:
+            return ext.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
+        # whitening mixes coordinates, so it comes before the order and the cut: the native call
+        # centres and normalises the blocks (and the whole key, a scale the linear whitening and
+        # the final norm drop), numpy does the rest as prepare_key does
+        full = ext.prepare_query(k, self.key_parts, self.key_mean, None, self.n_embd * self.key_parts, rows)
+        return self._whiten_order_cut(np.asarray(full, np.float32)).astype(np.float32)
 
     def store_key(self, key: np.ndarray) -> np.ndarray:
         """What a prepared key becomes on disk (decoded), shape (1, H)."""

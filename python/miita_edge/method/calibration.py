@@ -61,7 +61,7 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
     return keys
 
 
-def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
+def key_order(keys: np.ndarray, n_parts: int, whiten: np.ndarray | None = None) -> np.ndarray:
     """The order in which a key's coordinates are kept when a tight budget narrows it:
     layer block by layer block (the first key layer first), and inside a block by the spread of the
     calibration keys after centring and per-block normalisation, highest first (ties: lower index).
@@ -69,12 +69,16 @@ def key_order(keys: np.ndarray, n_parts: int) -> np.ndarray:
     Why: a coordinate that varies more across neutral prompts carries more of what tells prompts
     apart; one centroid per Banking77 label kept 52% of the vote at 80 bits in this order and 27%
     in index order (docs/method.md). Like the centring vector it depends only on the model and the
-    template, so it is derived again at open instead of being stored."""
+    template, so it is derived again at open instead of being stored. ``whiten``: the memory's key
+    whitening (method/key_whitening.py), applied before the spread is taken, as keys are whitened
+    before they are ordered."""
     keys = np.asarray(keys, np.float64)
     x = keys - keys.mean(axis=0)
     H = x.shape[1] // n_parts
     blocks = x.reshape(len(x), n_parts, H)
     blocks = blocks / np.maximum(np.linalg.norm(blocks, axis=2, keepdims=True), 1e-12)
+    if whiten is not None:
+        blocks = (blocks.reshape(len(x), -1) @ np.asarray(whiten, np.float64).T).reshape(len(x), n_parts, H)
     std = blocks.std(axis=0)  # (n_parts, H)
     return np.concatenate([b * H + np.argsort(-std[b], kind="stable") for b in range(n_parts)]).astype(np.int64)
 

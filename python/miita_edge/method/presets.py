@@ -81,6 +81,10 @@ class Preset:
     rerank_lambda: float = 0.0
     rerank_top: int = 3
     rerank_min_tokens: int = 8
+    # How keys are whitened before their sign bits are taken: "none"; or "paraphrase", by the
+    # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
+    # never stored).
+    key_whitening: str = "none"
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -159,6 +163,10 @@ class Preset:
             raise StoreError(f"preset key_select {self.key_select!r} is not 'depths' or 'paraphrase'")
         if self.key_select == "paraphrase" and self.key_pooling != ("last", "mean"):
             raise StoreError("preset key_select 'paraphrase' needs key_pooling ('last', 'mean')")
+        if self.key_whitening not in ("none", "paraphrase"):
+            raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none' or 'paraphrase'")
+        if self.key_whitening != "none" and not self.center_keys:
+            raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):
