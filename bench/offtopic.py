@@ -8,7 +8,7 @@ Each (model, benchmark) runs in a child process: llama.cpp cannot load a BPE voc
 that has imported usearch (docs/models.md), and each child holds one model.
 
     python bench/offtopic.py [--model GGUF]... [--benchmarks banking77,dsc,xquad,superni]
-                             [--rows 200] [--data ../shared/data] [--show 5]
+                             [--rows 200] [--data ../shared/data] [--show 5] [--key-whitening paraphrase]
 """
 from __future__ import annotations
 
@@ -28,14 +28,17 @@ import json, sys, time
 from pathlib import Path
 from miita_edge import Example, Miita
 from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
-model, bench, data, rows_n, off, mem = (json.loads(a) for a in sys.argv[1:])
+from miita_edge.method.presets import default_preset
+model, bench, data, rows_n, off, mem, whitening = (json.loads(a) for a in sys.argv[1:])
+preset = default_preset()
+preset.key_whitening = whitening
 spec = get_benchmark(bench)
 _, stages = load_benchmark(spec, data, stages="1")
 stage = stages[0]
 rows = stage.train[:rows_n]
 qs = [ln.strip() for ln in Path(off).read_text("utf-8").splitlines() if ln.strip()]
 t0 = time.perf_counter()
-with Miita(model, mem, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None) as m:
+with Miita(model, mem, preset=preset, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None) as m:
     m.ingest(rows, budget="none")
     changed = []
     for q in qs:
@@ -55,6 +58,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200, help="training rows of stage 1 in the memory")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
+    ap.add_argument("--key-whitening", choices=("none", "paraphrase"), default="none",
+                    help="the default preset's key whitening (docs/method.md §17); 'none' is the default's own")
     wanted = [Target("untouched", ">=", 95.0, "%", "off-topic prompts answered as the frozen model, worst run")]
     args, targets = parse_with_targets(ap, wanted)
     import tempfile
@@ -65,7 +70,7 @@ def main() -> int:
         for bench in args.benchmarks.split(","):
             with tempfile.TemporaryDirectory() as tmp:
                 argv = [json.dumps(a) for a in (model, bench, str(args.data / DATA_DIRS[bench]), args.rows,
-                                                 str(OFFTOPIC), str(Path(tmp) / "mem"))]
+                                                 str(OFFTOPIC), str(Path(tmp) / "mem"), args.key_whitening)]
                 proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{name} {bench}: failed\n{proc.stderr[-2000:]}")

@@ -2,7 +2,7 @@
 
 Fails if a reporting sweep plan (bench/sweep_plan_report*.txt) reads a dev row or a test row an
 earlier sweep or probe read, or if a script that explores settings (bench/keys.py, memsim.py,
-pooling.py, presets.py, memsim_count_vote.py, vote.py) reads a test row without ``--report-on-test``,
+pooling.py, presets.py, memsim_count_vote.py, vote.py, narrowing.py, whitening.py) reads a test row without ``--report-on-test``,
 or if the rerank probe (bench/rerank.py, training rows only) reads one at all.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def load_bench(name: str):
 
 REPORT_PLANS = sorted(BENCH.glob("sweep_plan_report*.txt"))
 TUNING = {"keys": ["eval"], "pooling": ["eval"], "memsim": [], "presets": [], "memsim_count_vote": [], "vote": [],
-          "narrowing": []}
+          "narrowing": [], "whitening": []}
 
 
 def test_there_is_a_reporting_plan():
