@@ -16,7 +16,7 @@ from ..runtime.fingerprint import cache_dir, write_cached
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
-__all__ = ["CALIBRATION_INPUTS", "calibration_keys", "key_order", "raw_key"]
+__all__ = ["CALIBRATION_INPUTS", "cached_raw_keys", "calibration_keys", "key_order", "raw_key"]
 
 # key mean, the centring vector is the mean key of these through the template.
 CALIBRATION_INPUTS = [
@@ -47,16 +47,24 @@ def calibration_keys(engine: Engine, template: Template, skip_bos: bool, fingerp
     tag = f"{fingerprint['sha256'][:16]}-{template.name}-L{'_'.join(map(str, layers))}-bos{int(not skip_bos)}"
     if any(p != "mean" for p in engine.key_pooling):  # mean-pooled keys keep the tag they always had
         tag += "-P" + "_".join(engine.key_pooling)
-    path = _cache_dir() / f"keys-{tag}.npy"
+    keys = cached_raw_keys(engine, template, skip_bos, list(CALIBRATION_INPUTS), _cache_dir() / f"keys-{tag}.npy")
+    if keys.shape[1] != width:
+        raise ValueError(f"calibration keys have {keys.shape[1]} values, expected {width} (key layers {layers})")
+    return keys
+
+
+def cached_raw_keys(engine: Engine, template: Template, skip_bos: bool, texts: list[str], path: Path) -> np.ndarray:
+    """``raw_key`` of every text (float32, (len(texts), L·H)), read from ``path`` when a readable,
+    finite file of that shape is there, else computed and written there (a write that fails is
+    skipped)."""
+    width = engine.n_embd * len(engine.key_layers)
     try:
         keys = np.load(path)
-        if keys.shape == (len(CALIBRATION_INPUTS), width) and np.isfinite(keys).all():
+        if keys.shape == (len(texts), width) and np.isfinite(keys).all():
             return keys.astype(np.float32)
     except (OSError, ValueError):
         pass
-    keys = np.stack([raw_key(engine, template, x, skip_bos) for x in CALIBRATION_INPUTS]).astype(np.float32)
-    if keys.shape[1] != width:
-        raise ValueError(f"calibration keys have {keys.shape[1]} values, expected {width} (key layers {layers})")
+    keys = np.stack([raw_key(engine, template, x, skip_bos) for x in texts]).astype(np.float32)
     write_cached(path, lambda tmp: np.save(tmp, keys))
     return keys
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir, write_cached
-from .calibration import raw_key
+from ..runtime.fingerprint import cache_dir
+from .calibration import cached_raw_keys
 from .key_layers import PARAPHRASES
 from .templates import Template
 
@@ -161,20 +161,10 @@ def paraphrase_keys(engine: Engine, template: Template, skip_bos: bool, fingerpr
     """The raw keys of every phrasing in ``GROUPS`` through ``template`` (float32, (N, L·H)),
     cached per (model sha256, template, key layers, their pooling, BOS rule) like the calibration keys."""
     layers = fingerprint.get("key_layers") or [fingerprint["key_layer"]]
-    width = engine.n_embd * len(layers)
-    texts = [t for g in GROUPS for t in g]
     tag = (f"{fingerprint['sha256'][:16]}-{template.name}-L{'_'.join(map(str, layers))}-bos{int(not skip_bos)}"
            f"-P{'_'.join(engine.key_pooling)}-v{VERSION}")
-    path = cache_dir() / f"paraphrase-keys-{tag}.npy"
-    try:
-        keys = np.load(path)
-        if keys.shape == (len(texts), width) and np.isfinite(keys).all():
-            return keys.astype(np.float32)
-    except (OSError, ValueError):
-        pass
-    keys = np.stack([raw_key(engine, template, x, skip_bos) for x in texts]).astype(np.float32)
-    write_cached(path, lambda tmp: np.save(tmp, keys))
-    return keys
+    texts = [t for g in GROUPS for t in g]
+    return cached_raw_keys(engine, template, skip_bos, texts, cache_dir() / f"paraphrase-keys-{tag}.npy")
 
 
 def group_ids() -> np.ndarray:
