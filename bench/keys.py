@@ -39,13 +39,9 @@ BENCHES = ("banking77", "dsc", "xquad", "superni")
 
 def guard(args, script: str) -> None:
     """Refuse ``--split test`` without ``--report-on-test``: these scripts explore settings."""
-    from miita_edge.errors import InputError
-    from miita_edge.evaluation.splits import check_tuning_split
+    from miita_edge.evaluation.splits import exit_unless_tuning_split
 
-    try:
-        check_tuning_split(args.split, args.report_on_test, script)
-    except InputError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    exit_unless_tuning_split(args, script)
 
 
 def cache_file(folder: Path, b: str, split: str) -> Path:

@@ -50,15 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eta", default=None, help="comma list of eta values to sweep (relative)")
     ap.add_argument("--set", action="append", default=[], help="preset override, e.g. k_anchors=4 or bank.key_precision=float32")
     ap.add_argument("--frozen", action="store_true", help="also score the frozen model")
-    from miita_edge.errors import InputError
-    from miita_edge.evaluation.splits import add_split_arguments, check_tuning_split
+    from miita_edge.evaluation.splits import add_split_arguments, exit_unless_tuning_split
 
     add_split_arguments(ap)
     args = ap.parse_args(argv)
-    try:
-        check_tuning_split(args.split, args.report_on_test, "bench/presets.py")
-    except InputError as exc:
-        raise SystemExit(f"error: {exc}") from None
+    exit_unless_tuning_split(args, "bench/presets.py")
 
     from miita_edge.runtime.engine import Engine
     from miita_edge.errors import BudgetError

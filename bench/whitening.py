@@ -72,8 +72,7 @@ def measure(model: str | None, data: Path, split: str, folds: int, k: int) -> di
 
 def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-    from miita_edge.errors import InputError
-    from miita_edge.evaluation.splits import add_split_arguments, check_tuning_split
+    from miita_edge.evaluation.splits import add_split_arguments, exit_unless_tuning_split
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", default=None, help="GGUF path; repeatable (default: the embedded Gemma-3-270M)")
@@ -83,10 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
     add_split_arguments(ap)
     args = ap.parse_args(argv)
-    try:
-        check_tuning_split(args.split, args.report_on_test, "bench/whitening.py")
-    except InputError as exc:
-        raise SystemExit(f"bench/whitening.py: {exc}") from None
+    exit_unless_tuning_split(args, "bench/whitening.py")
     results = [measure(mo, args.data, args.split, args.folds, args.k) for mo in (args.model or [None])]
     for r in results:
         acc = "  ".join(f"{s}: {100 * a:.1f}%" for s, a in r["accuracy"].items())

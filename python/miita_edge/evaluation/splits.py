@@ -142,3 +142,11 @@ def check_tuning_split(split: str, report_on_test: bool, what: str = "this scrip
         raise InputError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
     if split == "test" and not report_on_test:
         raise InputError(f"{what} explores settings and reads dev rows; --split test needs --report-on-test")
+
+
+def exit_unless_tuning_split(args: argparse.Namespace, what: str) -> None:
+    """:func:`check_tuning_split` for a command-line script: a refused split exits with one line."""
+    try:
+        check_tuning_split(args.split, args.report_on_test, what)
+    except InputError as exc:
+        raise SystemExit(f"{what}: error: {exc}") from None
