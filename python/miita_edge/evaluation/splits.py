@@ -149,4 +149,4 @@ def exit_unless_tuning_split(args: argparse.Namespace, what: str) -> None:
     try:
         check_tuning_split(args.split, args.report_on_test, what)
     except InputError as exc:
-        raise SystemExit(f"{what}: error: {exc}") from None
+        raise SystemExit(f"error: {exc}") from None
