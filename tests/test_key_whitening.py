@@ -152,3 +152,26 @@ def test_preset_stores_and_checks_its_whitening():
         Preset.from_json({**d, "key_whitening": "pca"})
     with pytest.raises(StoreError, match="center_keys"):
         Preset.from_json({**d, "center_keys": False})
+
+
+def test_cached_whitening_is_the_computed_one_and_is_read_back(tmp_path, monkeypatch):
+    """The cache returns ``whitening_for``'s matrix, reads it back without recomputing, and a
+    changed input (another centring vector) never reads the stale file."""
+    monkeypatch.setattr(kw, "cache_dir", lambda: tmp_path)
+    rng = np.random.default_rng(3)
+    raw = rng.standard_normal((len(kw.group_ids()), 16)).astype(np.float32)
+    mean = rng.standard_normal(16).astype(np.float32)
+    want = kw.whitening_for(raw, mean, 2)
+    np.testing.assert_array_equal(kw.cached_whitening_for(raw, mean, 2), want)
+    assert len(list(tmp_path.glob("whitening-*.npy"))) == 1
+    real = kw.whitening_for
+    monkeypatch.setattr(kw, "whitening_for", lambda *a, **k: pytest.fail("recomputed a cached matrix"))
+    np.testing.assert_array_equal(kw.cached_whitening_for(raw, mean, 2), want)
+    monkeypatch.setattr(kw, "whitening_for", real)
+    other = kw.cached_whitening_for(raw, mean + 1.0, 2)
+    np.testing.assert_allclose(other, kw.whitening_for(raw, mean + 1.0, 2))
+    assert len(list(tmp_path.glob("whitening-*.npy"))) == 2
+    # a damaged file is recomputed, not trusted
+    for f in tmp_path.glob("whitening-*.npy"):
+        f.write_bytes(b"not a matrix")
+    np.testing.assert_array_equal(kw.cached_whitening_for(raw, mean, 2), want)

@@ -24,7 +24,7 @@ from .memory.bank import MemoryBank
 from .memory.budget import Budget, as_budget, parse_budget
 from .memory.manifest import Manifest, StreamCounts, call_stream_bytes, read_fields, stored_key_layers
 from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order, raw_key
-from .method.key_whitening import paraphrase_keys, whitening_for
+from .method.key_whitening import cached_whitening_for, paraphrase_keys
 from .method.extract import prompt_tokens
 from .method.head_geometry import HeadGeometry, head_geometry
 from .method.ingest import IngestReport, learn, progress_bar
@@ -236,7 +236,7 @@ class Miita:
         if pr.key_whitening == "paraphrase":
             raw = paraphrase_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
             # centred as the bank centres (its mean is stored as float16)
-            whiten = whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
+            whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
         order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
         return mean, order, whiten
 

@@ -19,15 +19,17 @@ plain re-derivation; ``paraphrase_keys`` does the model passes.
 """
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir
+from ..runtime.fingerprint import cache_dir, write_cached
 from .calibration import cached_raw_keys
 from .key_layers import PARAPHRASES
 from .templates import Template
 
-__all__ = ["GROUPS", "SHRINK", "paraphrase_keys", "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
+__all__ = ["GROUPS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
 
 #: The shrinkage s toward the identity: the best mean sign-bit vote of 0.1 / 0.3 / 0.6 on
 #: Banking77's dev rows over both models (bench/whitening.py, docs/method.md §17).
@@ -177,3 +179,30 @@ def whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: i
     """The whitening matrix (float32, (L·H, L·H)) from the paraphrases' raw keys."""
     z = prepared(raw_paraphrases, mean, parts)
     return whitening_matrix(within_scatter(z, group_ids()), shrink).astype(np.float32)
+
+
+def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: int,
+                         shrink: float = SHRINK) -> np.ndarray:
+    """``whitening_for``, read from the user cache directory when it was computed before.
+
+    Why: the eigendecomposition of an (L·H)² scatter takes most of a second on one core (1,280
+    values wide on Gemma-3-270M), and a memory derives its whitening every time it opens (each
+    ``miita-edge ask``). The file is named by a hash of everything the matrix depends on (the
+    raw keys, the centring vector, the block count, the shrinkage), so a changed input never
+    reads a stale matrix."""
+    raw = np.ascontiguousarray(raw_paraphrases, np.float32)
+    h = hashlib.blake2b(digest_size=12)
+    h.update(raw.tobytes())
+    h.update(b"-" if mean is None else np.ascontiguousarray(mean, np.float32).tobytes())
+    h.update(f"{parts}|{float(shrink)!r}|{raw.shape}|v{VERSION}".encode())
+    path = cache_dir() / f"whitening-{h.hexdigest()}.npy"
+    n = raw.shape[1]
+    try:
+        M = np.load(path)
+        if M.shape == (n, n) and M.dtype == np.float32 and np.isfinite(M).all():
+            return M
+    except (OSError, ValueError):
+        pass
+    M = whitening_for(raw, mean, parts, shrink)
+    write_cached(path, lambda tmp: np.save(tmp, M))
+    return M
