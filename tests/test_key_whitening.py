@@ -9,7 +9,7 @@ from miita_edge.errors import StoreError
 from miita_edge.memory.bank import MemoryBank
 from miita_edge.method import key_whitening as kw
 from miita_edge.method.calibration import key_order
-from miita_edge.method.presets import Preset, default_preset
+from miita_edge.method.presets import Preset, default_preset, preset_version
 
 
 def test_within_scatter_is_the_sum_of_outer_products_about_each_group_mean():
@@ -142,12 +142,13 @@ def test_whitening_fitted_on_other_requests_finds_a_paraphrase_s_request_more_of
 
 def test_preset_stores_and_checks_its_whitening():
     p = default_preset()
-    assert p.key_whitening == "none"
+    assert p.key_whitening == "replies"
     p.key_whitening = "paraphrase"
     d = p.to_json()
     assert d["key_whitening"] == "paraphrase"
     assert Preset.from_json(d).key_whitening == "paraphrase"
     assert "key_whitening" not in default_preset().to_json()  # a default memory's manifest is unchanged
+    assert preset_version("default", 9).key_whitening == "none"  # memories built before keep their keys
     with pytest.raises(StoreError, match="key_whitening"):
         Preset.from_json({**d, "key_whitening": "pca"})
     with pytest.raises(StoreError, match="center_keys"):
@@ -175,3 +176,63 @@ def test_cached_whitening_is_the_computed_one_and_is_read_back(tmp_path, monkeyp
     for f in tmp_path.glob("whitening-*.npy"):
         f.write_bytes(b"not a matrix")
     np.testing.assert_array_equal(kw.cached_whitening_for(raw, mean, 2), want)
+
+
+@pytest.mark.parametrize("lengths,want", [([], None), ([3, 40, 40], True), ([16, 2, 30, 9], False),
+                                          ([16, 16, 1], True), ([15, 15, 99], False), ([2] * 9, False)])
+def test_whiten_replies_decides_by_the_median_answer_length(lengths, want):
+    assert kw.whiten_replies(lengths, 16) is want
+    if lengths:  # against a plain sort
+        s = sorted(lengths)
+        med = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+        assert kw.whiten_replies(lengths, 16) == (med >= 16)
+
+
+def test_manifest_keeps_the_decision_in_one_optional_byte():
+    from miita_edge.memory import meta
+
+    fields = {"format": meta.FORMAT_V2, "preset": {"name": "default", "version": 10}, "template": "plain",
+              "fingerprint": {"sha256": "ab" * 32, "arch": "gemma3", "n_embd": 640, "key_layer": 12},
+              "budget": "64KiB", "stream_bytes": 10, "examples": 2, "skipped": 0, "key_whitened": False}
+    plain = meta.compact(fields)
+    white = meta.compact({**fields, "key_whitened": True})
+    assert "w" not in plain and white["w"] == 1
+    assert meta.expand(plain, {})["key_whitened"] is False
+    assert meta.expand(white, {})["key_whitened"] is True
+    assert meta.expand({**plain, "w": "yes"}, {})["key_whitened"] == "yes"  # passed on for the check to name
+    from miita_edge.memory.manifest import check_fields
+
+    with pytest.raises(StoreError, match="key_whitened"):
+        check_fields("mem", {**meta.expand({**plain, "w": 2}, {}), "prototypes": 0, "anchors": 0})
+
+
+def test_a_memory_of_replies_whitens_and_one_of_labels_does_not(engine, tmp_path):
+    """The default preset decides at the first ingest: replies whiten, labels keep version 9's keys;
+    the decision is committed, read back on open, and a refused ingest leaves nothing decided."""
+    from miita_edge import Example, Miita
+    from miita_edge.errors import BudgetError
+
+    reply = ("You can change your PIN at any of our cash machines: insert the card, choose PIN services, "
+             "and enter the new four digits twice.")
+    other = ("Card deliveries take up to seven working days; if yours has not come by then, tell us and we "
+             "will send a new one for free.")
+    replies = [Example(f"how do I change my PIN {i}", reply) for i in range(3)] + \
+              [Example(f"my card has not arrived yet {i}", other) for i in range(3)]
+    labels = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
+             [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
+    for name, rows, want in (("replies", replies, True), ("labels", labels, False)):
+        d = tmp_path / name
+        with Miita(engine=engine, memory=d, template="plain") as m:
+            assert m.preset.key_whitening == "replies" and m.key_whitened is False
+            with pytest.raises(BudgetError):
+                m.ingest(rows, budget="8B")  # refused: the decision is rolled back with the rest
+            assert m.key_whitened is False and m.bank.key_whiten is None
+            m.ingest(rows, budget="none")
+            assert m.key_whitened is want and (m.bank.key_whiten is not None) is want
+            assert (m.manifest().get("w") == 1) is want
+            m.ingest(rows[:1], budget="none")  # a later ingest never changes a decided frame
+            assert m.key_whitened is want
+            asked = m.ask("how can I change my PIN", max_tokens=4)
+        with Miita(engine=engine, memory=d, template="plain") as m:
+            assert m.key_whitened is want and (m.bank.key_whiten is not None) is want
+            assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text

@@ -21,7 +21,8 @@ def fields(**over) -> dict:
     out = {"format": meta.FORMAT_V2, "preset": default_preset().to_json(), "template": "banking77",
            "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 12, "key_layers": [12, 9]},
            "budget": "1%",
-           "stream_bytes": 239055, "examples": 3075, "skipped": 2, "prototypes": 3, "anchors": 4}
+           "stream_bytes": 239055, "examples": 3075, "skipped": 2, "prototypes": 3, "anchors": 4,
+           "key_whitened": False}
     out.update(over)
     return out
 
@@ -29,8 +30,9 @@ def fields(**over) -> dict:
 @pytest.mark.parametrize("over", [{}, {"template": "plain", "budget": "64KiB", "skipped": 0},
                                   {"preset": {"name": "default"},  # version 1, one key layer
                                    "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 9}},
-                                  {"preset": {**paper_preset().to_json(), "eta": 0.25, "bank": {"tau_d": 0.9}}}],
-                         ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides"])
+                                  {"preset": {**paper_preset().to_json(), "eta": 0.25, "bank": {"tau_d": 0.9}}},
+                                  {"template": "plain", "key_whitened": True}],
+                         ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides", "whitened"])
 def test_compact_round_trips(over):
     f = fields(**over)
     stored = meta.compact(f)
@@ -41,7 +43,7 @@ def test_compact_round_trips(over):
 
 def test_the_stored_form_is_short():
     text = json.dumps(meta.compact(fields()), separators=(",", ":"))
-    assert text.startswith('{"m":2,"p":"default/9","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
+    assert text.startswith('{"m":2,"p":"default/10","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
                            '"gemma3",640,[12,9]]')
     assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
     assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored

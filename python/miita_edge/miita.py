@@ -24,7 +24,7 @@ from .memory.bank import MemoryBank
 from .memory.budget import Budget, as_budget, parse_budget
 from .memory.manifest import Manifest, StreamCounts, call_stream_bytes, read_fields, stored_key_layers
 from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order, raw_key
-from .method.key_whitening import cached_whitening_for, paraphrase_keys
+from .method.key_whitening import cached_whitening_for, paraphrase_keys, whiten_replies
 from .method.extract import prompt_tokens
 from .method.head_geometry import HeadGeometry, head_geometry
 from .method.ingest import IngestReport, learn, progress_bar
@@ -114,6 +114,7 @@ class Miita:
                                                                model_sha256(self.engine.info.path)).layers
             else:
                 self.key_layers = self.preset.key_layers(self.engine.n_layer)
+            self.key_whitened = False  # a "replies" preset decides at the first ingest
             mean, order, whiten = self._key_frame()
             self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order,
                                    key_whiten=whiten)
@@ -142,6 +143,10 @@ class Miita:
         self.preset = stored
         self.template = resolve_template(meta["template"], self.engine.chat_template())
         self.engine.parse_special = self.template.special
+        self.key_whitened = bool(meta.get("key_whitened", False))
+        if self.key_whitened and stored.key_whitening != "replies":
+            raise StoreError(f"memory {self.memory_dir}: manifest says its keys were whitened at the first ingest, "
+                             f"but its preset's key_whitening is {stored.key_whitening!r}")
         try:
             mean, order, whiten = self._key_frame()
             self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
@@ -233,7 +238,7 @@ class Miita:
         keys = calibration_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
         whiten = None
-        if pr.key_whitening == "paraphrase":
+        if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and self.key_whitened):
             raw = paraphrase_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
@@ -248,7 +253,8 @@ class Miita:
     # ---------------------------------------------------------------- the manifest
     def _manifest(self) -> Manifest:
         """What the memory stores besides its bank; its ``counts`` is this memory's own object."""
-        return Manifest(self.preset.to_json(), self.template.name, self.fingerprint(), self.budget, self.counts)
+        return Manifest(self.preset.to_json(), self.template.name, self.fingerprint(), self.budget, self.counts,
+                        self.key_whitened)
 
     def manifest(self) -> dict:
         """The memory's fields as the store keeps them: the compact form (``memory.meta``)."""
@@ -284,18 +290,20 @@ class Miita:
         extractor = choose_extractor(self._use_keys(), self.template, self.preset, options,
                                      max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache)
         try:
-            with self.store.transaction(self.version, "ingest", self, ("bank", "budget", "counts", "_entries")) as tx:
+            with self.store.transaction(self.version, "ingest", self,
+                                        ("bank", "budget", "counts", "_entries", "key_whitened")) as tx:
                 if budget is not None:
                     self.budget = budget
-                record = self._manifest()
                 bar = progress_bar(len(examples), progress, "extract")
-                extracted = extractor(examples, bar)
-                limit = record.budget_bytes(stream=call_stream_bytes(self.counts, examples))
+                source = extractor(examples, bar)
                 try:  # a lazy extractor is still decoding later shards while the first ones are written
+                    extracted = self._decide_whitening(source)
+                    record = self._manifest()
+                    limit = record.budget_bytes(stream=call_stream_bytes(self.counts, examples))
                     skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, record, limit=limit)
                 finally:
-                    if hasattr(extracted, "close"):
-                        extracted.close()
+                    if hasattr(source, "close"):
+                        source.close()
                     bar.close()
                 report = IngestReport(examples=len(examples) - len(skipped_lines), skipped=len(skipped_lines),
                                       prototypes=self.bank.n_prototypes, anchors=self.bank.n_anchors,
@@ -308,6 +316,21 @@ class Miita:
             self._index = None
             extractor.close()
         return report
+
+    def _decide_whitening(self, extracted):
+        """For a "replies" preset and a memory with nothing stored yet: whiten its keys or not by the
+        answers this ingest teaches (``key_whitening.whiten_replies``), and give the empty bank that
+        key frame. Returns the extractions (a list when they had to be read ahead)."""
+        if self.preset.key_whitening != "replies" or self.bank.n_prototypes:
+            return extracted
+        extracted = list(extracted)
+        decided = whiten_replies([len(e.target) for e in extracted if e is not None], self.preset.rerank_min_tokens)
+        if decided is not None and decided != self.key_whitened:
+            self.key_whitened = decided
+            mean, order, whiten = self._key_frame()
+            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order,
+                                   key_dim=self.bank.key_dim, key_whiten=whiten)
+        return extracted
 
     def _commit(self, writer: store_mod.Writer, record: Manifest) -> int:
         """Commit the bank and its manifest; returns the version's bytes on disk."""

@@ -53,6 +53,9 @@ class Manifest:
     fingerprint: dict
     budget: Budget
     counts: StreamCounts = field(default_factory=StreamCounts)
+    # the keys are whitened because the memory decided so at its first ingest (a preset whose
+    # key_whitening is "replies"); a preset that always or never whitens leaves it False
+    key_whitened: bool = False
 
     def fields(self, bank: MemoryBank) -> dict:
         """The long form (what ``memory.meta.expand`` gives back)."""
@@ -60,7 +63,7 @@ class Manifest:
         return {"format": meta_mod.FORMAT_V2, "preset": self.preset, "template": self.template,
                 "fingerprint": self.fingerprint, "budget": self.budget.spec, "stream_bytes": c.stream_bytes,
                 "examples": c.examples, "skipped": c.skipped, "prototypes": bank.n_prototypes,
-                "anchors": bank.n_anchors}
+                "anchors": bank.n_anchors, "key_whitened": self.key_whitened}
 
     def stored(self, bank: MemoryBank) -> dict:
         """The compact form the store keeps (``memory.meta``)."""
@@ -106,6 +109,8 @@ def check_fields(path: str | PathLike, fields) -> None:
         raise bad("field 'fingerprint' is incomplete")
     if not isinstance(fields.get("preset"), dict):
         raise bad("field 'preset' is not an object")
+    if not isinstance(fields.get("key_whitened", False), bool):
+        raise bad(f"field 'key_whitened' is {str(fields['key_whitened'])[:40]!r}, not true or false")
 
 
 def read_fields(path: str | PathLike, snap: store_mod.Snapshot) -> dict:

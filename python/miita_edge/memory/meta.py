@@ -7,7 +7,7 @@ long form alone was ~300 bytes. The long form, as ``expand`` returns it::
     {"format": "miita-edge-memory/2", "preset": {"name": ..., overrides...}, "template": str,
      "fingerprint": {"sha256": 64 hex digits, "arch": str, "n_embd": int, "key_layer": int},
      "budget": str, "stream_bytes": int, "examples": int, "skipped": int,
-     "prototypes": int, "anchors": int}
+     "prototypes": int, "anchors": int, "key_whitened": bool}
 
 The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":["<43 chars>",
 "gemma3",640,6],"b":"1%","s":239055,"e":3075}``:
@@ -20,6 +20,9 @@ The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":[
         list of key layers when the keys pool several ([..., [12, 9]]: key_layer is the first)
     b   budget, omitted when "64KiB"
     s   stream_bytes;  e  examples;  k  skipped, omitted when 0
+    w   1 when the memory decided at its first ingest to whiten its keys (preset key_whitening
+        "replies"), omitted otherwise; a reader that does not know it cannot know that preset
+        version either, so it refuses the memory instead of misreading its keys
 
 The omitted values are constants of this format, not the CLI's defaults (those may change).
 ``prototypes`` and ``anchors`` are not stored: they are the lengths of the ``counts`` and
@@ -60,6 +63,8 @@ def compact(fields: Mapping) -> dict:
     out = {"m": MEMORY_FORMAT, "p": p,
            "t": fields["template"], "f": [sha, fp["arch"], fp["n_embd"], list(layers) if layers else fp["key_layer"]],
            "b": fields["budget"], "s": fields["stream_bytes"], "e": fields["examples"], "k": fields["skipped"]}
+    if fields.get("key_whitened"):
+        out["w"] = 1
     for key, value in OMITTED.items():
         if out[key] == value and type(out[key]) is type(value):
             del out[key]
@@ -88,8 +93,18 @@ def expand(stored, arrays: Mapping) -> dict:
            "examples": stored.get("e"),
            "skipped": stored.get("k", OMITTED["k"]),
            "prototypes": _length(arrays, "counts"),
-           "anchors": _length(arrays, "anchor_count")}
+           "anchors": _length(arrays, "anchor_count"),
+           "key_whitened": _flag(stored.get("w", 0))}
     return out
+
+
+def _flag(w):
+    """``w`` as stored: 1 -> True, absent (0) -> False; anything else is passed on for the check to name."""
+    if w == 1 and not isinstance(w, bool):
+        return True
+    if w == 0 and not isinstance(w, bool):
+        return False
+    return w
 
 
 def _preset(p):
