@@ -236,3 +236,25 @@ def test_a_memory_of_replies_whitens_and_one_of_labels_does_not(engine, tmp_path
         with Miita(engine=engine, memory=d, template="plain") as m:
             assert m.key_whitened is want and (m.bank.key_whiten is not None) is want
             assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text
+
+
+def test_a_memory_of_labels_is_version_9_s_memory_byte_for_byte(engine, tmp_path):
+    """Version 10 changes nothing for a memory of labels: its committed arrays and its size are
+    version 9's, so the tables' v9 cells of label benchmarks are v10's (docs/RESULTS.md)."""
+    from miita_edge import Example, Miita
+    from miita_edge.method.presets import preset_version
+
+    rows = [Example(f"where is the card I ordered {i}", "card arrival") for i in range(3)] + \
+           [Example(f"I was charged twice for one coffee {i}", "double charge") for i in range(3)]
+    out = {}
+    for version in (9, 10):
+        with Miita(engine=engine, memory=tmp_path / f"v{version}", template="plain",
+                   preset=preset_version("default", version)) as m:
+            m.ingest(rows, budget="none")
+            out[version] = (m.bank.to_arrays(), m.nbytes(), m.key_whitened)
+    a9, n9, w9 = out[9]
+    a10, n10, w10 = out[10]
+    assert (w9, w10) == (False, False) and n9 == n10
+    assert sorted(a9) == sorted(a10)
+    for k in a9:
+        np.testing.assert_array_equal(a9[k], a10[k])
