@@ -330,6 +330,7 @@ def test_info_json_keys_and_bytes_match_the_files(memory, capsys):
     assert info["budget_bytes"] == 64 * 1024  # the default budget of a new memory
     assert info["bytes"] == current_version_bytes(memory)
     assert 1 <= info["prototypes"] <= len(BASE_ROWS) and info["anchors"] >= info["prototypes"]
+    assert info["keys_whitened"] is False  # labels: a v10 memory keeps v9's keys
 
 
 @pytest.mark.model

@@ -360,7 +360,8 @@ def cmd_info(args) -> int:
            "preset": preset.name, "hyperparameters": preset.describe(),
            "arrays": {k: list(v.shape) + [str(v.dtype)] for k, v in snap.arrays.items()},
            "recall": ann_index.status(_graph_rows(preset, meta), "f16" if preset.aggregation == "paper" else "bits"),
-           "store_format": snap.format_version}
+           "store_format": snap.format_version,
+           "keys_whitened": preset.key_whitening == "paraphrase" or bool(meta.get("key_whitened", False))}
     if args.json:
         print(json.dumps(out))
     else:
@@ -370,7 +371,9 @@ def cmd_info(args) -> int:
         layers = fp.get('key_layers') or [fp['key_layer']]
         pooling = preset.key_pooling or ("mean",) * len(layers)
         pooled = "/".join(pooling) if len(pooling) == len(layers) else "mean"
-        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {layers} ({pooled}) sha256 {fp['sha256'][:16]}…")
+        white = ", whitened against paraphrase noise" if out["keys_whitened"] else ""
+        print(f"model       {fp['arch']} n_embd={fp['n_embd']} key layers {layers} ({pooled}{white}) "
+              f"sha256 {fp['sha256'][:16]}…")
         print(f"content     {out['examples']} examples ({out['skipped']} skipped) -> {out['prototypes']} prototypes, "
               f"{out['anchors']} anchors")
         lim = "unlimited" if budget_bytes is None else f"{budget_bytes} bytes ({out['budget']})"
