@@ -324,8 +324,9 @@ def default_preset() -> Preset:
     whose first taught answers are replies (a median of 16 tokens or more) keeps its keys whitened
     against paraphrase noise (``key_whitening = "replies"``, docs/method.md §17): its answer is
     decided by what is asked, and whitening finds the request more often (the dozen-intent canned
-    replies 85.3 -> 91.3% on Gemma-3-270M, 67.0 -> 78.3% on SmolLM2-135M, means of three draws); a memory of labels keeps
-    version 9's keys, because whitening lost DSC's sentiment on its dev rows (-4.5 points)."""
+    replies 85.3 -> 91.3% on Gemma-3-270M, 67.0 -> 78.3% on SmolLM2-135M, means of three draws);
+    a memory of labels keeps version 9's keys, because whitening lost DSC's sentiment on its dev
+    rows (-4.5 points on Gemma-3-270M)."""
     p = default_preset_v9()
     p.key_whitening = "replies"
     p.version = 10
