@@ -77,6 +77,10 @@ def probe(args) -> Path:
         owner[j] = next((lab for lab in chosen if answer[lab].strip() == text), None)
     null = m.prompt_tokens("")
     prior: dict[int, float] = {}
+    base: dict[int, dict] = {}
+    taught_by: dict[str, list[str]] = {}
+    for e in taught:
+        taught_by.setdefault(next(lab for lab in chosen if answer[lab] == e.output), []).append(e.input)
     out, t0 = [], time.time()
     for i, (x, lab) in enumerate(asked):
         toks = m.prompt_tokens(x)
@@ -95,7 +99,9 @@ def probe(args) -> Path:
                 eng.reset()
                 first = eng.decode(list(null), "last")[0]
                 prior[j] = continuation_logprob(eng, first, seqs[j])
+                base[j] = baselines(m, eng, seqs, j, owner, taught_by)
             c["pmi"] = c["lp"] - prior[j]
+            c["prior"] = {"empty": prior[j], **base[j]}
         out.append({"input": x, "gold": lab, "adapted": adapted, "cands": cands})
         if args.progress:
             print(f"\r{i + 1}/{len(asked)} asked, {time.time() - t0:.0f} s", end="", file=sys.stderr)
@@ -105,6 +111,26 @@ def probe(args) -> Path:
                              "asked": args.asked, "kind": kind, "top": args.top, "rows": out}), "utf-8")
     print(f"\n{f}: {len(out)} asked; vote alone {accuracy(out, 0.0):.1f}%", file=sys.stderr)
     return f
+
+
+CONTEXTS = 4
+
+
+def baselines(m, eng, seqs: list, j: int, owner: dict, taught_by: dict[str, list[str]]) -> dict:
+    """Answer ``j``'s log p after other contexts than the empty prompt: ``replies``, the mean over
+    ``CONTEXTS`` other stored answers' texts asked as inputs (method/rerank.context_priors, what a
+    memory can compute: it stores answers' tokens), and ``inputs``, the mean over ``2·CONTEXTS``
+    taught inputs of other intents (a reference: a memory does not store its inputs)."""
+    from miita_edge.method.rerank import context_answers, context_priors
+
+    own = tuple(int(t) for t in seqs[j])
+    ctx = [c for c in context_answers(seqs, CONTEXTS) if tuple(int(t) for t in seqs[c]) != own][:CONTEXTS]
+    prompts = [(m.prompt_tokens(eng.detokenize([int(t) for t in seqs[c]]).strip()), [j]) for c in ctx]
+    out = {"replies": context_priors(eng, prompts, seqs, CONTEXTS).get(j)}
+    others = [x for lab, xs in taught_by.items() if lab != owner[j] for x in xs]
+    pick = [others[int(i)] for i in np.round(np.linspace(0, len(others) - 1, 2 * CONTEXTS)).astype(np.int64)] if others else []
+    out["inputs"] = context_priors(eng, [(m.prompt_tokens(x), [j]) for x in pick], seqs, 2 * CONTEXTS).get(j)
+    return out
 
 
 def cost(args) -> None:
@@ -136,34 +162,48 @@ def cost(args) -> None:
           f"{on:.3f} s with it (λ {lam:g}): ratio {on / off:.2f}")
 
 
-def accuracy(rows: list[dict], lam: float, top: int = 3) -> float:
+def pmi(c: dict, baseline: str = "empty") -> float:
+    """A recorded candidate's PMI against ``baseline``: "empty" (the prompt of an empty input, what
+    the shipped rerank reads) or one of the recorded context baselines ("replies", "inputs")."""
+    if baseline == "empty":
+        return c["pmi"]
+    b = c.get("prior", {}).get(baseline)
+    if b is None:
+        raise SystemExit(f"a probe file has no {baseline!r} baseline (probe it again with this bench/rerank.py)")
+    return c["lp"] - b
+
+
+def accuracy(rows: list[dict], lam: float, top: int = 3, baseline: str = "empty") -> float:
     """Share of rows whose leading answer, after adding λ·PMI to the log vote weights of the ``top``
     leading answers, is the gold one (0 where the gate declined)."""
     ok = 0
     for r in rows:
         if r["adapted"] and r["cands"]:
-            best = max(r["cands"][:top], key=lambda c: np.log(max(c["w"], 1e-300)) + lam * c["pmi"])
+            best = max(r["cands"][:top], key=lambda c: np.log(max(c["w"], 1e-300)) + lam * pmi(c, baseline))
             ok += best["answer"] == r["gold"]
     return 100.0 * ok / max(len(rows), 1)
 
 
-def choose(files: list[Path], tops: tuple[int, ...] = (3,), shipped: tuple[int, float] | None = None
-           ) -> tuple[int, float]:
-    """The grid of (top, λ) over the probe files and the rule's pick, fixed before the runs: the
-    point with the best mean; it replaces ``shipped`` only if it beats it by more than ``MARGIN``,
-    and then the point with the fewest leading answers (the cost: one decode each) among those
-    within ``MARGIN`` of the best is taken. Without ``shipped``, λ = 0 at the smallest top plays
-    its part."""
+def choose(files: list[Path], tops: tuple[int, ...] = (3,), shipped: tuple[int, float] | None = None,
+           baselines: tuple[str, ...] = ("empty",), guard: float | None = None) -> tuple[str, int, float]:
+    """The grid of (baseline, top, λ) over the probe files and the rule's pick, fixed before the
+    runs: the point with the best mean; it replaces ``shipped`` (with the "empty" baseline) only if
+    it beats it by more than ``MARGIN``, and then the point with the fewest leading answers (the
+    cost: one decode each) among those within ``MARGIN`` of the best is taken. With ``guard``, a
+    point that lowers the mean of any one model's files (the name's last "-"-part before the
+    extension's tag) by more than ``guard`` points against ``shipped`` cannot be picked. Without
+    ``shipped``, λ = 0 at the smallest top plays its part."""
     runs = [json.loads(f.read_text("utf-8")) for f in files]
     for f, r in zip(files, runs):
         if r.get("top", 3) < max(tops):
             raise SystemExit(f"{f}: recorded {r.get('top', 3)} leading answers, fewer than --tops asks")
-    grid = [(t, lam) for t in tops for lam in LAMBDAS]
-    print("| file | asked | " + " | ".join(f"top {t} λ {lam:g}" for t, lam in grid) + " | leading hold gold |")
+    grid = [(b, t, lam) for b in baselines for t in tops for lam in LAMBDAS]
+    name = lambda g: (f"{g[0]} " if len(baselines) > 1 else "") + f"top {g[1]} λ {g[2]:g}"  # noqa: E731
+    print("| file | asked | " + " | ".join(name(g) for g in grid) + " | leading hold gold |")
     print("|---|---:|" + "---:|" * (len(grid) + 1))
     means = {g: [] for g in grid}
     for f, r in zip(files, runs):
-        accs = [accuracy(r["rows"], lam, t) for t, lam in grid]
+        accs = [accuracy(r["rows"], lam, t, b) for b, t, lam in grid]
         for g, a in zip(grid, accs):
             means[g].append(a)
         hold = "/".join(f"{100.0 * np.mean([x['adapted'] and any(c['answer'] == x['gold'] for c in x['cands'][:t]) for x in r['rows']]):.1f}"
@@ -171,16 +211,25 @@ def choose(files: list[Path], tops: tuple[int, ...] = (3,), shipped: tuple[int, 
         print(f"| {f.name} | {len(r['rows'])} | " + " | ".join(f"{a:.1f}" for a in accs) + f" | {hold} |")
     mean = {g: float(np.mean(v)) for g, v in means.items()}
     print("| mean | | " + " | ".join(f"{mean[g]:.2f}" for g in grid) + " | |")
-    base = shipped if shipped is not None else (min(tops), 0.0)
+    base = ("empty", *shipped) if shipped is not None else ("empty", min(tops), 0.0)
     if base not in mean:
-        raise SystemExit(f"shipped point top {base[0]}, λ {base[1]:g} is not on the grid")
-    best = max(grid, key=lambda g: (mean[g], -g[0], -g[1]))
+        raise SystemExit(f"shipped point top {base[1]}, λ {base[2]:g} is not on the grid")
+    allowed = set(grid)
+    if guard is not None:
+        groups: dict[str, list[int]] = {}
+        for i, f in enumerate(files):
+            groups.setdefault(f.stem.split("-")[-2] if f.stem.count("-") >= 3 else f.stem, []).append(i)
+        for key, idx in groups.items():
+            per = {g: float(np.mean([means[g][i] for i in idx])) for g in grid}
+            print(f"{key}: " + ", ".join(f"{name(g)} {per[g]:.2f}" for g in grid))
+            allowed -= {g for g in grid if per[g] < per[base] - guard}
+    best = max(allowed, key=lambda g: (mean[g], g == base, -g[1], -g[2]))
     pick = base
     if mean[best] > mean[base] + MARGIN:
-        near = [g for g in grid if mean[g] >= mean[best] - MARGIN]
-        pick = min(near, key=lambda g: (g[0], -mean[g], g[1]))
-    print(f"rule: best top {best[0]}, λ {best[1]:g} ({mean[best]:.2f}); against top {base[0]}, λ {base[1]:g} "
-          f"({mean[base]:.2f}): chosen top {pick[0]}, λ = {pick[1]:g}")
+        near = [g for g in allowed if mean[g] >= mean[best] - MARGIN]
+        pick = min(near, key=lambda g: (g[1], -mean[g], g[2]))
+    print(f"rule: best {name(best)} ({mean[best]:.2f}); against {name(base)} ({mean[base]:.2f}): "
+          f"chosen {name(pick)}")
     return pick
 
 
@@ -212,6 +261,10 @@ def main(argv=None) -> int:
     c.add_argument("files", type=Path, nargs="+")
     c.add_argument("--tops", default="3", help="comma-separated numbers of leading answers to rerank (default 3)")
     c.add_argument("--shipped", default=None, help="TOP,LAMBDA the preset ships; kept unless beaten by more than 0.5")
+    c.add_argument("--baselines", default="empty",
+                   help="comma-separated PMI baselines to grid: empty, replies, inputs (default: empty)")
+    c.add_argument("--guard", type=float, default=None,
+                   help="points any one model's mean may lose against the shipped point (default: no guard)")
     args = ap.parse_args(argv)
     if args.cmd == "probe":
         if not (args.data / "train.jsonl").is_file():
@@ -224,7 +277,8 @@ def main(argv=None) -> int:
         if args.shipped:
             t, lam = args.shipped.split(",")
             shipped = (int(t), float(lam))
-        choose(args.files, tuple(int(t) for t in args.tops.split(",")), shipped)
+        choose(args.files, tuple(int(t) for t in args.tops.split(",")), shipped,
+               tuple(args.baselines.split(",")), args.guard)
     return 0
 
 

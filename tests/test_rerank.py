@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.method.rerank import continuation_logprob, rerank_plan, rerank_weights, token_logprobs
+from miita_edge.method.rerank import (context_answers, context_priors, continuation_logprob, rerank_plan,
+                                      rerank_weights, token_logprobs)
 
 
 def test_token_logprobs_is_log_softmax_picked_per_row():
@@ -74,7 +75,14 @@ def test_continuation_logprob_equals_one_full_decode_and_restores_the_cache(engi
                         + (full[len(prompt) - 1 + i, t] - full[len(prompt) - 1 + i].max()))
               for i, t in enumerate(cont))
     assert got == pytest.approx(ref, abs=2e-3)
-    np.testing.assert_allclose(again, full[len(prompt)], atol=2e-3)
+    # against the same one-token decode after a fresh prompt: a one-token batch takes other kernels
+    # than a whole decode (up to 0.9 logits apart on an AVX2 EPYC), so the whole decode's row is
+    # only a loose check of the restored cache, the fresh prompt's an exact one
+    engine.reset()
+    engine.decode(prompt, "last")
+    fresh = engine.decode(cont[:1], "last")[0]
+    np.testing.assert_allclose(again, fresh, atol=1e-4)
+    np.testing.assert_allclose(again, full[len(prompt)], atol=2.0)
     engine.reset()
 
 
@@ -134,6 +142,58 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         eng.reset()
 
 
+def test_the_replies_baseline_plans_the_weights_a_plain_recomputation_gives(engine, tmp_path):
+    """``rerank_baseline = "replies"`` through ``Miita.plan``: each leading answer's PMI is its log p
+    after the query's prompt minus the mean of its log p after the other stored answers' texts
+    asked as inputs (whole decodes here), and the empty prompt is not read."""
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
+               "lost": "Freeze the card in the app at once, then order a replacement card there.",
+               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
+    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
+            "lost": ["I lost my card", "My card was stolen yesterday"],
+            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+    with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
+        m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
+        m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
+        m.preset.relevance_gate = False
+        m.preset.rerank_baseline, m.preset.rerank_contexts = "replies", 4
+        toks = m.prompt_tokens("Somebody took my card, what now?")
+        eng = m._use_keys()
+        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        off = m.plan(state)
+        m.preset.rerank_lambda = 0.2
+        on = m.plan(state)
+        assert eng.n_past == len(toks)
+        seqs = m.retrieval_index().seqs
+
+        def lp(prompt, cont):
+            eng.reset()
+            z = eng.decode(list(prompt) + list(cont), "all")[len(prompt) - 1:len(prompt) - 1 + len(cont)]
+            return float(token_logprobs(z, cont).sum())
+
+        texts = {tuple(seqs[j]): eng.detokenize(list(seqs[j])).strip() for j in range(len(seqs))}
+        assert sorted(texts.values()) == sorted(replies.values())  # three distinct answers: all are contexts
+
+        def base(j):
+            return np.mean([lp(m.prompt_tokens(t), seqs[j]) for k, t in texts.items() if k != tuple(seqs[j])])
+
+        lead = np.argsort(-off.weights, kind="stable")[:3]
+        pmi = np.array([lp(toks, seqs[int(off.ids[i])]) - base(int(off.ids[i])) for i in lead])
+        ref = off.weights.astype(np.float64).copy()
+        r = off.weights[lead] * np.exp(0.2 * pmi)
+        ref[lead] = r / r.sum() * off.weights[lead].sum()
+        np.testing.assert_allclose(on.weights, ref, rtol=1e-1, atol=1e-6)  # tolerance: see the test above
+        # and not the empty prompt's PMI: the two baselines give other weights here
+        null = m.prompt_tokens("")
+        pe = np.array([lp(toks, seqs[int(off.ids[i])]) - lp(null, seqs[int(off.ids[i])]) for i in lead])
+        re = off.weights[lead] * np.exp(0.2 * pe)
+        assert not np.allclose(on.weights[lead], re / re.sum() * off.weights[lead].sum(), rtol=1e-1)
+        eng.reset()
+
+
 def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(tmp_path):
     """bench/rerank.py choose: accuracy is recomputed by hand on rows where PMI helps, hurts or
     ties; the rule returns 0 when no λ beats the vote alone by more than 0.5 points."""
@@ -157,26 +217,102 @@ def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(
     assert rr.accuracy(rows, 0.03) == pytest.approx(100 / 3)  # 0.15 < 0.405: not enough
     f = tmp_path / "wins.json"
     f.write_text(json.dumps({"rows": rows}))
-    assert rr.choose([f]) == (3, 0.1)
+    assert rr.choose([f]) == ("empty", 3, 0.1)
     # PMI pointing the wrong way everywhere: no λ helps and the vote alone is kept
     hurt = [row("a", [("a", 0.6, 0.0), ("b", 0.4, 50.0)]) for _ in range(3)]
     g = tmp_path / "hurts.json"
     g.write_text(json.dumps({"rows": hurt}))
-    assert rr.choose([g]) == (3, 0.0)
+    assert rr.choose([g]) == ("empty", 3, 0.0)
     # the gold answer fourth: only a rerank over four leading answers finds it
     deep = row("a", [("b", 0.4, 0.0), ("c", 0.3, 0.0), ("d", 0.2, 0.0), ("a", 0.1, 9.0)])
     assert rr.accuracy([deep], 0.3, top=3) == 0.0
     assert rr.accuracy([deep], 0.3, top=4) == 100.0  # log 0.4 - log 0.1 = 1.39 < 0.3 * 9
     h = tmp_path / "deep.json"
     h.write_text(json.dumps({"top": 4, "rows": [deep, right]}))
-    assert rr.choose([h], tops=(3, 4), shipped=(3, 0.1)) == (4, 0.3)
+    assert rr.choose([h], tops=(3, 4), shipped=(3, 0.1)) == ("empty", 4, 0.3)
     # a file that recorded three answers cannot score a rerank over four
     with pytest.raises(SystemExit, match="fewer than --tops"):
         rr.choose([f], tops=(3, 4))
     # within the margin of the best, the fewest answers win (each is one more decode per query)
     both = tmp_path / "both.json"
     both.write_text(json.dumps({"top": 4, "rows": [fixable, right]}))
-    assert rr.choose([both], tops=(3, 4), shipped=(3, 0.0)) == (3, 0.1)
+    assert rr.choose([both], tops=(3, 4), shipped=(3, 0.0)) == ("empty", 3, 0.1)
+
+
+def test_the_probe_rule_grids_baselines_and_guards_each_model(tmp_path):
+    """``choose`` with a second baseline: PMI is the continuation's log p minus that baseline's
+    recorded prior; a point wins only by the margin, and ``guard`` keeps out a point that costs one
+    model's files more than the guard even when the mean gains."""
+    import json
+
+    from test_split_guard import load_bench
+
+    rr = load_bench("rerank")
+
+    def cand(a, w, lp, empty, ctx):
+        return {"answer": a, "w": w, "lp": lp, "pmi": lp - empty, "prior": {"empty": empty, "replies": ctx}}
+
+    # a hub: against the empty prompt its PMI (-10 + 40 = 30) beats the gold one's (-8 + 30 = 22);
+    # against the context baseline the gold's (-8 + 12 = 4) beats the hub's (-10 + 12 = 2)
+    hubbed = {"gold": "a", "adapted": True, "cands": [cand("hub", 0.5, -10.0, -40.0, -12.0),
+                                                       cand("a", 0.5, -8.0, -30.0, -12.0)]}
+    assert rr.pmi(hubbed["cands"][0]) == 30.0 and rr.pmi(hubbed["cands"][0], "replies") == 2.0
+    assert rr.accuracy([hubbed], 0.1) == 0.0
+    assert rr.accuracy([hubbed], 0.1, baseline="replies") == 100.0
+    # the same row the other way round: the context baseline loses it
+    fooled = {"gold": "a", "adapted": True, "cands": [cand("a", 0.5, -10.0, -40.0, -5.0),
+                                                       cand("b", 0.5, -8.0, -30.0, -12.0)]}
+    one, two = tmp_path / "replies-1-12-m1-ctx.json", tmp_path / "replies-1-12-m2-ctx.json"
+    one.write_text(json.dumps({"rows": [hubbed] * 4}))
+    two.write_text(json.dumps({"rows": [hubbed, hubbed, fooled, fooled]}))
+    # m1: empty 0 -> replies 100; m2: empty 50 -> replies 50: the mean gains 50 points
+    assert rr.choose([one, two], shipped=(3, 0.1), baselines=("empty", "replies")) == ("replies", 3, 0.01)
+    # model 2 loses nothing either way, so a guard of 1 point still lets it through
+    assert rr.choose([one, two], shipped=(3, 0.1), baselines=("empty", "replies"), guard=1.0)[0] == "replies"
+    two.write_text(json.dumps({"rows": [fooled] * 4}))  # m2: empty 100 -> replies 0
+    three = tmp_path / "replies-2-12-m1-ctx.json"
+    three.write_text(json.dumps({"rows": [hubbed] * 4}))
+    # mean over three files: replies 66.7 against empty 33.3, but m2 loses 100 points: guarded out
+    assert rr.choose([one, two, three], shipped=(3, 0.1), baselines=("empty", "replies"))[0] == "replies"
+    assert rr.choose([one, two, three], shipped=(3, 0.1), baselines=("empty", "replies"), guard=1.0) == ("empty", 3, 0.1)
+    old = tmp_path / "old.json"  # a file probed before the baselines were recorded
+    old.write_text(json.dumps({"rows": [{"gold": "a", "adapted": True, "cands": [{"answer": "a", "w": 1.0, "pmi": 0.0}]}]}))
+    with pytest.raises(SystemExit, match="no 'replies' baseline"):
+        rr.choose([old], baselines=("empty", "replies"))
+
+
+def test_context_answers_spread_over_distinct_answers():
+    seqs = [[1, 2], [3], [1, 2], [4], [5], [6], [7], [8], [3]]
+    # distinct answers by first prototype: 0, 1, 3, 4, 5, 6, 7 (2 and 8 repeat 0 and 1)
+    assert context_answers(seqs, 10) == [0, 1, 3, 4, 5, 6, 7]
+    assert context_answers(seqs, 6) == [0, 1, 3, 4, 5, 6, 7]
+    got = context_answers(seqs, 2)
+    assert got == [0, 4, 7]  # positions 0, 3, 6 of the seven
+    assert context_answers([], 4) == []
+
+
+def test_context_priors_are_the_mean_of_whole_decodes_after_each_context(engine):
+    """Each answer's baseline against a plain recomputation: one whole decode of context prompt
+    plus answer per pair, log-softmax picked by hand, averaged over the answer's first n contexts."""
+    ctxs = [engine.tokenize(f"Question: {q}\nAnswer:") for q in ("where is my card?", "what is a fee?",
+                                                                  "how do I top up?")]
+    seqs = [engine.tokenize(t, add_bos=False) for t in (" It arrives within a week.", " A small charge.",
+                                                        " Use the app to add money.")]
+    plan = [(ctxs[0], [1, 2]), (ctxs[1], [0, 2]), (ctxs[2], [0, 1, 2])]
+    got = context_priors(engine, plan, seqs, 2)
+
+    def lp(prompt, cont):
+        engine.reset()
+        z = engine.decode(list(prompt) + list(cont), "all")[len(prompt) - 1:len(prompt) - 1 + len(cont)]
+        return float(token_logprobs(z, cont).sum())
+
+    ref = {0: np.mean([lp(ctxs[1], seqs[0]), lp(ctxs[2], seqs[0])]),
+           1: np.mean([lp(ctxs[0], seqs[1]), lp(ctxs[2], seqs[1])]),
+           2: np.mean([lp(ctxs[0], seqs[2]), lp(ctxs[1], seqs[2])])}  # n = 2: the third context unread
+    assert sorted(got) == [0, 1, 2]
+    for j in ref:
+        assert got[j] == pytest.approx(ref[j], abs=0.4)  # incremental vs whole decodes (see above)
+    engine.reset()
 
 
 def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_path, monkeypatch):
@@ -200,3 +336,17 @@ def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_
         assert len(qp.ids) >= 2 and len(m.retrieval_index().prior) >= 2  # reranked, priors read
         assert eng.n_past == len(toks)
         eng.reset()
+
+
+def test_preset_stores_and_checks_its_rerank_baseline():
+    from miita_edge.errors import StoreError
+    from miita_edge.method.presets import Preset, default_preset
+
+    p = default_preset()
+    p.rerank_baseline, p.rerank_contexts = "replies", 6
+    q = Preset.from_json(p.to_json())
+    assert (q.rerank_baseline, q.rerank_contexts) == ("replies", 6)
+    with pytest.raises(StoreError, match="rerank_baseline"):
+        Preset.from_json({**p.to_json(), "rerank_baseline": "prompt"})
+    with pytest.raises(StoreError, match="rerank_contexts"):
+        Preset.from_json({**p.to_json(), "rerank_contexts": 0})
