@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0)
+LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 MARGIN = 0.5
 
 
@@ -102,6 +102,8 @@ def probe(args) -> Path:
                 base[j] = baselines(m, eng, seqs, j, owner, taught_by)
             c["pmi"] = c["lp"] - prior[j]
             c["prior"] = {"empty": prior[j], **base[j]}
+            if args.channel:
+                c["channel"] = channel_logprob(eng, seqs[j], x)
         out.append({"input": x, "gold": lab, "adapted": adapted, "cands": cands})
         if args.progress:
             print(f"\r{i + 1}/{len(asked)} asked, {time.time() - t0:.0f} s", end="", file=sys.stderr)
@@ -131,6 +133,19 @@ def baselines(m, eng, seqs: list, j: int, owner: dict, taught_by: dict[str, list
     pick = [others[int(i)] for i in np.round(np.linspace(0, len(others) - 1, 2 * CONTEXTS)).astype(np.int64)] if others else []
     out["inputs"] = context_priors(eng, [(m.prompt_tokens(x), [j]) for x in pick], seqs, 2 * CONTEXTS).get(j)
     return out
+
+
+def channel_logprob(eng, answer: list, query: str) -> float:
+    """log p(the query's tokens | "Answer: <answer>\nQuestion:"): how well a stored answer
+    explains the query (the noisy channel; Min et al. 2022, "Noisy Channel Language Model
+    Prompting for Few-Shot Text Classification"). Every candidate of one query scores the same
+    tokens, so the query's own prior cancels out of the comparison and none is needed."""
+    from miita_edge.method.rerank import continuation_logprob
+
+    text = eng.detokenize([int(t) for t in answer]).strip()
+    eng.reset()
+    first = eng.decode(eng.tokenize(f"Answer: {text}\nQuestion:"), "last")[0]
+    return continuation_logprob(eng, first, eng.tokenize(" " + query.strip(), add_bos=False))
 
 
 def cost(args) -> None:
@@ -164,9 +179,15 @@ def cost(args) -> None:
 
 def pmi(c: dict, baseline: str = "empty") -> float:
     """A recorded candidate's PMI against ``baseline``: "empty" (the prompt of an empty input, what
-    the shipped rerank reads) or one of the recorded context baselines ("replies", "inputs")."""
+    the shipped rerank reads) or one of the recorded context baselines ("replies", "inputs"); or,
+    for "channel", the query's log p after the answer (:func:`channel_logprob`), which needs no
+    baseline: it is compared only between one query's candidates."""
     if baseline == "empty":
         return c["pmi"]
+    if baseline == "channel":
+        if "channel" not in c:
+            raise SystemExit("a probe file has no 'channel' score (probe it again with --channel)")
+        return c["channel"]
     b = c.get("prior", {}).get(baseline)
     if b is None:
         raise SystemExit(f"a probe file has no {baseline!r} baseline (probe it again with this bench/rerank.py)")
@@ -246,6 +267,8 @@ def main(argv=None) -> int:
     p.add_argument("--labels", action="store_true", help="teach each intent's label instead of its canned reply")
     p.add_argument("--top", type=int, default=3, help="leading answers recorded per asked row (choose --tops reads them)")
     p.add_argument("--tag", default="", help="added to the output file's name")
+    p.add_argument("--channel", action="store_true",
+                   help="also record each candidate's channel score, log p(query | answer) (one decode each)")
     p.add_argument("--out", type=Path, default=Path("bench-results/rerank"))
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=sys.stderr.isatty())
     t = sub.add_parser("cost", help="seconds per ask with the rerank off and on, over one memory")
@@ -262,7 +285,7 @@ def main(argv=None) -> int:
     c.add_argument("--tops", default="3", help="comma-separated numbers of leading answers to rerank (default 3)")
     c.add_argument("--shipped", default=None, help="TOP,LAMBDA the preset ships; kept unless beaten by more than 0.5")
     c.add_argument("--baselines", default="empty",
-                   help="comma-separated PMI baselines to grid: empty, replies, inputs (default: empty)")
+                   help="comma-separated PMI baselines to grid: empty, replies, inputs, channel (default: empty)")
     c.add_argument("--guard", type=float, default=None,
                    help="points any one model's mean may lose against the shipped point (default: no guard)")
     args = ap.parse_args(argv)
