@@ -19,6 +19,12 @@ answers, and their PMI (log p(answer | query) - log p(answer | empty query), by 
 share of asked rows whose leading answer is the taught one (0 where the gate declined), and
 applies the rule fixed before the runs: the λ with the best mean over the files, if it beats
 λ = 0 by more than 0.5 points, else 0.
+
+Other readings than the shipped PMI are recorded beside it, to be gridded by ``choose
+--baselines``: the PMI against each answer's log p after other stored answers' texts
+(``replies``) or after taught inputs of other intents (``inputs``, a reference: a memory does not
+store inputs), and with ``probe --channel`` the noisy-channel score log p(query | answer)
+(``channel``). docs/method.md §18 has what they gave.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -118,13 +125,53 @@ def probe(args) -> Path:
 CONTEXTS = 4
 
 
+def context_answers(seqs: Sequence[Sequence[int]], n: int) -> list[int]:
+    """Prototype ids of ``n + 1`` distinct stored answers spread evenly over the store's order
+    (each answer by its first prototype), or of all of them where there are fewer: the contexts the
+    ``"replies"`` baseline reads each answer after (:func:`context_priors`).
+
+    Why ``n + 1``: an answer is never its own context, so each answer keeps ``n`` of them, and
+    one decode of each context serves every answer."""
+    first: dict[tuple, int] = {}
+    for j, s in enumerate(seqs):
+        first.setdefault(tuple(int(t) for t in s), j)
+    ids = sorted(first.values())
+    if len(ids) <= n + 1:
+        return ids
+    pos = np.round(np.linspace(0, len(ids) - 1, n + 1)).astype(np.int64)
+    return [ids[int(p)] for p in pos]
+
+
+def context_priors(engine, contexts: Sequence[tuple[Sequence[int], Sequence[int]]],
+                   seqs: Sequence[Sequence[int]], n: int) -> dict[int, float]:
+    """Each scored answer's mean log p(its tokens | a context's prompt) over its first ``n``
+    contexts that are not the answer itself: the ``"replies"`` baseline of the rerank's PMI.
+
+    ``contexts``: (context prompt tokens, answer ids to score after it); the caller lists under a
+    context only answers other than the context's own. Why another answer as the
+    context: the empty prompt says nothing of the domain, so a reply that any in-domain question
+    makes likely (a "hub") gains PMI from every query; after other in-domain text it does not.
+    The engine's cache is reset for each context and left holding the last one."""
+    from miita_edge.method.rerank import continuation_logprob
+
+    sums: dict[int, list[float]] = {}
+    for ctx_prompt, ids in contexts:
+        todo = [j for j in ids if len(sums.get(j, ())) < n]
+        if not todo:
+            continue
+        engine.reset()
+        first = engine.decode(list(ctx_prompt), "last")[0]
+        for j in todo:
+            sums.setdefault(j, []).append(continuation_logprob(engine, first, seqs[j]))
+    return {j: float(np.mean(v)) for j, v in sums.items() if v}
+
+
+
 def baselines(m, eng, seqs: list, j: int, owner: dict, taught_by: dict[str, list[str]]) -> dict:
     """Answer ``j``'s log p after other contexts than the empty prompt: ``replies``, the mean over
-    ``CONTEXTS`` other stored answers' texts asked as inputs (method/rerank.context_priors, what a
+    ``CONTEXTS`` other stored answers' texts asked as inputs (:func:`context_priors`, what a
     memory can compute: it stores answers' tokens), and ``inputs``, the mean over ``2·CONTEXTS``
     taught inputs of other intents (a reference: a memory does not store its inputs)."""
-    from miita_edge.method.rerank import context_answers, context_priors
-
     own = tuple(int(t) for t in seqs[j])
     ctx = [c for c in context_answers(seqs, CONTEXTS) if tuple(int(t) for t in seqs[c]) != own][:CONTEXTS]
     prompts = [(m.prompt_tokens(eng.detokenize([int(t) for t in seqs[c]]).strip()), [j]) for c in ctx]

@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.method.rerank import (context_answers, context_priors, continuation_logprob, rerank_plan,
-                                      rerank_weights, token_logprobs)
+from miita_edge.method.rerank import continuation_logprob, rerank_plan, rerank_weights, token_logprobs
 
 
 def test_token_logprobs_is_log_softmax_picked_per_row():
@@ -142,58 +141,6 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         eng.reset()
 
 
-def test_the_replies_baseline_plans_the_weights_a_plain_recomputation_gives(engine, tmp_path):
-    """``rerank_baseline = "replies"`` through ``Miita.plan``: each leading answer's PMI is its log p
-    after the query's prompt minus the mean of its log p after the other stored answers' texts
-    asked as inputs (whole decodes here), and the empty prompt is not read."""
-    from miita_edge.miita import Miita
-    from miita_edge.streams import Example
-
-    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
-               "lost": "Freeze the card in the app at once, then order a replacement card there.",
-               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
-    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
-            "lost": ["I lost my card", "My card was stolen yesterday"],
-            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
-    with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
-        m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
-        m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
-        m.preset.relevance_gate = False
-        m.preset.rerank_baseline, m.preset.rerank_contexts = "replies", 4
-        toks = m.prompt_tokens("Somebody took my card, what now?")
-        eng = m._use_keys()
-        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
-        off = m.plan(state)
-        m.preset.rerank_lambda = 0.2
-        on = m.plan(state)
-        assert eng.n_past == len(toks)
-        seqs = m.retrieval_index().seqs
-
-        def lp(prompt, cont):
-            eng.reset()
-            z = eng.decode(list(prompt) + list(cont), "all")[len(prompt) - 1:len(prompt) - 1 + len(cont)]
-            return float(token_logprobs(z, cont).sum())
-
-        texts = {tuple(seqs[j]): eng.detokenize(list(seqs[j])).strip() for j in range(len(seqs))}
-        assert sorted(texts.values()) == sorted(replies.values())  # three distinct answers: all are contexts
-
-        def base(j):
-            return np.mean([lp(m.prompt_tokens(t), seqs[j]) for k, t in texts.items() if k != tuple(seqs[j])])
-
-        lead = np.argsort(-off.weights, kind="stable")[:3]
-        pmi = np.array([lp(toks, seqs[int(off.ids[i])]) - base(int(off.ids[i])) for i in lead])
-        ref = off.weights.astype(np.float64).copy()
-        r = off.weights[lead] * np.exp(0.2 * pmi)
-        ref[lead] = r / r.sum() * off.weights[lead].sum()
-        np.testing.assert_allclose(on.weights, ref, rtol=1e-1, atol=1e-6)  # tolerance: see the test above
-        # and not the empty prompt's PMI: the two baselines give other weights here
-        null = m.prompt_tokens("")
-        pe = np.array([lp(toks, seqs[int(off.ids[i])]) - lp(null, seqs[int(off.ids[i])]) for i in lead])
-        re = off.weights[lead] * np.exp(0.2 * pe)
-        assert not np.allclose(on.weights[lead], re / re.sum() * off.weights[lead].sum(), rtol=1e-1)
-        eng.reset()
-
-
 def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(tmp_path):
     """bench/rerank.py choose: accuracy is recomputed by hand on rows where PMI helps, hurts or
     ties; the rule returns 0 when no λ beats the vote alone by more than 0.5 points."""
@@ -282,6 +229,9 @@ def test_the_probe_rule_grids_baselines_and_guards_each_model(tmp_path):
 
 
 def test_context_answers_spread_over_distinct_answers():
+    from test_split_guard import load_bench
+
+    context_answers = load_bench("rerank").context_answers
     seqs = [[1, 2], [3], [1, 2], [4], [5], [6], [7], [8], [3]]
     # distinct answers by first prototype: 0, 1, 3, 4, 5, 6, 7 (2 and 8 repeat 0 and 1)
     assert context_answers(seqs, 10) == [0, 1, 3, 4, 5, 6, 7]
@@ -294,6 +244,9 @@ def test_context_answers_spread_over_distinct_answers():
 def test_context_priors_are_the_mean_of_whole_decodes_after_each_context(engine):
     """Each answer's baseline against a plain recomputation: one whole decode of context prompt
     plus answer per pair, log-softmax picked by hand, averaged over the answer's first n contexts."""
+    from test_split_guard import load_bench
+
+    context_priors = load_bench("rerank").context_priors
     ctxs = [engine.tokenize(f"Question: {q}\nAnswer:") for q in ("where is my card?", "what is a fee?",
                                                                   "how do I top up?")]
     seqs = [engine.tokenize(t, add_bos=False) for t in (" It arrives within a week.", " A small charge.",
@@ -312,6 +265,21 @@ def test_context_priors_are_the_mean_of_whole_decodes_after_each_context(engine)
     assert sorted(got) == [0, 1, 2]
     for j in ref:
         assert got[j] == pytest.approx(ref[j], abs=0.4)  # incremental vs whole decodes (see above)
+    engine.reset()
+
+
+def test_the_channel_score_is_the_query_log_p_after_the_answer(engine):
+    from test_split_guard import load_bench
+
+    rr = load_bench("rerank")
+    answer = engine.tokenize(" Freeze the card in the app, then order a new one.", add_bos=False)
+    got = rr.channel_logprob(engine, answer, "  I lost my card ")
+    ctx = engine.tokenize("Answer: Freeze the card in the app, then order a new one.\nQuestion:")
+    q = engine.tokenize(" I lost my card", add_bos=False)
+    engine.reset()
+    z = engine.decode(ctx + q, "all")[len(ctx) - 1:len(ctx) - 1 + len(q)]
+    assert got == pytest.approx(float(token_logprobs(z, q).sum()), abs=0.4)  # incremental vs whole decode
+    assert got < 0
     engine.reset()
 
 
@@ -337,16 +305,3 @@ def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_
         assert eng.n_past == len(toks)
         eng.reset()
 
-
-def test_preset_stores_and_checks_its_rerank_baseline():
-    from miita_edge.errors import StoreError
-    from miita_edge.method.presets import Preset, default_preset
-
-    p = default_preset()
-    p.rerank_baseline, p.rerank_contexts = "replies", 6
-    q = Preset.from_json(p.to_json())
-    assert (q.rerank_baseline, q.rerank_contexts) == ("replies", 6)
-    with pytest.raises(StoreError, match="rerank_baseline"):
-        Preset.from_json({**p.to_json(), "rerank_baseline": "prompt"})
-    with pytest.raises(StoreError, match="rerank_contexts"):
-        Preset.from_json({**p.to_json(), "rerank_contexts": 0})

@@ -453,8 +453,7 @@ class Miita:
         # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
         null = (self.prompt_tokens("") or self.prompt_tokens("\n")) if self.preset.rerank_lambda > 0 else None
         return plan_query(self.preset, self.bank, self.engine, index, state,
-                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null,
-                          answer_prompt=lambda toks: self.prompt_tokens(self.engine.detokenize(toks).strip()))
+                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null)
 
     def geometry(self) -> HeadGeometry:
         """The model's head geometry for this memory's template (cached per model and template)."""

@@ -19,7 +19,7 @@ from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
-from .rerank import context_answers, context_priors, continuation_logprob, rerank_plan
+from .rerank import continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
 
@@ -151,15 +151,12 @@ class RetrievalIndex:
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
                mode: str | None = None, oracle_dir=None, rng=None, geometry=None,
-               null_prompt: list[int] | None = None,
-               answer_prompt: Callable[[list[int]], list[int]] | None = None) -> QueryPlan:
+               null_prompt: list[int] | None = None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
     ``plan(step, generated)`` and, for a preset with the relevance gate, its decision.
 
     ``null_prompt``: the template's prompt for an empty input, which a preset with the rerank
     (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
-    ``answer_prompt``: the template's prompt for a stored answer's tokens asked as an input, which
-    the ``"replies"`` baseline reads each answer after (without it, the empty prompt's prior).
     The engine's cache must hold the query's prompt, and holds it again on return."""
     pr = preset
     k_q = query_key(pr, bank, index, state)
@@ -197,7 +194,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         if len(ids):
             weights = weights / weights.sum()
     if pr.rerank_lambda > 0 and null_prompt and len(ids) > 1:
-        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt, answer_prompt)
+        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -220,33 +217,21 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
 
 
 def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.ndarray, weights: np.ndarray,
-            null_prompt: list[int], answer_prompt: Callable[[list[int]], list[int]] | None = None) -> np.ndarray:
+            null_prompt: list[int]) -> np.ndarray:
     """The vote's weights after the model read its leading answers (method/rerank.py). Priors not
-    yet known are decoded first (after the empty prompt, or after other answers' texts for the
-    ``"replies"`` baseline), then the query's prompt is put back."""
+    yet known are decoded after the empty prompt first, then the query's prompt is put back."""
     lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
     if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
         return weights
+    room = engine.config.n_ctx - max(len(state.tokens), len(null_prompt))
+    if any(len(index.seqs[j]) > room for j in lead):  # a reply that does not fit after the prompt: the vote decides
+        return weights
     missing = [j for j in lead if j not in index.prior]
-    contexts = []
-    if missing and pr.rerank_baseline == "replies" and answer_prompt is not None:
-        for c in context_answers(index.seqs, pr.rerank_contexts):
-            own = tuple(int(t) for t in index.seqs[c])
-            todo = [j for j in missing if tuple(int(t) for t in index.seqs[j]) != own]
-            if todo:
-                contexts.append((answer_prompt([int(t) for t in index.seqs[c]]), todo))
-    longest = max([len(state.tokens), len(null_prompt)] + [len(c[0]) for c in contexts])
-    if any(len(index.seqs[j]) > engine.config.n_ctx - longest for j in lead):
-        return weights  # a reply that does not fit after a prompt: the vote decides
     if missing:
-        if contexts:
-            index.prior.update(context_priors(engine, contexts, index.seqs, pr.rerank_contexts))
-        left = [j for j in missing if j not in index.prior]  # no other answer stored: the empty prompt's
-        if left:
-            engine.reset()
-            first = engine.decode(list(null_prompt), "last")[0]
-            for j in left:
-                index.prior[j] = continuation_logprob(engine, first, index.seqs[j])
+        engine.reset()
+        first = engine.decode(list(null_prompt), "last")[0]
+        for j in missing:
+            index.prior[j] = continuation_logprob(engine, first, index.seqs[j])
         engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
     new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
                          min_tokens=pr.rerank_min_tokens,

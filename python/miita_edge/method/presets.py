@@ -81,12 +81,6 @@ class Preset:
     rerank_lambda: float = 0.0
     rerank_top: int = 3
     rerank_min_tokens: int = 8
-    # What each answer's PMI is measured against: "empty", its log p after the prompt of an empty
-    # input (versions 8-10); "replies", the mean of its log p after rerank_contexts other stored
-    # answers' texts asked as inputs (method/rerank.context_priors), which a reply that any
-    # in-domain question makes likely does not get past.
-    rerank_baseline: str = "empty"
-    rerank_contexts: int = 4
     # How keys are whitened before their sign bits are taken: "none"; "paraphrase", by the
     # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
     # never stored); or "replies": "paraphrase" for a memory whose first taught answers are replies
@@ -186,9 +180,7 @@ class Preset:
         if not (isinstance(self.rerank_lambda, (int, float)) and not isinstance(self.rerank_lambda, bool)
                 and self.rerank_lambda >= 0):
             raise StoreError(f"preset rerank_lambda {self.rerank_lambda!r} is not a number >= 0")
-        if self.rerank_baseline not in ("empty", "replies"):
-            raise StoreError(f"preset rerank_baseline {self.rerank_baseline!r} is not 'empty' or 'replies'")
-        for name in ("rerank_top", "rerank_min_tokens", "rerank_contexts"):
+        for name in ("rerank_top", "rerank_min_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise StoreError(f"preset {name} {v!r} is not a whole number >= 1")

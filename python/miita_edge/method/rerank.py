@@ -20,8 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["context_answers", "context_priors", "continuation_logprob", "rerank_plan", "rerank_weights",
-           "token_logprobs"]
+__all__ = ["continuation_logprob", "rerank_plan", "rerank_weights", "token_logprobs"]
 
 
 def token_logprobs(logits: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -47,45 +46,6 @@ def continuation_logprob(engine, first_logits: np.ndarray, tokens: Sequence[int]
         finally:
             engine.truncate(n0)
     return float(token_logprobs(rows, toks).sum())
-
-
-def context_answers(seqs: Sequence[Sequence[int]], n: int) -> list[int]:
-    """Prototype ids of ``n + 1`` distinct stored answers spread evenly over the store's order
-    (each answer by its first prototype), or of all of them where there are fewer: the contexts a
-    ``"replies"`` baseline reads each answer after (:func:`context_priors`).
-
-    Why ``n + 1``: an answer is never its own context, so each answer keeps ``n`` of them, and
-    one decode of each context serves every answer."""
-    first: dict[tuple, int] = {}
-    for j, s in enumerate(seqs):
-        first.setdefault(tuple(int(t) for t in s), j)
-    ids = sorted(first.values())
-    if len(ids) <= n + 1:
-        return ids
-    pos = np.round(np.linspace(0, len(ids) - 1, n + 1)).astype(np.int64)
-    return [ids[int(p)] for p in pos]
-
-
-def context_priors(engine, contexts: Sequence[tuple[Sequence[int], Sequence[int]]],
-                   seqs: Sequence[Sequence[int]], n: int) -> dict[int, float]:
-    """Each scored answer's mean log p(its tokens | a context's prompt) over its first ``n``
-    contexts that are not the answer itself: the ``"replies"`` baseline of the rerank's PMI.
-
-    ``contexts``: (context prompt tokens, answer ids to score after it); the caller lists under a
-    context only answers other than the context's own. Why another answer as the
-    context: the empty prompt says nothing of the domain, so a reply that any in-domain question
-    makes likely (a "hub") gains PMI from every query; after other in-domain text it does not.
-    The engine's cache is reset for each context and left holding the last one."""
-    sums: dict[int, list[float]] = {}
-    for ctx_prompt, ids in contexts:
-        todo = [j for j in ids if len(sums.get(j, ())) < n]
-        if not todo:
-            continue
-        engine.reset()
-        first = engine.decode(list(ctx_prompt), "last")[0]
-        for j in todo:
-            sums.setdefault(j, []).append(continuation_logprob(engine, first, seqs[j]))
-    return {j: float(np.mean(v)) for j, v in sums.items() if v}
 
 
 def rerank_weights(weights: np.ndarray, pmi: np.ndarray, lam: float) -> np.ndarray:
