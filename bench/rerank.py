@@ -62,7 +62,7 @@ def draw(data: Path, seed: int, intents: int, taught: int, asked: int, labels: b
 
 
 def probe(args) -> Path:
-    from miita_edge.method.rerank import continuation_logprob
+    from miita_edge.method.rerank import channel_logprob, continuation_logprob
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
@@ -110,7 +110,7 @@ def probe(args) -> Path:
             c["pmi"] = c["lp"] - prior[j]
             c["prior"] = {"empty": prior[j], **base[j]}
             if args.channel:
-                c["channel"] = channel_logprob(eng, seqs[j], x)
+                c["channel"] = channel_logprob(eng, seqs[j], x)  # the product's (method/rerank.py)
         out.append({"input": x, "gold": lab, "adapted": adapted, "cands": cands})
         if args.progress:
             print(f"\r{i + 1}/{len(asked)} asked, {time.time() - t0:.0f} s", end="", file=sys.stderr)
@@ -182,19 +182,6 @@ def baselines(m, eng, seqs: list, j: int, owner: dict, taught_by: dict[str, list
     return out
 
 
-def channel_logprob(eng, answer: list, query: str) -> float:
-    """log p(the query's tokens | "Answer: <answer>\nQuestion:"): how well a stored answer
-    explains the query (the noisy channel; Min et al. 2022, "Noisy Channel Language Model
-    Prompting for Few-Shot Text Classification"). Every candidate of one query scores the same
-    tokens, so the query's own prior cancels out of the comparison and none is needed."""
-    from miita_edge.method.rerank import continuation_logprob
-
-    text = eng.detokenize([int(t) for t in answer]).strip()
-    eng.reset()
-    first = eng.decode(eng.tokenize(f"Answer: {text}\nQuestion:"), "last")[0]
-    return continuation_logprob(eng, first, eng.tokenize(" " + query.strip(), add_bos=False))
-
-
 def cost(args) -> None:
     """Seconds per ``ask`` with the rerank off and on, alternating query by query over the same
     memory (a dozen-intent draw, the rerank's priors decoded before timing), and their ratio."""
@@ -227,7 +214,7 @@ def cost(args) -> None:
 def pmi(c: dict, baseline: str = "empty") -> float:
     """A recorded candidate's PMI against ``baseline``: "empty" (the prompt of an empty input, what
     the shipped rerank reads) or one of the recorded context baselines ("replies", "inputs"); or,
-    for "channel", the query's log p after the answer (:func:`channel_logprob`), which needs no
+    for "channel", the query's log p after the answer (method/rerank.channel_logprob), which needs no
     baseline: it is compared only between one query's candidates."""
     if baseline == "empty":
         return c["pmi"]

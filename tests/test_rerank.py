@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.method.rerank import continuation_logprob, rerank_plan, rerank_weights, token_logprobs
+from miita_edge.method.rerank import channel_logprob, continuation_logprob, rerank_plan, rerank_weights, token_logprobs
 
 
 def test_token_logprobs_is_log_softmax_picked_per_row():
@@ -141,6 +141,54 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         eng.reset()
 
 
+def test_a_channel_rerank_plans_the_weights_a_plain_recomputation_gives(engine, tmp_path, monkeypatch):
+    """``rerank_score = "channel"`` through ``Miita.ask``: the leading answers' weights are the
+    vote's times exp(λ·log p(query | answer)), recomputed here from whole decodes; the text reaches
+    the plan from ``ask``, and a prompt given as tokens alone falls back to the PMI."""
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
+               "lost": "Freeze the card in the app at once, then order a replacement card there.",
+               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
+    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
+            "lost": ["I lost my card", "My card was stolen yesterday"],
+            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+    query = "Somebody took my card, what now?"
+    with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
+        m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
+        m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
+        m.preset.relevance_gate = False
+        toks = m.prompt_tokens(query)
+        eng = m._use_keys()
+        state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        off = m.plan(state)
+        m.preset.rerank_lambda, m.preset.rerank_score = 0.3, "channel"
+        on = m.plan(state, query_text=query)
+        assert eng.n_past == len(toks)  # the query's prompt is back in the cache
+        np.testing.assert_allclose(m.plan(state).weights, m.plan(state, query_text=None).weights)
+        seqs = m.retrieval_index().seqs
+
+        # each answer's score by the function the channel test above checks against whole decodes
+        # (whole and incremental decodes differ by up to 0.7 nats on an AVX2 EPYC, 22% of a weight
+        # at λ 0.3): here the plan's wiring is what is checked, to float precision
+        lead = np.argsort(-off.weights, kind="stable")[:3]
+        assert len(lead) >= 2
+        c = np.array([channel_logprob(eng, seqs[int(off.ids[i])], query) for i in lead])
+        ref = off.weights.astype(np.float64).copy()
+        r = off.weights[lead] * np.exp(0.3 * (c - c.max()))
+        ref[lead] = r / r.sum() * off.weights[lead].sum()
+        np.testing.assert_allclose(on.weights, ref, rtol=1e-4, atol=1e-7)
+        assert not np.allclose(on.weights, off.weights, rtol=2e-2)
+        # ask() hands its text to the plan
+        seen = []
+        real = m.plan
+        monkeypatch.setattr(m, "plan", lambda st, **kw: seen.append(kw.get("query_text")) or real(st, **kw))
+        m.ask(query, max_tokens=2)
+        assert seen == [query]
+        eng.reset()
+
+
 def test_the_probe_rule_keeps_the_vote_alone_unless_a_lambda_wins_by_the_margin(tmp_path):
     """bench/rerank.py choose: accuracy is recomputed by hand on rows where PMI helps, hurts or
     ties; the rule returns 0 when no λ beats the vote alone by more than 0.5 points."""
@@ -269,11 +317,8 @@ def test_context_priors_are_the_mean_of_whole_decodes_after_each_context(engine)
 
 
 def test_the_channel_score_is_the_query_log_p_after_the_answer(engine):
-    from test_split_guard import load_bench
-
-    rr = load_bench("rerank")
     answer = engine.tokenize(" Freeze the card in the app, then order a new one.", add_bos=False)
-    got = rr.channel_logprob(engine, answer, "  I lost my card ")
+    got = channel_logprob(engine, answer, "  I lost my card ")
     ctx = engine.tokenize("Answer: Freeze the card in the app, then order a new one.\nQuestion:")
     q = engine.tokenize(" I lost my card", add_bos=False)
     engine.reset()
@@ -305,3 +350,14 @@ def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_
         assert eng.n_past == len(toks)
         eng.reset()
 
+
+
+def test_preset_stores_and_checks_its_rerank_score():
+    from miita_edge.errors import StoreError
+    from miita_edge.method.presets import Preset, default_preset
+
+    p = default_preset()
+    p.rerank_score = "channel"
+    assert Preset.from_json(p.to_json()).rerank_score == "channel"
+    with pytest.raises(StoreError, match="rerank_score"):
+        Preset.from_json({**p.to_json(), "rerank_score": "bayes"})

@@ -385,19 +385,20 @@ class Miita:
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
-                               on_logits=on_logits)
+                               on_logits=on_logits, query_text=text)
 
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
-                   _wrap_plan=None) -> Answer:
+                   query_text: str | None = None, _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut); a model
         whose first token ends the answer (the newline stop) answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
-        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
+        upper bound; ``ask_oracle``). ``query_text``: the user's text, which a channel rerank reads
+        (``Preset.rerank_score``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
         pr = self.preset
         eng = self._use_keys()
         if adapt and self.bank.n_prototypes:  # first uses decode calibration prompts: before this query's pass
@@ -415,7 +416,7 @@ class Miita:
                           reason="adaptation is off" if not adapt else "the memory is empty", lead=lead)
         unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
         eta_abs = (pr.eta if eta is None else eta) * unit
-        qp = self.plan(state, mode=mode, oracle_dir=oracle_dir)
+        qp = self.plan(state, mode=mode, oracle_dir=oracle_dir, query_text=query_text)
         if qp.gate is not None and not qp.gate.adapted:
             # the relevance gate: nothing in memory applies, so the frozen model answers untouched
             g = eng.generate(state, **gen_kw)
@@ -432,7 +433,7 @@ class Miita:
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
         self._use_keys()  # the template's special-token rule, before tokenising
-        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens,
+        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, query_text=text,
                               _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
@@ -441,7 +442,8 @@ class Miita:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
         return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir, **kw)
 
-    def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
+    def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None,
+             query_text: str | None = None) -> QueryPlan:
         """Retrieval for one query (ids, scores, weights, steering plan, relevance decision);
         see ``method.plan``."""
         fresh = self._index is None or (self.preset.direction == "head" and self._geometry is None)
@@ -453,7 +455,8 @@ class Miita:
         # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
         null = (self.prompt_tokens("") or self.prompt_tokens("\n")) if self.preset.rerank_lambda > 0 else None
         return plan_query(self.preset, self.bank, self.engine, index, state,
-                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null)
+                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null,
+                          query_text=query_text)
 
     def geometry(self) -> HeadGeometry:
         """The model's head geometry for this memory's template (cached per model and template)."""

@@ -19,7 +19,7 @@ from ..runtime.engine import Engine
 from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
-from .rerank import continuation_logprob, rerank_plan
+from .rerank import channel_logprob, continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
 from .steering import knn_prototypes, prefix_direction
 
@@ -151,12 +151,14 @@ class RetrievalIndex:
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
                mode: str | None = None, oracle_dir=None, rng=None, geometry=None,
-               null_prompt: list[int] | None = None) -> QueryPlan:
+               null_prompt: list[int] | None = None, query_text: str | None = None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
     ``plan(step, generated)`` and, for a preset with the relevance gate, its decision.
 
     ``null_prompt``: the template's prompt for an empty input, which a preset with the rerank
     (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
+    ``query_text``: the user's text, which the ``"channel"`` rerank scores after each answer
+    (without it, that preset reads the PMI instead).
     The engine's cache must hold the query's prompt, and holds it again on return."""
     pr = preset
     k_q = query_key(pr, bank, index, state)
@@ -194,7 +196,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         if len(ids):
             weights = weights / weights.sum()
     if pr.rerank_lambda > 0 and null_prompt and len(ids) > 1:
-        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt)
+        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt, query_text)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -217,12 +219,23 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
 
 
 def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.ndarray, weights: np.ndarray,
-            null_prompt: list[int]) -> np.ndarray:
+            null_prompt: list[int], query_text: str | None = None) -> np.ndarray:
     """The vote's weights after the model read its leading answers (method/rerank.py). Priors not
-    yet known are decoded after the empty prompt first, then the query's prompt is put back."""
+    yet known are decoded after the empty prompt first (or, for the channel score, each answer is
+    decoded before the query's text), then the query's prompt is put back."""
     lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
     if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
         return weights
+    if pr.rerank_score == "channel" and query_text is not None and query_text.strip():
+        q_len = len(engine.tokenize(" " + query_text.strip(), add_bos=False))
+        if any(len(index.seqs[j]) + q_len + 8 > engine.config.n_ctx for j in lead):
+            return weights  # an answer and the query do not fit in the context: the vote decides
+        scores = {j: channel_logprob(engine, index.seqs[j], query_text) for j in lead}
+        engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
+        new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
+                             min_tokens=pr.rerank_min_tokens, query_logprob=None,
+                             prior_logprob=lambda j: 0.0, score=scores.__getitem__)
+        return new
     room = engine.config.n_ctx - max(len(state.tokens), len(null_prompt))
     if any(len(index.seqs[j]) > room for j in lead):  # a reply that does not fit after the prompt: the vote decides
         return weights

@@ -81,6 +81,11 @@ class Preset:
     rerank_lambda: float = 0.0
     rerank_top: int = 3
     rerank_min_tokens: int = 8
+    # What the model reads of each leading answer: "pmi", log p(answer | query) - log p(answer |
+    # empty query) (versions 8-10); "channel", log p(query | answer) (method/rerank.channel_logprob),
+    # which needs the query's text and no baseline. Without the text (a prompt given as tokens),
+    # "channel" falls back to "pmi".
+    rerank_score: str = "pmi"
     # How keys are whitened before their sign bits are taken: "none"; "paraphrase", by the
     # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
     # never stored); or "replies": "paraphrase" for a memory whose first taught answers are replies
@@ -180,6 +185,8 @@ class Preset:
         if not (isinstance(self.rerank_lambda, (int, float)) and not isinstance(self.rerank_lambda, bool)
                 and self.rerank_lambda >= 0):
             raise StoreError(f"preset rerank_lambda {self.rerank_lambda!r} is not a number >= 0")
+        if self.rerank_score not in ("pmi", "channel"):
+            raise StoreError(f"preset rerank_score {self.rerank_score!r} is not 'pmi' or 'channel'")
         for name in ("rerank_top", "rerank_min_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["continuation_logprob", "rerank_plan", "rerank_weights", "token_logprobs"]
+__all__ = ["channel_logprob", "continuation_logprob", "rerank_plan", "rerank_weights", "token_logprobs"]
 
 
 def token_logprobs(logits: np.ndarray, tokens: Sequence[int]) -> np.ndarray:
@@ -48,6 +48,19 @@ def continuation_logprob(engine, first_logits: np.ndarray, tokens: Sequence[int]
     return float(token_logprobs(rows, toks).sum())
 
 
+def channel_logprob(engine, answer: Sequence[int], query: str) -> float:
+    """log p(the query's tokens | "Answer: <answer>\nQuestion:"): how well a stored answer
+    explains the query (the noisy channel; Min et al. 2022, "Noisy Channel Language Model
+    Prompting for Few-Shot Text Classification"). Every candidate of one query scores the same
+    tokens, so the query's own prior cancels where the weights are normalised and no baseline is
+    needed: a reply that any in-domain question makes likely gains nothing from that. The engine's
+    cache is reset and left holding this context."""
+    text = engine.detokenize([int(t) for t in answer]).strip()
+    engine.reset()
+    first = engine.decode(engine.tokenize(f"Answer: {text}\nQuestion:"), "last")[0]
+    return continuation_logprob(engine, first, engine.tokenize(" " + query.strip(), add_bos=False))
+
+
 def rerank_weights(weights: np.ndarray, pmi: np.ndarray, lam: float) -> np.ndarray:
     """The candidates' weights w_i·exp(λ·pmi_i), scaled to the mass Σ w_i they had: the vote's
     prior and the model's reading multiplied, in log space to stay finite."""
@@ -60,17 +73,21 @@ def rerank_weights(weights: np.ndarray, pmi: np.ndarray, lam: float) -> np.ndarr
 
 
 def rerank_plan(ids: np.ndarray, weights: np.ndarray, seqs: list, *, top: int, lam: float, min_tokens: int,
-                query_logprob: Callable[[list[int]], float], prior_logprob: Callable[[int], float]
-                ) -> tuple[np.ndarray, np.ndarray | None]:
+                query_logprob: Callable[[list[int]], float] | None, prior_logprob: Callable[[int], float],
+                score: Callable[[int], float] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """New weights for ``ids`` (their order kept) and the PMI of the top ones, or the weights as
-    they were and None where nothing is reranked (one candidate, or a short one)."""
+    they were and None where nothing is reranked (one candidate, or a short one). ``score``: each
+    answer's reading by its id, used instead of the PMI (the channel score)."""
     ids = np.asarray(ids, np.int64)
     w = np.asarray(weights, np.float64)
     lead = np.argsort(-w, kind="stable")[:top]
     if len(lead) < 2 or any(len(seqs[int(ids[i])]) < min_tokens for i in lead):
         return w, None
-    pmi = np.array([query_logprob([int(t) for t in seqs[int(ids[i])]]) - prior_logprob(int(ids[i]))
-                    for i in lead])
+    if score is not None:
+        pmi = np.array([score(int(ids[i])) for i in lead], np.float64)
+    else:
+        pmi = np.array([query_logprob([int(t) for t in seqs[int(ids[i])]]) - prior_logprob(int(ids[i]))
+                        for i in lead])
     out = w.copy()
     out[lead] = rerank_weights(w[lead], pmi, lam)
     return out, pmi
