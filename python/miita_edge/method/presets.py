@@ -326,8 +326,8 @@ def default_preset_v9() -> Preset:
     return p
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 10: version 9, and a memory
+def default_preset_v10() -> Preset:
+    """Version 10: version 9, and a memory
     whose first taught answers are replies (a median of 16 tokens or more) keeps its keys whitened
     against paraphrase noise (``key_whitening = "replies"``, docs/method.md §17): its answer is
     decided by what is asked, and whitening finds the request more often (the dozen-intent canned
@@ -340,13 +340,26 @@ def default_preset() -> Preset:
     return p
 
 
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Version 11: version 10, and the
+    rerank reads how well each leading reply explains the query, log p(query | reply) (the noisy
+    channel, ``rerank_score = "channel"``, λ 0.3; docs/method.md §18), instead of the PMI of the
+    reply given the query: the PMI against an empty prompt favours a reply that any in-domain
+    question makes likely, and the channel score needs no baseline."""
+    p = default_preset_v10()
+    p.rerank_score = "channel"
+    p.rerank_lambda = 0.3
+    p.version = 11
+    return p
+
+
 PRESETS = {"paper": paper_preset, "default": default_preset}
 #: Every (name, version) a memory may have been built with.
 _VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
              ("default", 3): default_preset_v3, ("default", 4): default_preset_v4,
              ("default", 5): default_preset_v5, ("default", 6): default_preset_v6, ("default", 7): default_preset_v7,
              ("default", 8): default_preset_v8, ("default", 9): default_preset_v9,
-             ("default", 10): default_preset}
+             ("default", 10): default_preset_v10, ("default", 11): default_preset}
 
 
 def preset_names() -> list[str]:
