@@ -73,7 +73,7 @@ def test_an_earlier_version_by_number_but_users_select_only_the_current_ones():
     for bad in ("default/3", "default/4", "default/5", "paper/1", "paper/2", "default/10", "default/11", "default/x", "nope", "nope/1", "default/"):
         with pytest.raises(InputError, match="unknown preset"):
             get_preset(bad)
-    for name, version in (("default", 11), ("paper", 3), ("nope", 1)):
+    for name, version in (("default", 12), ("paper", 3), ("nope", 1)):
         with pytest.raises(InputError, match="unknown preset"):
             preset_version(name, version)
 
@@ -189,8 +189,8 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default", 10, ("last", "mean")),
-                                      (default_preset(), 10, ("last", "mean"))):
+        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default", 11, ("last", "mean")),
+                                      (default_preset(), 11, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:
                 m.ingest(rows, budget="none", progress=False)
