@@ -6,6 +6,14 @@ import pytest
 
 from miita_edge.method.rerank import channel_logprob, continuation_logprob, rerank_plan, rerank_weights, token_logprobs
 
+# three canned replies and two taught paraphrases each: the memories the plan-level tests rerank
+REPLIES = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
+           "lost": "Freeze the card in the app at once, then order a replacement card there.",
+           "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
+ASKS = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
+        "lost": ["I lost my card", "My card was stolen yesterday"],
+        "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+
 
 def test_token_logprobs_is_log_softmax_picked_per_row():
     rng = np.random.default_rng(0)
@@ -93,12 +101,7 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
-    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
-               "lost": "Freeze the card in the app at once, then order a replacement card there.",
-               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
-    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
-            "lost": ["I lost my card", "My card was stolen yesterday"],
-            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+    replies, asks = REPLIES, ASKS
     with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
         m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
         m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
@@ -142,18 +145,13 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
 
 
 def test_a_channel_rerank_plans_the_weights_a_plain_recomputation_gives(engine, tmp_path, monkeypatch):
-    """``rerank_score = "channel"`` through ``Miita.ask``: the leading answers' weights are the
-    vote's times exp(λ·log p(query | answer)), recomputed here from whole decodes; the text reaches
-    the plan from ``ask``, and a prompt given as tokens alone falls back to the PMI."""
+    """``rerank_score = "channel"`` through ``Miita.plan`` and ``Miita.ask``: the leading answers'
+    weights are the vote's times exp(λ·log p(query | answer)); the text reaches the plan from
+    ``ask``, and a prompt given as tokens alone falls back to the PMI."""
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
-    replies = {"pin": "You can change your PIN at any of our cash machines under PIN services.",
-               "lost": "Freeze the card in the app at once, then order a replacement card there.",
-               "fee": "Top-ups by bank transfer are free; card top-ups cost half a percent of the amount."}
-    asks = {"pin": ["How do I change my PIN?", "I want a new PIN number"],
-            "lost": ["I lost my card", "My card was stolen yesterday"],
-            "fee": ["Is there a fee to top up?", "What does a top-up cost?"]}
+    replies, asks = REPLIES, ASKS
     query = "Somebody took my card, what now?"
     with Miita(engine=engine, memory=tmp_path / "mem", template="plain") as m:
         m.ingest([Example(x, replies[k]) for k in replies for x in asks[k]], budget=None, progress=False)
