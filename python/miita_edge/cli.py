@@ -331,7 +331,8 @@ def format_trace(engine, ans, steps) -> str:
         kept = ", ".join(f"#{j} w={w:.2f} {tok(t)}" for j, w, t in s.kept) or "none"
         lines.append(f"step {s.step:3d} produced {tok(s.produced):14s} alpha "
                      f"{'-' if s.alpha is None else f'{s.alpha:.2f}'} {'steered' if s.steered else 'free   '}"
-                     f" kept: {kept}; dropped {len(s.dropped)}")
+                     f" kept: {kept}; dropped {len(s.dropped)}"
+                     f"{'; push raised (hold)' if s.step in ans.raised else ''}")
     return "\n".join(lines)
 
 

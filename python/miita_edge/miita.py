@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -72,6 +72,7 @@ class Answer:
     stop_reason: str
     reason: str | None = None  # why the memory did not steer (adapted is False), when it had a say
     lead: str = ""  # the template's separator the model generated before the reply, removed from text
+    raised: list[int] = field(default_factory=list)  # answer positions whose push a hold raised
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -423,10 +424,11 @@ class Miita:
             lead, text = strip_lead(g.text, self.template.lead)
             return Answer(text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason, lead=lead)
         plan = qp.plan if _wrap_plan is None else _wrap_plan(qp.plan)
-        g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, **gen_kw)
+        g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, hold=qp.hold, **gen_kw)
         lead, text = strip_lead(g.text, self.template.lead)
         return Answer(text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
-                      [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason, lead=lead)
+                      [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason, lead=lead,
+                      raised=list(g.raised))
 
     def trace(self, text: str, max_tokens: int = 64) -> tuple[Answer, list[StepTrace]]:
         """``ask`` (greedy), and what steering did at each answer position (``method.trace``)."""

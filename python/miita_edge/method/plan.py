@@ -21,11 +21,12 @@ from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
 from .rerank import channel_logprob, continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
-from .steering import knn_prototypes, prefix_direction
+from .steering import hold_target, knn_prototypes, lead_push, prefix_direction
 
 __all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
 PlanFn = Callable[[int, list], "np.ndarray | None"]
+HoldFn = Callable[[int, list, "np.ndarray", int], "np.ndarray | None"]
 
 
 class QueryPlan(NamedTuple):
@@ -37,6 +38,7 @@ class QueryPlan(NamedTuple):
     weights: np.ndarray
     plan: PlanFn
     gate: GateDecision | None = None
+    hold: HoldFn | None = None  # Engine.generate's hold (Preset.hold_min_tokens), None when off
 
 
 def centroid_bits(packed: np.ndarray, owner: np.ndarray, counts: np.ndarray, J: int, width: int,
@@ -215,7 +217,26 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
                                 normalize=pr.direction != "head", recover=pr.recover)
 
-    return QueryPlan(ids, best, weights, plan, decision)
+    hold = _hold(pr, engine, index, ids, weights, geometry) if pr.hold_min_tokens > 0 and len(ids) else None
+    return QueryPlan(ids, best, weights, plan, decision, hold)
+
+
+def _hold(pr: Preset, engine: Engine, index: RetrievalIndex, ids: np.ndarray, weights: np.ndarray,
+          geometry=None) -> HoldFn:
+    """The hold of one query's plan (``Preset.hold_min_tokens``): where a reply leads the step and
+    the produced token is none of the steering answers' own, the addition that makes the leading
+    token beat the one that won (steering.lead_push, through the head's precision when the preset
+    has a head geometry)."""
+    mult = engine.info.logit_mult
+    precision = geometry.precision if geometry is not None else None
+
+    def hold(step: int, generated, logits: np.ndarray, token: int) -> np.ndarray | None:
+        target = hold_target(step, generated, index.seqs, ids, weights, pr.hold_min_tokens, pr.recover)
+        if target is None or token in target[1]:
+            return None
+        return lead_push(logits, target[0], engine.lm_head.rows, precision, mult)
+
+    return hold
 
 
 def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.ndarray, weights: np.ndarray,

@@ -86,6 +86,11 @@ class Preset:
     # which needs the query's text and no baseline. Without the text (a prompt given as tokens),
     # "channel" falls back to "pmi".
     rerank_score: str = "pmi"
+    # While a reply leads the steering (its answer stores at least hold_min_tokens tokens), a
+    # produced token that none of the steering answers has at that position is replaced: the step is
+    # decoded again with the push raised exactly as far as the leading token needs to win
+    # (steering.needed_push, Engine.generate's hold). 0: off (every version before 12).
+    hold_min_tokens: int = 0
     # How keys are whitened before their sign bits are taken: "none"; "paraphrase", by the
     # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
     # never stored); or "replies": "paraphrase" for a memory whose first taught answers are replies
@@ -187,6 +192,9 @@ class Preset:
             raise StoreError(f"preset rerank_lambda {self.rerank_lambda!r} is not a number >= 0")
         if self.rerank_score not in ("pmi", "channel"):
             raise StoreError(f"preset rerank_score {self.rerank_score!r} is not 'pmi' or 'channel'")
+        if not (isinstance(self.hold_min_tokens, int) and not isinstance(self.hold_min_tokens, bool)
+                and self.hold_min_tokens >= 0):
+            raise StoreError(f"preset hold_min_tokens {self.hold_min_tokens!r} is not a whole number >= 0")
         for name in ("rerank_top", "rerank_min_tokens"):
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):

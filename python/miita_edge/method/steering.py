@@ -104,6 +104,79 @@ def slips_allowed(step: int) -> int:
     return (step + 7) // 8
 
 
+def consistent_members(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
+                       weights: np.ndarray, recover: bool = False) -> list[tuple[int, float]]:
+    """The (prototype, weight) pairs that steer at ``step``: those whose answer is longer than
+    ``step`` and whose first ``step`` tokens equal ``generated[:step]``; with ``recover``, when there
+    are none, those whose first token was generated and whose other tokens before ``step`` differ
+    from the generated ones in at most ``slips_allowed(step)`` places (``prefix_direction``)."""
+    prefix = [int(t) for t in generated[:step]]
+    members = [(int(j), float(w)) for j, w in zip(ids, weights)
+               if len(seqs[j]) > step and [int(t) for t in seqs[j][:step]] == prefix]
+    if not members and recover and step > 0:
+        limit = slips_allowed(step)
+        members = [(int(j), float(w)) for j, w in zip(ids, weights)
+                   if len(seqs[j]) > step and int(seqs[j][0]) == prefix[0]
+                   and sum(int(a) != b for a, b in zip(seqs[j][:step], prefix)) <= limit]
+    return members
+
+
+def hold_target(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
+                weights: np.ndarray, min_tokens: int, recover: bool = False) -> tuple[int, frozenset[int]] | None:
+    """What the hold (``Preset.hold_min_tokens``) defends at ``step``: (the leading token, every
+    steering answer's token), or None where the memory does not steer a reply here.
+
+    The leading token is the one the steering answers give the largest summed weight (ties: the
+    first met in weight order); it is a reply's when the answer of largest weight among those
+    giving it stores at least ``min_tokens`` tokens. A produced token among the steering answers'
+    tokens is the model choosing between the memory's candidates and stands; one outside them
+    (a near-identical row that the push raised as well, "if" for "If") is what the hold replaces."""
+    members = consistent_members(step, generated, seqs, ids, weights, recover)
+    if not members:
+        return None
+    by_token: dict[int, float] = {}
+    longest: dict[int, tuple[float, int]] = {}
+    for j, w in members:
+        tok = int(seqs[j][step])
+        by_token[tok] = by_token.get(tok, 0.0) + w
+        if tok not in longest or w > longest[tok][0]:
+            longest[tok] = (w, len(seqs[j]))
+    lead = max(by_token, key=lambda t: by_token[t])  # max keeps the first of equal weights
+    if longest[lead][1] < min_tokens:
+        return None
+    return lead, frozenset(by_token)
+
+
+#: How far (in logits) the hold puts the memory's token above the one that won: one logit, the
+#: default preset's unit of push, far above the few hundredths by which a quantized head's logits
+#: stray from the linear prediction (llama.cpp quantizes the hidden state before the head's matmul).
+LEAD_MARGIN = 1.0
+
+
+def lead_push(logits: np.ndarray, lead: int, rows: Callable[[list[int]], np.ndarray],
+              precision: np.ndarray | None = None, logit_mult: float = 1.0, margin: float = LEAD_MARGIN
+              ) -> np.ndarray | None:
+    """The addition to the final hidden state that makes ``lead`` beat the current argmax c of
+    ``logits`` by ``margin``: e = t·P(W_y − W_c) with t = (z_c − z_y + margin) / (c·(W_y − W_c)ᵀ
+    P(W_y − W_c)), P the head's precision (``HeadGeometry.precision``; identity without one), so
+    that the logits ``z + c·W e`` put y exactly ``margin`` above c. Along P(W_y − W_c) the two rows
+    separate while rows that share their common part move least (head_geometry's reasoning, for a
+    pair). Zeros where y already leads; None where the rows cannot be told apart (W_y = W_c).
+    ``rows(ids)`` gives those head rows (H,) each; a third token may overtake after this, so the
+    caller decodes again and asks once more."""
+    z = np.asarray(logits, np.float64)
+    c = int(np.argmax(z))
+    if c == lead:
+        return np.zeros(np.asarray(rows([lead])).shape[1], np.float64)
+    W = np.asarray(rows([lead, c]), np.float64)
+    diff = W[0] - W[1]
+    u = np.asarray(precision, np.float64) @ diff if precision is not None else diff
+    q = logit_mult * float(diff @ u)
+    if not np.isfinite(q) or q <= 0:
+        return None
+    return ((float(z[c] - z[lead]) + margin) / q) * u
+
+
 def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
                      weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray],
                      normalize: bool = True, recover: bool = False) -> np.ndarray | None:
@@ -120,14 +193,7 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
     places, position by position, are taken as consistent: a reply that started right is pushed
     back onto its own next token after a divergent one, instead of losing the memory for the rest.
     """
-    prefix = [int(t) for t in generated[:step]]
-    members = [(int(j), float(w)) for j, w in zip(ids, weights)
-               if len(seqs[j]) > step and [int(t) for t in seqs[j][:step]] == prefix]
-    if not members and recover and step > 0:
-        limit = slips_allowed(step)
-        members = [(int(j), float(w)) for j, w in zip(ids, weights)
-                   if len(seqs[j]) > step and int(seqs[j][0]) == prefix[0]
-                   and sum(int(a) != b for a, b in zip(seqs[j][:step], prefix)) <= limit]
+    members = consistent_members(step, generated, seqs, ids, weights, recover)
     acc = None
     by_token: dict[int, float] = {}
     for j, w in members:

@@ -28,7 +28,8 @@ from ..errors import ContextOverflow, ModelError
 from ..native import ext
 from .abi import check_abi
 from .default_model import resolve_model_path
-from .engine_types import (DEFAULT_KEY_DEPTHS, EngineConfig, Generation, QueryState, SteerPlan,  # noqa: F401
+from .engine_types import (DEFAULT_KEY_DEPTHS, EngineConfig, Generation, HoldFn, QueryState,  # noqa: F401
+                           SteerPlan,
                            layers_at_depths)  # re-exported: callers import them with the Engine
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS
@@ -38,6 +39,9 @@ from .llama_setup import cpu_has_amx, install_log_filter  # noqa: F401  cpu_has_
 from .support import missing_tensor_reason, refusal_after_load, refusal_reason, self_test
 
 STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
+#: How many times a hold may decode one step again with a larger push before it gives up (each
+#: raise is exact against the token that led; a third token can overtake, rarely twice).
+MAX_RAISES = 4
 
 
 class Engine:
@@ -445,12 +449,16 @@ class Engine:
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None,
-                 on_logits=None) -> Generation:
+                 on_logits=None, hold: HoldFn | None = None) -> Generation:
         """Generate after ``query(state.tokens)``; the KV cache must still hold that prompt.
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
         it decodes; step 0 re-decodes the last prompt token so that the first
         answer token is steered too. The addition is gone when this returns.
+        With a ``hold`` (see ``HoldFn``), a steered step whose token the hold rejects is decoded
+        again with the hold's vector added on top (the addition is after every layer, so the KV
+        cache is the same and only the logits change), until the memory's token leads or
+        ``MAX_RAISES`` decodes; if it never leads, the step keeps its first token.
         """
         rng = np.random.default_rng(seed)
         generated: list[int] = []
@@ -458,6 +466,8 @@ class Engine:
         reason = "length"
         logits = state.logits
         self.native.alpha_clear()
+        raised: list[int] = []
+        repeats: list[int] = []  # indices of the α entries that decoding a step again added
         for step in range(max_tokens):
             d = plan(step, generated) if plan is not None else None
             if step == 0:
@@ -472,6 +482,9 @@ class Engine:
                     self.set_steer(d, state.h_q, eta, mode)
                 logits = self.decode([generated[-1]], "last")[0]
             tok = sample(logits, temperature, top_p, rng)
+            if hold is not None and d is not None:
+                tok, logits = self._hold_step(hold, step, generated, state, d, eta, mode, tok, logits,
+                                              raised, repeats)
             if self.is_eog(tok):
                 reason = "eog"
                 break
@@ -486,12 +499,42 @@ class Engine:
                 reason = "stop"
                 break
         self.set_steer(None, None, 0.0, "off")
-        alphas = [float(a) for a in self.native.alphas()]
+        skip = set(repeats)
+        alphas = [float(a) for i, a in enumerate(self.native.alphas()) if i not in skip]
         text = text_bytes.decode("utf-8", errors="replace")
         cut = min([text.find(s) for s in stop if s and s in text], default=-1)
         if cut >= 0:
             text = text[:cut]
-        return Generation(text, generated, alphas, reason)
+        return Generation(text, generated, alphas, reason, raised)
+
+    def _hold_step(self, hold: HoldFn, step: int, generated: list[int], state: QueryState, d: np.ndarray,
+                   eta: float, mode: str, tok: int, logits: np.ndarray, raised: list[int],
+                   repeats: list[int]) -> tuple[int, np.ndarray]:
+        """One steered step under a hold: the token and logits it ends with (``generate``)."""
+        first = (tok, logits)
+        last = state.tokens[-1] if step == 0 else generated[-1]
+        direction = np.asarray(d, np.float32)
+        for r in range(MAX_RAISES + 1):
+            extra = hold(step, generated, logits, tok)
+            if extra is None:  # the token stands (after a raise: the memory's token now leads)
+                if r:
+                    raised.append(step)
+                return tok, logits
+            if not np.any(extra):  # the memory's token already leads these logits
+                if r:
+                    raised.append(step)
+                return int(np.argmax(logits)), logits
+            alpha = float(self.native.alphas()[-1]) if mode == "gated" else 1.0
+            if alpha * eta <= 0 or r == MAX_RAISES:
+                return first  # the memory's token never led: the step keeps the model's token
+            # the native addition is eta·α·direction; this adds ``extra`` on top of what it added
+            direction = (direction + np.asarray(extra, np.float64) / (eta * alpha)).astype(np.float32)
+            repeats.append(len(self.native.alphas()))
+            self.truncate(self.n_past - 1)
+            self.set_steer(direction, state.h_q, eta, mode)
+            logits = self.decode([last], "last")[0]
+            tok = int(np.argmax(logits))
+        return first
 
     # ------------------------------------------------------------ LM head
     @property

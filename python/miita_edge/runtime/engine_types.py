@@ -9,7 +9,7 @@ import numpy as np
 
 from .key_pooling import key_mean
 
-__all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "SteerPlan", "layers_at_depths"]
+__all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "HoldFn", "SteerPlan", "layers_at_depths"]
 
 
 #: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
@@ -88,8 +88,14 @@ class Generation:
     tokens: list[int]
     alphas: list[float] = field(default_factory=list)  # one per steered step
     stop_reason: str = "length"  # "stop" | "eog" | "length"
+    raised: list[int] = field(default_factory=list)  # steps whose push a hold raised (Engine.generate)
 
 
 # A steering plan gives, before each generated token, the direction for that
 # step (or None for no addition). step 0 predicts the first answer token.
 SteerPlan = Callable[[int, Sequence[int]], "np.ndarray | None"]
+# A hold, after a steered step produced ``token`` from ``logits``: None where the token stands,
+# else a vector to add to the final hidden state on top of the step's addition, so that the
+# memory's leading token wins (zeros: it already leads these logits; take it). Called as
+# hold(step, generated, logits, token).
+HoldFn = Callable[[int, Sequence[int], "np.ndarray", int], "np.ndarray | None"]
