@@ -475,3 +475,43 @@ def test_amx_regression_decode_does_not_crash(model_path):
             "print(repr(e.generate(e.query(e.tokenize('Hello')), max_tokens=2).text))" % str(model_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_hold_makes_the_memory_token_win_and_keeps_the_cache(engine):
+    """A hold that wants the frozen model's second choice at the first answer position: the step
+    is decoded again with lead_push's addition on top, the token comes out, the α list keeps one
+    entry per step, and the cache goes on from that token as a plain decode of it would (the
+    addition is after every layer, so decoding a step again changes only its logits)."""
+    from miita_edge.method.steering import lead_push
+
+    prompt = engine.tokenize("Question: What is the capital of France?\nAnswer:")
+    state = engine.query(prompt)
+    second = int(np.argsort(-state.logits)[1])
+    zero = np.zeros(engine.n_embd, np.float32)  # a plan that steers with nothing, so the hold is asked
+    calls = []
+
+    def hold(step, generated, logits, token):
+        calls.append(step)
+        if step > 0 or token == second:
+            return None
+        return lead_push(logits, second, engine.lm_head.rows, None, engine.info.logit_mult)
+
+    g = engine.generate(state, max_tokens=4, stop=(), plan=lambda s, gen: zero, eta=1.0, mode="ungated", hold=hold)
+    assert g.tokens[0] == second and g.raised == [0]
+    assert len(g.alphas) == len(g.tokens) and calls[:2] == [0, 0]
+    # the rest equals a frozen continuation after the forced token, decoded one token at a time
+    # from the same cache (the same kernels as generate's steps)
+    engine.query(prompt)
+    engine.truncate(len(prompt) - 1)  # generate's step 0 decodes the last prompt token alone
+    engine.decode([prompt[-1]], "last")
+    logits = engine.decode([second], "last")[0]
+    rest = []
+    for _ in range(len(g.tokens) - 1):
+        t = int(np.argmax(logits))
+        rest.append(t)
+        logits = engine.decode([t], "last")[0]
+    assert g.tokens[1:] == rest
+    # without the hold the same plan gives the frozen first token
+    plain = engine.generate(engine.query(prompt), max_tokens=1, stop=(), plan=lambda s, gen: zero, eta=1.0,
+                            mode="ungated")
+    assert plain.tokens[0] == int(np.argmax(state.logits)) != second and plain.raised == []

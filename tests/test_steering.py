@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -323,3 +324,96 @@ def test_unit_anchor_fast_path_matches_reference_path():
         np.testing.assert_array_equal(fast[0], ref[0])
         np.testing.assert_allclose(fast[1], ref[1], atol=1e-5)
         np.testing.assert_allclose(fast[2], ref[2], atol=1e-5)
+
+
+# ------------------------------------------------------------------ the hold
+
+def ref_hold_target(step, generated, seqs, ids, weights, min_tokens, recover):
+    """Brute force: the steering members (``ref_recover_members`` or exact prefixes), each token's
+    summed weight, the lead (largest; ties: the token met first in weight order), and whether the
+    heaviest member giving the lead stores at least min_tokens tokens."""
+    exact = [int(j) for j in ids if len(seqs[j]) > step and list(seqs[j][:step]) == list(generated[:step])]
+    members = exact if (exact or not recover) else ref_recover_members(step, generated, seqs, ids)
+    if not members:
+        return None
+    w = {int(j): float(x) for j, x in zip(ids, weights)}
+    order = [int(j) for j in ids if int(j) in members]
+    total, first_seen = {}, []
+    for j in order:
+        t = int(seqs[j][step])
+        if t not in total:
+            total[t] = 0.0
+            first_seen.append(t)
+        total[t] += w[j]
+    lead = first_seen[0]
+    for t in first_seen[1:]:
+        if total[t] > total[lead]:
+            lead = t
+    heaviest = max((j for j in order if int(seqs[j][step]) == lead), key=lambda j: (w[j], -order.index(j)))
+    if len(seqs[heaviest]) < min_tokens:
+        return None
+    return lead, frozenset(total)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), step=st.integers(0, 12), J=st.integers(0, 6),
+       min_tokens=st.integers(1, 20), recover=st.booleans())
+def test_hold_target_matches_bruteforce(seed, step, J, min_tokens, recover):
+    rng = np.random.default_rng(seed)
+    vocab = 3
+    seqs = [rng.integers(0, vocab, size=rng.integers(0, 24)).tolist() for _ in range(J)]
+    generated = (seqs[0] + [0] * step)[:step] if J and rng.random() < 0.6 else rng.integers(0, vocab, size=step).tolist()
+    ids = rng.permutation(J)[: rng.integers(0, J + 1)] if J else np.zeros(0, int)
+    weights = rng.dirichlet(np.ones(len(ids))) if len(ids) else np.zeros(0)
+    if len(ids) > 1 and rng.random() < 0.3:
+        weights = np.full(len(ids), 1.0 / len(ids))  # exact ties between tokens
+    got = steering.hold_target(step, generated, seqs, ids, weights, min_tokens, recover)
+    assert got == ref_hold_target(step, generated, seqs, ids, weights, min_tokens, recover)
+
+
+def test_hold_target_by_hand():
+    reply = list(range(10, 30))  # 20 tokens
+    label = [10, 11]
+    ids, w = np.array([0, 1]), np.array([0.7, 0.3])
+    # both start with 10: the lead is 10, members {10}
+    assert steering.hold_target(0, [], [reply, label], ids, w, 16) == (10, frozenset({10}))
+    # the label alone leads (the reply dropped out): too short to hold
+    assert steering.hold_target(1, [10], [[10, 99] + reply, label], ids, np.array([0.2, 0.8]), 16) is None
+    # the reply leads at step 1 against the label's token
+    assert steering.hold_target(1, [10], [reply, label], ids, w, 16) == (11, frozenset({11}))
+    assert steering.hold_target(1, [10], [reply, [10, 5]], ids, w, 16) == (11, frozenset({11, 5}))
+    assert steering.hold_target(3, [1, 2, 3], [reply], ids[:1], w[:1], 16) is None  # nothing steers
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), H=st.integers(2, 12), V=st.integers(2, 40),
+       mult=st.sampled_from([1.0, 0.25]), with_precision=st.booleans())
+def test_lead_push_puts_the_lead_one_margin_above_the_winner(seed, H, V, mult, with_precision):
+    """Against a plain re-computation of the logits c·W(h + e): the lead ends exactly ``margin``
+    above the token that led, along P(W_y − W_c)."""
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((V, H))
+    h = rng.standard_normal(H)
+    z = mult * W @ h
+    lead = int(rng.integers(0, V))
+    P = None
+    if with_precision:
+        A = rng.standard_normal((H, H))
+        P = A @ A.T + 0.1 * np.eye(H)  # symmetric positive definite, like the head's precision
+    rows = lambda ids: W[np.asarray(ids)]  # noqa: E731
+    e = steering.lead_push(z, lead, rows, P, mult, margin=0.5)
+    c = int(np.argmax(z))
+    if c == lead:
+        assert e is not None and e.shape == (H,) and not np.any(e)
+        return
+    z2 = mult * W @ (h + e)
+    assert z2[lead] - z2[c] == pytest.approx(0.5, abs=1e-9)
+    u = (P if P is not None else np.eye(H)) @ (W[lead] - W[c])
+    assert abs(abs(float(e @ u)) - np.linalg.norm(e) * np.linalg.norm(u)) < 1e-9 * (1 + np.linalg.norm(e) * np.linalg.norm(u))
+
+
+def test_lead_push_cannot_separate_equal_rows():
+    W = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    z = np.array([2.0, 1.0, 0.0])
+    assert steering.lead_push(z, 1, lambda ids: W[np.asarray(ids)]) is None
+    assert steering.lead_push(z, 0, lambda ids: W[np.asarray(ids)]).tolist() == [0.0, 0.0]
