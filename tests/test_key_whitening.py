@@ -239,25 +239,25 @@ def test_a_memory_of_replies_whitens_and_one_of_labels_does_not(engine, tmp_path
 
 
 def test_a_memory_of_labels_is_version_9_s_memory_byte_for_byte(engine, tmp_path):
-    """Versions 10 and 11 change nothing for a memory of labels: its committed arrays and its size
-    are version 9's, and version 11 (which changes only the rerank of replies of 16 tokens or more)
-    answers as version 10, so the tables' v9 cells of label benchmarks stand for both
-    (docs/RESULTS.md)."""
+    """Versions 10 to 12 change nothing for a memory of labels: its committed arrays and its size
+    are version 9's, and versions 11 and 12 (which change only the rerank of replies of 16 tokens
+    or more, and hold only such replies) answer as version 10, so the tables' v9 cells of label
+    benchmarks stand for all three (docs/RESULTS.md)."""
     from miita_edge import Example, Miita
     from miita_edge.method.presets import preset_version
 
     rows = [Example(f"where is the card I ordered {i}", "card arrival") for i in range(3)] + \
            [Example(f"I was charged twice for one coffee {i}", "double charge") for i in range(3)]
     out, asked = {}, {}
-    for version in (9, 10, 11):
+    for version in (9, 10, 11, 12):
         with Miita(engine=engine, memory=tmp_path / f"v{version}", template="plain",
                    preset=preset_version("default", version)) as m:
             m.ingest(rows, budget="none")
             out[version] = (m.bank.to_arrays(), m.nbytes(), m.key_whitened)
             asked[version] = [m.ask(q, max_tokens=4).text for q in ("where is my card", "charged two times?")]
     a9, n9, w9 = out[9]
-    assert asked[10] == asked[11]
-    for v in (10, 11):
+    assert asked[10] == asked[11] == asked[12]
+    for v in (10, 11, 12):
         a, n, w = out[v]
         assert (w9, w) == (False, False) and n9 == n
         assert sorted(a9) == sorted(a)

@@ -348,16 +348,27 @@ def default_preset_v10() -> Preset:
     return p
 
 
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 11: version 10, and the
-    rerank reads how well each leading reply explains the query, log p(query | reply) (the noisy
-    channel, ``rerank_score = "channel"``, λ 0.3; docs/method.md §18), instead of the PMI of the
-    reply given the query: the PMI against an empty prompt favours a reply that any in-domain
-    question makes likely, and the channel score needs no baseline."""
+def default_preset_v11() -> Preset:
+    """Version 11: version 10, and the rerank reads how well each leading reply explains the query,
+    log p(query | reply) (the noisy channel, ``rerank_score = "channel"``, λ 0.3; docs/method.md
+    §18), instead of the PMI of the reply given the query: the PMI against an empty prompt favours
+    a reply that any in-domain question makes likely, and the channel score needs no baseline."""
     p = default_preset_v10()
     p.rerank_score = "channel"
     p.rerank_lambda = 0.3
     p.version = 11
+    return p
+
+
+def default_preset() -> Preset:
+    """Our default; every choice is measured in docs/method.md. Version 12: version 11, and the hold
+    (``hold_min_tokens = 16``, docs/method.md §19): while a reply leads the steering, a token that
+    none of the steering answers has at that position (" if" for " If", a near-identical head row
+    the push raised too) is replaced by the leading answer's, the step decoded again with an
+    addition that puts it one logit above; the prefix rule had let the whole reply go after it."""
+    p = default_preset_v11()
+    p.hold_min_tokens = 16
+    p.version = 12
     return p
 
 
@@ -367,7 +378,8 @@ _VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("defaul
              ("default", 3): default_preset_v3, ("default", 4): default_preset_v4,
              ("default", 5): default_preset_v5, ("default", 6): default_preset_v6, ("default", 7): default_preset_v7,
              ("default", 8): default_preset_v8, ("default", 9): default_preset_v9,
-             ("default", 10): default_preset_v10, ("default", 11): default_preset}
+             ("default", 10): default_preset_v10, ("default", 11): default_preset_v11,
+             ("default", 12): default_preset}
 
 
 def preset_names() -> list[str]:
