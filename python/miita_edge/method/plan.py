@@ -217,7 +217,8 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
                                 normalize=pr.direction != "head", recover=pr.recover)
 
-    hold = _hold(pr, engine, index, ids, weights, geometry) if pr.hold_min_tokens > 0 and len(ids) else None
+    held = pr.hold_min_tokens > 0 and len(ids) > 0 and engine is not None  # no engine: nothing generates
+    hold = _hold(pr, engine, index, ids, weights, geometry) if held else None
     return QueryPlan(ids, best, weights, plan, decision, hold)
 
 
