@@ -88,8 +88,8 @@ class Preset:
     rerank_score: str = "pmi"
     # While a reply leads the steering (its answer stores at least hold_min_tokens tokens), a
     # produced token that none of the steering answers has at that position is replaced: the step is
-    # decoded again with the push raised exactly as far as the leading token needs to win
-    # (steering.needed_push, Engine.generate's hold). 0: off (every version before 12).
+    # decoded again with an addition that puts the leading token one logit above it
+    # (steering.lead_push, Engine.generate's hold). 0: off (every version before 12).
     hold_min_tokens: int = 0
     # How keys are whitened before their sign bits are taken: "none"; "paraphrase", by the
     # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
