@@ -16,6 +16,7 @@ import numpy as np
 from ..memory.bank import MemoryBank
 from ..native import ext
 from ..runtime.engine import Engine
+from ..runtime.engine_types import HoldFn
 from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
@@ -26,7 +27,6 @@ from .steering import hold_target, knn_prototypes, lead_push, prefix_direction
 __all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
 PlanFn = Callable[[int, list], "np.ndarray | None"]
-HoldFn = Callable[[int, list, "np.ndarray", int], "np.ndarray | None"]
 
 
 class QueryPlan(NamedTuple):
