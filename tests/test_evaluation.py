@@ -440,6 +440,11 @@ def test_memory_bytes_are_the_bytes_on_disk(method, engine1, tmp_path):
     assert ("tok3" in stored) == (method != "miita-paper")  # answer tokens, 3 bytes each
     if method == "miita-dense":
         assert len(stored["dirs"]) == len(stored["tok3"])  # one stored direction per target token
+    # the result names the preset the stored memory was built with, so an archived cell says its version
+    from miita_edge.miita import Miita
+
+    built = Miita(memory=out / "state" / "stage-01", engine=engine1).preset
+    assert res["method_settings"] == {"preset": built.name, "version": built.version}
 
 
 @pytest.mark.model

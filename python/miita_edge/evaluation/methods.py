@@ -132,6 +132,11 @@ class Method:
     def memory_bytes(self) -> int:
         return 0
 
+    def provenance(self) -> dict | None:
+        """What a result must record to say which settings produced it (a preset's name and
+        version), beyond the method's name; None for methods with no versioned settings."""
+        return None
+
     def save(self, dst: Path) -> None:
         """Write the state into the empty directory ``dst``."""
 
@@ -178,6 +183,15 @@ class MiitaMethod(Method):
 
     def _preset(self):
         return self._preset_spec() if callable(self._preset_spec) else self._preset_spec
+
+    def provenance(self) -> dict | None:
+        # A cell archived under one version must not be read as another's (RESULTS says which
+        # version each table's cells ran under), so the result names the preset it was made with.
+        from ..method.presets import get_preset
+
+        p = self._preset()
+        p = get_preset(p) if isinstance(p, str) else p
+        return {"preset": p.name, "version": p.version}
 
     def setup(self, ctx):
         super().setup(ctx)
