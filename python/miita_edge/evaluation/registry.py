@@ -38,11 +38,19 @@ def get_method(name: str) -> MethodInfo:
 
 
 def _dense_preset():
+    from ..method.presets import default_preset_v4
     from ..miita import default_preset
 
     p = default_preset()
     p.bank.payload = "sequence"
+    # A stored direction is a unit vector in the hidden space (the paper's Norm(W^T(e_y - p))),
+    # not a head-geometry direction in logits: it steers as the row directions did (version 4 of
+    # the default, the last to steer along unit rows: eta 0.3 of the query's hidden norm). Left
+    # at "head", the push would scale unit vectors as if they were logit directions, and the
+    # memory's preset would not validate when it is opened again.
+    p.direction, p.eta_unit, p.eta = "row", "hidden", default_preset_v4().eta
     p.bank.validate()
+    p.validate_keys()
     return p
 
 
