@@ -75,10 +75,12 @@ def _register_builtins() -> None:
     reg("miita-default", lambda: MiitaMethod("default"),
         "MIITA, default preset (1-bit keys, per-position target tokens, prefix-consistent anchor vote)")
     reg("token-mem", lambda: MiitaMethod("default"),
-        "alias of miita-default: the default preset already stores target tokens only (d = Norm(W_LM[y_s]))",
+        "alias of miita-default: the default preset already stores target tokens only (3 bytes each) "
+        "and takes each token's direction from the model's head",
         alias_of="miita-default")
     reg("miita-dense", lambda: MiitaMethod(_dense_preset),
-        "default preset with the full per-position correction directions stored (payload 'sequence')")
+        "default preset with the full per-position correction directions stored (payload 'sequence'), "
+        "steered as unit rows (eta 0.3 of the hidden norm)")
     reg("miita-whitened", lambda: MiitaMethod(_whitened_preset),
         "default preset with keys whitened against paraphrase noise (method/key_whitening.py)")
     reg("miita-ungated", lambda: MiitaMethod("default", gate="ungated"), "default preset, gate ablation (alpha_t = 1)")

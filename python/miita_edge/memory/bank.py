@@ -7,8 +7,10 @@ payload has one of three forms (``BankConfig.payload``):
 - ``mean``     — one unit direction per prototype, the paper's d_j (eq. 2);
 - ``sequence`` — one unit direction per answer position s, d_{j,s} =
                  Norm(W_LMᵀ(e_{y_s} − p_s)), plus the answer tokens y_{j,·};
-- ``tokens``   — the answer tokens only; at ask time d_{j,s} = Norm(W_LM[y_s]),
-                 read from the model, so it costs no memory bytes.
+- ``tokens``   — the answer tokens only; at ask time the direction of y_s is
+                 derived from the model's LM head (its unit row, or since the
+                 default's version 5 its head-geometry direction), so it costs
+                 no memory bytes.
 
 Choices the paper leaves open (docs/method.md has the reasons):
 
