@@ -257,8 +257,28 @@ def order_tables(sweep: Path | list[Path]) -> list[str]:
                     mem = max(int(r["memory_bytes"]) for r in results)
                     lines.append(f"| {m} | {bud} | {a['n_runs']} | {_ci(a['op'])} | {_ci(a['bwt'])} | {_ci(a['fwt'])} | "
                                  f"{_ci(fl)} | {mem:,} |")
-            lines.append("")
+            lines += ["", versions_line(mine), ""]
     return lines
+
+
+def versions_line(runs: dict[tuple[str, str], list[dict]]) -> str:
+    """Which preset versions made a table's MIITA runs, from what each result records
+    (``method_settings``); results archived before they recorded it are counted as such, so a
+    table never passes an older version's cells off as today's."""
+    seen: dict[str, dict[str, int]] = {}
+    for (m, _bud), results in sorted(runs.items()):
+        for r in results:
+            ms = r.get("method_settings")
+            if ms is None and not m.startswith(("miita", "label-vote")):
+                continue
+            key = "not recorded" if ms is None else f"{ms['preset']} v{ms['version']}"
+            seen.setdefault(m, {}).setdefault(key, 0)
+            seen[m][key] += 1
+    if not seen:
+        return "Preset versions: no MIITA run in this table."
+    parts = [f"`{m}` " + ", ".join(f"{k} ({n} run{'s' if n != 1 else ''})" for k, n in sorted(v.items()))
+             for m, v in seen.items()]
+    return "Preset versions, as each result records them: " + "; ".join(parts) + "."
 
 
 MODEL_NAMES = {"gemma-3-270m-q4_k_m": "Gemma-3-270M", "SmolLM2-135M-Instruct.Q4_1": "SmolLM2-135M-Instruct"}

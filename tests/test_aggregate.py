@@ -254,3 +254,20 @@ def test_not_run_lists_exactly_the_grid_cells_the_archive_lacks(tmp_path):
     n_smol = len(rt.grid_cells(smol, "dsc"))
     assert rt.grid_count(R, []).startswith(f"{3 * (1 + 6) + 1 - 1} of the grid's ")  # dsc: 21 of 22 runs present
     assert n_smol == 2 + 2 * 3
+
+
+def test_versions_line_counts_each_recorded_preset_version_and_the_unrecorded():
+    """A table says which preset versions made its MIITA runs, from the results themselves; a run
+    archived before results named their preset is counted as not recorded, not as today's."""
+    from test_split_guard import load_bench
+
+    rt = load_bench("results_table")
+    v12 = {"method_settings": {"preset": "default", "version": 12}}
+    runs = {("miita-default", "1%"): [v12, {}], ("miita-default", "5%"): [v12],
+            ("frozen", "none"): [{}], ("example-mem", "20%"): [{"method_settings": None}],
+            ("miita-paper", "5%"): [{"method_settings": {"preset": "paper", "version": 2}}]}
+    line = rt.versions_line(runs)
+    assert "`miita-default` default v12 (2 runs), not recorded (1 run)" in line
+    assert "`miita-paper` paper v2 (1 run)" in line
+    assert "frozen" not in line and "example-mem" not in line
+    assert rt.versions_line({("frozen", "none"): [{}]}) == "Preset versions: no MIITA run in this table."
