@@ -597,3 +597,22 @@ def test_protocol_options_reach_the_harness(tmp_path, monkeypatch, capsys):
     assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("dev", "2-5", 3, "own.json")
     main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--out", str(tmp_path)])
     assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("test", None, 0, None)
+
+
+def test_a_pinned_preset_version_is_a_method_and_bad_pins_are_one_line():
+    """``miita-default@N`` runs the default preset as it was at version N (what an archived cell
+    ran), and the result says so; a version that never existed, or no number, is refused."""
+    from miita_edge.errors import InputError
+    from miita_edge.evaluation import get_method
+    from miita_edge.method.presets import default_preset_v10, get_preset
+
+    info = get_method("miita-default@10")
+    assert info.factory().provenance() == {"preset": "default", "version": 10}
+    assert info.factory()._preset() == default_preset_v10()
+    assert get_method("miita-paper@1").factory().provenance() == {"preset": "paper", "version": 1}
+    assert get_method("miita-default").factory().provenance() == {"preset": "default",
+                                                                    "version": get_preset("default").version}
+    for bad, needle in (("miita-default@99", "no version 99"), ("miita-default@x", "whole number"),
+                        ("miita-default@010", "whole number"), ("frozen@1", "unknown method")):
+        with pytest.raises(InputError, match=needle):
+            get_method(bad)

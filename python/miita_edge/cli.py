@@ -193,6 +193,8 @@ def _bench_epilog() -> str:
     lines.append("methods:")
     for m in METHODS.values():
         lines.append(f"  {m.name:24s} {m.description}")
+    lines.append(f"  {'miita-default@N':24s} the default preset as it was at version N (also miita-paper@N), to run "
+                 "an archived cell again")
     lines += ["outputs (under --out): result.json, result.md, heatmap.png; cells/ (one JSON per finished cell),",
               "state/ (the memory after each stage), baseline/ (frozen per-stage scores). Rerunning the same",
               "command resumes: finished cells are loaded, learning restarts from the last saved stage.",

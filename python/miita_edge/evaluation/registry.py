@@ -32,9 +32,31 @@ def register_method(name: str, factory: Callable[[], Method], description: str, 
 
 
 def get_method(name: str) -> MethodInfo:
-    if name not in METHODS:
-        raise InputError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    return METHODS[name]
+    """A registered method, or ``miita-default@N`` / ``miita-paper@N``: that preset as it was at
+    version N, so a cell archived under an older version can be run again on today's machine and
+    compared query by query (a version's effect apart from the machine's)."""
+    if name in METHODS:
+        return METHODS[name]
+    base, at, version = name.partition("@")
+    if at and base in _PINNABLE:
+        from ..method.presets import preset_version
+
+        if not (version.isdigit() and version[0] != "0"):
+            raise InputError(f"method {name!r}: the version after '@' must be a whole number >= 1")
+        v = int(version)
+        try:
+            preset_version(_PINNABLE[base], v)
+        except InputError:
+            raise InputError(f"method {name!r}: preset {_PINNABLE[base]!r} has no version {v}") from None
+        return MethodInfo(name, lambda: MiitaMethod(lambda: preset_version(_PINNABLE[base], v),
+                                                    oracle_alignment=base == "miita-paper"),
+                          f"{METHODS[base].description}, at preset version {v}")
+    raise InputError(f"unknown method {name!r}; known: {', '.join(METHODS)}, or miita-default@N / miita-paper@N "
+                     "(a preset's version N)")
+
+
+#: Methods whose preset can be pinned to an earlier version with ``@N``, and their preset's name.
+_PINNABLE = {"miita-default": "default", "miita-paper": "paper"}
 
 
 def _dense_preset():
