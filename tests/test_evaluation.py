@@ -616,3 +616,16 @@ def test_a_pinned_preset_version_is_a_method_and_bad_pins_are_one_line():
                         ("miita-default@010", "whole number"), ("frozen@1", "unknown method")):
         with pytest.raises(InputError, match=needle):
             get_method(bad)
+
+
+def test_cpu_description_reads_the_model_name_and_avx512(tmp_path):
+    """A result records the CPU kind that made it; read from a cpuinfo file written here."""
+    from miita_edge.evaluation.runner import cpu_description
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nmodel name\t: Some CPU @ 2GHz\nflags\t\t: fpu sse avx2 avx512f\n\n"
+                 "processor\t: 1\nmodel name\t: Some CPU @ 2GHz\nflags\t\t: fpu\n")
+    assert cpu_description(f) == {"cpu": "Some CPU @ 2GHz", "avx512": True}
+    f.write_text("model name\t: Other\nflags\t\t: fpu avx2 avx512fp16x\n")
+    assert cpu_description(f) == {"cpu": "Other", "avx512": False}
+    assert cpu_description(tmp_path / "missing") == {}

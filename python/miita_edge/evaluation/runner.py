@@ -171,7 +171,8 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "memory_bytes": int(records[T - 1]["memory_bytes"]), "stores_memory": setup.stores,
         "wall_time_s": learn_s + eval_s, "seconds": {"learn": learn_s, "eval": eval_s, "baseline": base_s},
         "cells": setup.cells_mode, "cells_filled": len(cell_data),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+                    **cpu_description()},
         "command": command, "out_dir": str(out),
     }
     # per-query scores, so that OP, BWT and FWT get intervals (and tables can compare methods query
@@ -184,6 +185,27 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
     _oracle_alignment(result, setup, cell_data)
     _extra_metrics(result, setup, cell_data, base)
     return result
+
+
+def cpu_description(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> dict[str, Any]:
+    """The CPU's model name and whether it has AVX-512: two machine kinds' llama.cpp kernels round
+    differently, so the same run differs by a few queries between them, and a result must say
+    which kind made it. Empty where /proc/cpuinfo cannot be read (not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text("utf-8", errors="replace")
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and k.strip() not in fields:
+            fields[k.strip()] = v.strip()
+    out: dict[str, Any] = {}
+    if "model name" in fields:
+        out["cpu"] = fields["model name"]
+    if "flags" in fields:
+        out["avx512"] = "avx512f" in fields["flags"].split()
+    return out
 
 
 def _extra_metrics(result: dict, setup: RunSetup, cell_data: dict, base: list[dict]) -> None:
