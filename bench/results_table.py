@@ -18,6 +18,7 @@ import argparse
 import json
 import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -265,15 +266,13 @@ def versions_line(runs: dict[tuple[str, str], list[dict]]) -> str:
     """Which preset versions made a table's MIITA runs, from what each result records
     (``method_settings``); results archived before they recorded it are counted as such, so a
     table never passes an older version's cells off as today's."""
-    seen: dict[str, dict[str, int]] = {}
+    seen: dict[str, Counter] = {}
     for (m, _bud), results in sorted(runs.items()):
         for r in results:
             ms = r.get("method_settings")
             if ms is None and not m.startswith(("miita", "label-vote")):
                 continue
-            key = "not recorded" if ms is None else f"{ms['preset']} v{ms['version']}"
-            seen.setdefault(m, {}).setdefault(key, 0)
-            seen[m][key] += 1
+            seen.setdefault(m, Counter())["not recorded" if ms is None else f"{ms['preset']} v{ms['version']}"] += 1
     if not seen:
         return "Preset versions: no MIITA run in this table."
     parts = [f"`{m}` " + ", ".join(f"{k} ({n} run{'s' if n != 1 else ''})" for k, n in sorted(v.items()))

@@ -88,6 +88,7 @@ class RunSetup:
     out: Path
     cells_mode: str
     limits: tuple[int | None, int | None]
+    settings: dict | None = None  # the method's versioned settings (Method.provenance), for the result
 
     @property
     def names(self) -> list[str]:
@@ -162,7 +163,8 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
         config["replies_file"] = str(Path(replies).expanduser())
     return RunSetup(spec, method, info, baseline, base_info, probe.learns, probe.stores, budget, budget_bytes,
                     learned_stream, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
-                    sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage))
+                    sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage),
+                    probe.provenance())
 
 
 def claim_out_dir(setup: RunSetup) -> None:

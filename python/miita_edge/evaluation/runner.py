@@ -155,7 +155,7 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "format": RESULT_FORMAT, "benchmark": setup.spec.name, "data_dir": str(Path(data_dir).expanduser()),
         "benchmark_meta": str(setup.meta.get("benchmark")), "method": setup.method,
         "method_description": setup.info.description, "alias_of": setup.info.alias_of,
-        "method_settings": setup.info.factory().provenance(),
+        "method_settings": setup.settings,
         "model": (setup.model_id or {}).get("file"), "metric": setup.spec.metric, "template": setup.spec.template,
         "max_tokens": setup.max_tokens, "max_prompt_tokens": setup.max_prompt_tokens,
         "stage_names": setup.names, "stage_indices": [s.index + 1 for s in setup.stages],
