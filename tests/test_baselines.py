@@ -208,3 +208,42 @@ def test_knn_budget_below_one_entry_is_a_budget_error(engine1, tmp_path):
         ev.run_benchmark("banking77", BANKING, "knn-lm", tmp_path / "o", budget="600", stages="1",
                          limit_per_stage=1, limit_train_per_stage=2, max_tokens=2, progress=False, engine=engine1,
                          baseline=None)
+
+
+
+@pytest.mark.model
+def test_semantic_mem_keys_are_centred_as_the_paper_preset_centres(engine1, tmp_path):
+    """The stored prototypes are semantic-mem's writes of the examples' keys minus the calibration
+    mean, replayed here from separate decodes (a query per calibration input and per training
+    prompt), so the centring vector, the layer and what is written are all checked."""
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.method.calibration import CALIBRATION_INPUTS
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.templates import get_template
+
+    mid = engine1.n_layer // 2
+    engine1.set_key_layers([mid - 2])  # left on another layer: the method must pool from its own
+    try:
+        res = ev.run_benchmark("banking77", BANKING, "semantic-mem", tmp_path / "sem", budget="none",
+                               stages="1,2", limit_per_stage=1, limit_train_per_stage=5, max_tokens=2,
+                               progress=False, engine=engine1, baseline=None)
+        assert res["method_settings"] == {"preset": "semantic-mem", "version": 2}
+        assert list(engine1.key_layers) == [mid]
+        tpl = get_template("banking77")
+        key = lambda x: engine1.query(prompt_tokens(engine1, tpl, x), skip_bos_in_key=True).key.astype(np.float64)
+        mu = np.mean([key(x) for x in CALIBRATION_INPUTS], axis=0)
+        _, stages = load_benchmark(get_benchmark("banking77"), BANKING, "1,2", 1, 5)
+        ref = _sem(None, H=engine1.n_embd)
+        for ex in (e for st in stages for e in st.train):
+            ref._write(key(ex.input) - mu, np.eye(engine1.n_embd)[0])
+        snap = tmp_path / "sem" / "state" / "stage-01"
+        K, n = np.load(snap / "keys.npy"), np.load(snap / "counts.npy")
+        assert list(n) == list(ref.n) and int(n.sum()) == 10
+        assert len(n) > 1  # uncentred, all ten keys lie within cosine 0.80: one prototype
+        # a key pooled from the prompt + answer batch and from the prompt alone rounds differently
+        # (test_target_states_…: 1e-4 of the raw key's norm); centring keeps that error and makes
+        # the keys ~20x shorter, so it is bounded against the raw scale
+        err = np.linalg.norm(K - ref.K, axis=1).max()
+        assert err < 3e-4 * np.linalg.norm(mu), (err, np.linalg.norm(mu))
+    finally:
+        engine1.set_key_layers([mid])

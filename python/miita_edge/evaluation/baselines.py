@@ -62,7 +62,8 @@ def cached_target_states(ctx, ex: Example, skip_bos: bool) -> TargetStates | Non
         return None if ts is None else {"key": ts.key, "target": np.asarray(ts.target, np.int64), "hidden": ts.hidden}
 
     a = ctx.cached("target_states", {"prompt": tpl.render_prompt(ex.input), "target": tpl.render_target(ex.output),
-                                     "skip_bos": skip_bos, "max_prompt_tokens": ctx.max_prompt_tokens}, compute)
+                                     "skip_bos": skip_bos, "max_prompt_tokens": ctx.max_prompt_tokens,
+                                     "key_layers": [int(k) for k in eng.key_layers]}, compute)
     return None if a is None else TargetStates(a["key"], [int(t) for t in a["target"]], a["hidden"])
 
 
@@ -87,10 +88,12 @@ def _unit(v: np.ndarray) -> np.ndarray:
 class SemanticMem(Method):
     """Semantic prototypes (appendix C.2): (key centroid k_j, answer-state centroid s_j, count n_j).
 
-    * Embeddings: the paper preset's key (mean of the key layer over the prompt, BOS included, f32)
-      — "the same retrieval backbone" — and s = Norm(mean of the final hidden states that predict
-      the answer tokens): what the answer looks like where the update is applied. Neither holds a
-      correction (no e_y − p term).
+    * Embeddings: the paper preset's key as that preset forms it (mean of the key layer over the
+      prompt without the BOS row, centred on the model's calibration mean, f32) — "the same
+      retrieval backbone" — and s = Norm(mean of the final hidden states that predict the answer
+      tokens): what the answer looks like where the update is applied. Neither holds a correction
+      (no e_y − p term). Version 1 compared uncentred keys; on Gemma-3-270M those all lie within
+      cosine τ_k of each other, so every write merged into one prototype.
     * Write: merge into the prototype of largest key cosine if it is ≥ τ_k = 0.80 (running
       averages of k and s), else a new prototype. Repair while over budget: merge the most
       key-similar pair (count-weighted) — semantic-redundancy compression; one prototype that still
@@ -100,6 +103,7 @@ class SemanticMem(Method):
     """
 
     TAU_K, M, T_AGG = 0.80, 4, 0.2
+    VERSION = 2
     FILES = ("keys.npy", "states.npy", "counts.npy")
 
     def setup(self, ctx):
@@ -107,7 +111,36 @@ class SemanticMem(Method):
         from ..miita import paper_preset
 
         self.preset = paper_preset()
+        self._mean: np.ndarray | None = None
         self.reset()
+
+    def provenance(self) -> dict:
+        # Results of version 1 (uncentred keys) must not pass for this version's.
+        return {"preset": "semantic-mem", "version": self.VERSION}
+
+    def _engine(self):
+        """The run's engine, pooling keys from the paper preset's layer (an engine may have been
+        left on other layers by an earlier use)."""
+        eng = self.ctx.engine
+        layers = tuple(self.preset.key_layers(eng.n_layer))
+        pooling = tuple(self.preset.key_poolings(eng.n_layer))
+        if (tuple(eng.key_layers), tuple(eng.key_pooling)) != (layers, pooling):
+            eng.set_key_layers(layers, pooling)
+        return eng
+
+    def centring(self) -> np.ndarray:
+        """The paper preset's centring vector: the mean raw key of the calibration inputs through
+        the run's template (model and template only; not stored, not counted in the budget, as
+        for the paper preset's own memories)."""
+        if self._mean is None:
+            from ..method.calibration import calibration_keys
+            from ..runtime.fingerprint import model_sha256
+
+            eng = self._engine()
+            fp = {"sha256": model_sha256(eng.info.path), "key_layer": eng.key_layers[0]}
+            keys = calibration_keys(eng, self.ctx.template, self.preset.skip_bos, fp)
+            self._mean = keys.astype(np.float64).mean(axis=0)
+        return self._mean
 
     def reset(self):
         H = self.ctx.engine.n_embd
@@ -156,15 +189,17 @@ class SemanticMem(Method):
 
     def learn(self, stage_examples: list[Example]) -> None:
         c = self.ctx
+        self._engine()
         for ex in stage_examples:
             ts = cached_target_states(c, ex, self.preset.skip_bos)
             if ts is None:
                 continue
-            self._write(ts.key.astype(np.float32), _unit(ts.hidden.astype(np.float64).mean(axis=0)))
+            k = (ts.key.astype(np.float64) - self.centring()).astype(np.float32)
+            self._write(k, _unit(ts.hidden.astype(np.float64).mean(axis=0)))
             self._repair()
 
     def retrieve(self, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(prototype ids by score, softmax weights) for a raw query key."""
+        """(prototype ids by score, softmax weights) for a centred query key."""
         if not len(self.K):
             return np.zeros(0, np.int64), np.zeros(0)
         cos = _unit(self.K.astype(np.float64)) @ _unit(np.asarray(key, np.float64))
@@ -176,11 +211,11 @@ class SemanticMem(Method):
     def predict(self, examples):
         from ..method.extract import prompt_tokens
 
-        eng, c, pr = self.ctx.engine, self.ctx, self.preset
+        eng, c, pr = self._engine(), self.ctx, self.preset
         out = []
         for ex in examples:
             st = eng.query(prompt_tokens(eng, c.template, ex.input, c.max_prompt_tokens), skip_bos_in_key=pr.skip_bos)
-            ids, w = self.retrieve(st.key)
+            ids, w = self.retrieve(np.asarray(st.key, np.float64) - self.centring())
             plan = None
             if ids.size:
                 d = _unit((w[:, None] * self.S[ids].astype(np.float64)).sum(axis=0)).astype(np.float32)
@@ -281,7 +316,7 @@ class KnnLM(Method):
             raise BudgetError(f"knn-lm: one entry takes {self.entry_bytes} bytes, more than the budget of "
                               f"{budget} bytes")
         for ex in stage_examples:
-            ts = cached_target_states(c, ex, skip_bos=False)  # key unused; shares semantic-mem's cache entries
+            ts = cached_target_states(c, ex, skip_bos=False)  # the key is not used
             if ts is None:
                 continue
             enc = codecs.encode(ts.hidden, "int8")
