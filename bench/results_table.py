@@ -262,17 +262,24 @@ def order_tables(sweep: Path | list[Path]) -> list[str]:
     return lines
 
 
+#: methods whose results name the versioned settings that made them (MIITA's presets, and
+#: ``semantic-mem``, whose keys changed between its versions); others have nothing to record
+VERSIONED = ("miita", "label-vote", "semantic-mem")
+
+
 def versions_line(runs: dict[tuple[str, str], list[dict]]) -> str:
-    """Which preset versions made a table's MIITA runs, from what each result records
-    (``method_settings``); results archived before they recorded it are counted as such, so a
-    table never passes an older version's cells off as today's."""
+    """Which preset versions made a table's MIITA runs (and which version of ``semantic-mem``),
+    from what each result records (``method_settings``); results archived before they recorded it
+    are counted as such, so a table never passes an older version's cells off as today's."""
     seen: dict[str, Counter] = {}
     for (m, _bud), results in sorted(runs.items()):
         for r in results:
             ms = r.get("method_settings")
-            if ms is None and not m.startswith(("miita", "label-vote")):
+            if ms is None and not m.startswith(VERSIONED):
                 continue
-            seen.setdefault(m, Counter())["not recorded" if ms is None else f"{ms['preset']} v{ms['version']}"] += 1
+            label = ("not recorded" if ms is None
+                     else f"v{ms['version']}" if ms["preset"] == m else f"{ms['preset']} v{ms['version']}")
+            seen.setdefault(m, Counter())[label] += 1
     if not seen:
         return "Preset versions: no MIITA run in this table."
     parts = [f"`{m}` " + ", ".join(f"{k} ({n} run{'s' if n != 1 else ''})" for k, n in sorted(v.items()))

@@ -265,8 +265,10 @@ def test_versions_line_counts_each_recorded_preset_version_and_the_unrecorded():
     v12 = {"method_settings": {"preset": "default", "version": 12}}
     runs = {("miita-default", "1%"): [v12, {}], ("miita-default", "5%"): [v12],
             ("frozen", "none"): [{}], ("example-mem", "20%"): [{"method_settings": None}],
-            ("miita-paper", "5%"): [{"method_settings": {"preset": "paper", "version": 2}}]}
+            ("miita-paper", "5%"): [{"method_settings": {"preset": "paper", "version": 2}}],
+            ("semantic-mem", "5%"): [{"method_settings": {"preset": "semantic-mem", "version": 2}}, {}]}
     line = rt.versions_line(runs)
+    assert "`semantic-mem` not recorded (1 run), v2 (1 run)" in line
     assert "`miita-default` default v12 (2 runs), not recorded (1 run)" in line
     assert "`miita-paper` paper v2 (1 run)" in line
     assert "frozen" not in line and "example-mem" not in line
