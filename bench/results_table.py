@@ -208,8 +208,13 @@ def not_run(R: dict[tuple, list[dict]], does_not_fit: list[list[str]]) -> str:
     return "; ".join(text) if text else "every cell of the grid ran"
 
 
+def _one(x: float) -> str:
+    """One decimal, with a mean of −1e-17 (a sum of +x and −x in floats) written 0.0, not −0.0."""
+    return f"{round(x, 1) + 0.0:.1f}"
+
+
 def _ci(a: dict | None) -> str:
-    return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
+    return "—" if a is None else f"{_one(a['mean'])} [{_one(a['ci'][0])}, {_one(a['ci'][1])}]"
 
 
 def _rows(res: dict) -> str:

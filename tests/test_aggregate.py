@@ -273,3 +273,12 @@ def test_versions_line_counts_each_recorded_preset_version_and_the_unrecorded():
     assert "`miita-paper` paper v2 (1 run)" in line
     assert "frozen" not in line and "example-mem" not in line
     assert rt.versions_line({("frozen", "none"): [{}]}) == "Preset versions: no MIITA run in this table."
+
+
+def test_order_table_cells_write_a_float_zero_as_0_0_not_minus_0_0():
+    """A BWT mean of (+a − a)/n comes out as −1e-17 in floats; the tables print it 0.0, while a
+    mean that rounds to −0.1 keeps its sign."""
+    from test_split_guard import load_bench
+    rt = load_bench("results_table")
+    assert rt._ci({"mean": -1e-17, "ci": [-5.0, 5.0]}) == "0.0 [-5.0, 5.0]"
+    assert rt._ci({"mean": -0.06, "ci": [-0.04, 0.0]}) == "-0.1 [0.0, 0.0]"
