@@ -342,7 +342,7 @@ def summary_paragraph(sweep: Path | list[Path], about: dict) -> str:
             f"{about['machine']}; {about['rows']}; means over stream orders; models "
             f"{' and '.join(_name(m) for m in models)}): OP at {' / '.join(BUDGETS)} budget, "
             + "; ".join(parts)
-            + f". BWT of the default runs from {worst[0]:.1f} ({worst[1]}, {worst[2]}) to {best[0]:.1f} "
+            + f". BWT of the default runs from {_one(worst[0])} ({worst[1]}, {worst[2]}) to {_one(best[0])} "
               f"({best[1]}, {best[2]}). " + grid_count(R, about.get("does_not_fit", []))
             + f" Not in these runs: {about['not_run']}.")
 
