@@ -456,6 +456,26 @@ def complete(engine, prompt: str, max_tokens: int = 32, stop=("\n",), **kw):
     return engine.generate(engine.query(engine.tokenize(prompt)), max_tokens=max_tokens, stop=stop, **kw)
 
 
+def test_a_stop_after_text_skips_blanks_before_the_answer(engine):
+    # " " as the stop: greedy continuations of "Answer:" open with a space-led token, which the
+    # archived rule reads as the answer's end (""), and stop_after_text as a blank to skip.
+    from miita_edge.runtime.engine_types import stop_position
+
+    prompt = "Question: What is two plus two?\nAnswer:"
+    free = complete(engine, prompt, max_tokens=12, stop=())
+    cut = stop_position(free.text, (" ",), after_text=True)
+    assert free.text.startswith(" ") and cut > 1, free.text  # what makes this case decide something
+    old = complete(engine, prompt, max_tokens=12, stop=(" ",))
+    assert old.text == "" and old.stop_reason == "stop" and len(old.tokens) == 1
+    engine.config.stop_after_text = True
+    try:
+        new = complete(engine, prompt, max_tokens=12, stop=(" ",))
+    finally:
+        engine.config.stop_after_text = False
+    assert new.text == free.text[:cut] and new.stop_reason == "stop"
+    assert new.tokens == free.tokens[:len(new.tokens)]  # the same greedy path, stopped later
+
+
 def test_greedy_generation_is_deterministic_and_stops(engine):
     a = complete(engine, "Question: What is two plus two?\nAnswer:", max_tokens=16)
     b = complete(engine, "Question: What is two plus two?\nAnswer:", max_tokens=16)

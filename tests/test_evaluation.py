@@ -310,6 +310,32 @@ def test_row_window_reads_only_its_rows_and_is_recorded(bench_dir, tmp_path, stu
         _run(bench_dir, tmp_path / "w5", rows="9-2")
 
 
+class StubRule(StubBase):
+    """The baseline double, recording the answer-start rule its engine would be opened with."""
+
+    def setup(self, ctx):
+        CALLS["rule"].append(ctx.holder.stop_after_text)
+
+
+def test_answer_start_reaches_the_engine_and_is_recorded(bench_dir, tmp_path, stubs, monkeypatch):
+    monkeypatch.setitem(ev.METHODS, "stub-rule", ev.MethodInfo("stub-rule", StubRule, "test double"))
+    CALLS["rule"] = []
+    cache = tmp_path / "cache"
+    old = _run(bench_dir, tmp_path / "n", baseline="stub-rule", baseline_dir=cache)
+    assert CALLS["rule"] == [False] and old["answer_start"] == "newline"
+    # the default adds nothing to the configuration, so the archived runs still resume
+    assert "answer_start" not in json.loads((tmp_path / "n" / "run.json").read_text())["config"]
+    new = _run(bench_dir, tmp_path / "t", baseline="stub-rule", baseline_dir=cache, answer_start="text")
+    # the other rule is not read from the first run's cached baseline: it is predicted again
+    assert CALLS["rule"] == [False, True] and new["answer_start"] == "text"
+    assert json.loads((tmp_path / "t" / "run.json").read_text())["config"]["answer_start"] == "text"
+    assert len(list(cache.glob("*.json"))) == 6  # three stages, two rules
+    with pytest.raises(InputError, match="answer_start"):
+        _run(bench_dir, tmp_path / "t", baseline="stub-rule")  # the other rule in the same out dir
+    with pytest.raises(InputError, match="answer_start must be one of"):
+        _run(bench_dir, tmp_path / "b", answer_start="blank")
+
+
 def test_order_seed_permutes_stages_and_rows_but_not_what_is_learned(bench_dir, tmp_path, stubs):
     from miita_edge.evaluation.splits import order_permutation
 

@@ -22,15 +22,17 @@ __all__ = ["Context", "Frozen", "LabelVote", "Method", "MiitaMethod"]
 class EngineHolder:
     """One engine for a whole run, loaded on first use (a fully cached rerun never loads it)."""
 
-    def __init__(self, engine=None, model=None, threads: int = 0):
+    def __init__(self, engine=None, model=None, threads: int = 0, stop_after_text: bool = False):
         self.engine, self.model, self.threads = engine, model, threads
+        self.stop_after_text = stop_after_text  # the run's answer-start rule (EngineConfig)
         self.owned = False
 
     def get(self):
         if self.engine is None:
             from ..runtime.engine import Engine, EngineConfig
 
-            self.engine = Engine(self.model, EngineConfig(n_threads=self.threads))
+            self.engine = Engine(self.model, EngineConfig(n_threads=self.threads,
+                                                          stop_after_text=self.stop_after_text))
             self.owned = True
         return self.engine
 

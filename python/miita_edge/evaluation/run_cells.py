@@ -135,7 +135,8 @@ def baseline_cells(setup: RunSetup, holder, work: Path, baseline_dir, progress: 
             key = sha({"baseline": setup.baseline, "model": setup.model_id, "template": spec.template,
                        "metric": spec.metric, "max_tokens": setup.max_tokens,
                        "max_prompt_tokens": setup.max_prompt_tokens, "stage": s.name,
-                       "test": setup.data_hashes[tau]["test"]})
+                       "test": setup.data_hashes[tau]["test"],
+                       **({"answer_start": setup.answer_start} if setup.answer_start != "newline" else {})})
             path = bdir / f"{safe_name(setup.baseline)}-{safe_name(s.name)}-{key[:16]}.json"
             c = read_json(path)
             if not (isinstance(c, dict) and c.get("key") == key and isinstance(c.get("score"), (int, float))):

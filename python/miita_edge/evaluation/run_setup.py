@@ -89,6 +89,7 @@ class RunSetup:
     cells_mode: str
     limits: tuple[int | None, int | None]
     settings: dict | None = None  # the method's versioned settings (Method.provenance), for the result
+    answer_start: str = "newline"  # where the newline stop may end an answer (ANSWER_STARTS)
 
     @property
     def names(self) -> list[str]:
@@ -126,9 +127,12 @@ def _config(spec, method, budget, budget_bytes, stages, data_hashes, max_tokens,
 
 def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, stages, limit_per_stage,
                 limit_train_per_stage, max_tokens, engine, max_prompt_tokens, baseline, model, cells,
-                split: str = "test", rows: str | None = None, order_seed: int = 0, replies=None) -> RunSetup:
+                split: str = "test", rows: str | None = None, order_seed: int = 0, replies=None,
+                answer_start: str = "newline") -> RunSetup:
     """Check every argument (one-line errors), read the rows and resolve the budget to bytes."""
     spec = get_benchmark(benchmark)
+    if answer_start not in ANSWER_STARTS:
+        raise InputError(f"answer_start must be one of {', '.join(ANSWER_STARTS)}, got {answer_start!r}")
     info = get_method(method)
     if cells not in CELL_MODES:
         raise InputError(f"cells must be one of {', '.join(CELL_MODES)}, got {cells!r}")
@@ -161,10 +165,18 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
                      model_id, cells, split, rows, order_seed)
     if replies is not None:  # only then: configurations of runs on the package's replies keep their hash
         config["replies_file"] = str(Path(replies).expanduser())
+    if answer_start != "newline":  # only then: configurations of the archived runs keep their hash
+        config["answer_start"] = answer_start
     return RunSetup(spec, method, info, baseline, base_info, probe.learns, probe.stores, budget, budget_bytes,
                     learned_stream, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
                     sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage),
-                    probe.provenance())
+                    probe.provenance(), answer_start)
+
+
+#: Where the newline stop may end an answer: "newline" anywhere, so a model that opens with a
+#: newline answers "" (every archived result's rule), or "text" only after the first non-blank
+#: character (EngineConfig.stop_after_text). The metric then reads the first non-blank line.
+ANSWER_STARTS = ("newline", "text")
 
 
 def claim_out_dir(setup: RunSetup) -> None:

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from .cl_matrix import CLMatrix, op_bootstrap_ci
 from .methods import Context, EngineHolder
 from .run_cells import Cells, Learner, baseline_cells, fill_matrix, per_example
@@ -60,7 +61,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                   baseline_dir: str | os.PathLike | None = None, model: str | os.PathLike | None = None,
                   threads: int = 0, command: str | None = None, cells: str = "all",
                   extract_cache_dir: str | os.PathLike | None = None, split: str = "test",
-                  rows: str | None = None, order_seed: int = 0, replies: str | os.PathLike | None = None) -> dict:
+                  rows: str | None = None, order_seed: int = 0, replies: str | os.PathLike | None = None,
+                  answer_start: str = "newline") -> dict:
     """Run (or resume) one method on one benchmark; returns the result dict (also written to
     ``out_dir/result.json``, ``result.md`` and ``heatmap.png``).
 
@@ -78,6 +80,9 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     cells that OP, BWT and FWT read — the final row, the diagonal and the first super-diagonal
     (3T−2 of T² cells; 43 instead of 225 on SuperNI) — and leaves the rest empty (NaN). It is for
     sweeps on small machines and is recorded in the result.
+    ``answer_start``: ``"newline"`` = the newline stop ends an answer wherever it comes, so a model
+    that opens with a newline answers "" (the archived results' rule); ``"text"`` = only after the
+    first non-blank character. Recorded in the result and, when ``"text"``, in the configuration.
     ``extract_cache_dir``: where the frozen model's per-example decode passes are cached
     (extract_cache.py) so that other budgets and methods reuse them; results are unchanged.
     """
@@ -86,12 +91,16 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
                         limit_per_stage=limit_per_stage, limit_train_per_stage=limit_train_per_stage,
                         max_tokens=max_tokens, engine=engine, max_prompt_tokens=max_prompt_tokens, baseline=baseline,
                         model=model, cells=cells, split=split, rows=rows, order_seed=order_seed,
-                        replies=replies)
+                        replies=replies, answer_start=answer_start)
+    after_text = answer_start == "text"
+    if engine is not None and engine.config.stop_after_text != after_text:
+        raise InputError(f"the engine's stop_after_text is {engine.config.stop_after_text}, but answer_start "
+                         f"{answer_start!r} needs {after_text}")
     claim_out_dir(setup)
     out = setup.out
     work = out / "work"
     shutil.rmtree(work, ignore_errors=True)  # the live state of an interrupted run is not trusted
-    holder = EngineHolder(engine, model, threads)
+    holder = EngineHolder(engine, model, threads, stop_after_text=after_text)
     ctx = Context(setup.spec, work / "method", setup.budget_bytes, setup.max_tokens, setup.max_prompt_tokens, holder,
                   progress=progress, extract_cache_dir=extract_cache_dir, meta=setup.meta, n_stages=setup.T)
     computed = {"cells": 0, "stages_learned": 0, "baseline_cells": 0}
@@ -163,6 +172,7 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "split": setup.config["split"], "dev_rule": setup.config["dev_rule"],
         "row_window": setup.config["row_window"], "rows_used": {s.name: s.rows for s in setup.stages},
         "order_seed": setup.config["order_seed"], "replies_file": setup.config.get("replies_file"),
+        "answer_start": setup.answer_start,
         "matrix": A, "op": A.op(), "bwt": A.bwt(),
         "fwt": None if base_scores is None else A.fwt(base_scores),
         "baseline": base_scores, "baseline_method": setup.baseline,

@@ -111,7 +111,7 @@ def shuffle_rows(seed: int, stage: str, items: list[T]) -> list[T]:
 # ---------------------------------------------------------------------------- command lines
 def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``,
-    ``replies``)."""
+    ``replies``, ``answer_start``)."""
     p.add_argument("--split", choices=SPLITS, default="test",
                    help="score the test rows (default) or the dev rows (held-out training rows, for tuning)")
     p.add_argument("--test-rows", metavar="A-B", help="score rows A..B of each stage's evaluated rows (1-based, "
@@ -120,11 +120,16 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "permutes the stages and the training rows within each stage with seed k")
     p.add_argument("--replies", metavar="FILE", help="canned-reply benchmarks: a JSON object mapping every label "
                    "of the data's meta.json to one reply, used instead of the package's replies")
+    p.add_argument("--answer-start", choices=("newline", "text"), default="newline",
+                   help="where the newline stop may end an answer: newline = anywhere, so a model that "
+                   "opens with a newline answers empty (default; every archived result's rule); text = only "
+                   "after the first non-blank character (blank lines before the answer are skipped)")
 
 
 def protocol_kwargs(args: argparse.Namespace) -> dict:
     """``run_benchmark`` keyword arguments of :func:`add_protocol_arguments`' options."""
-    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed, "replies": args.replies}
+    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed, "replies": args.replies,
+            "answer_start": args.answer_start}
 
 
 # ---------------------------------------------------------------------------- tuning guard

@@ -30,7 +30,7 @@ from .abi import check_abi
 from .default_model import resolve_model_path
 from .engine_types import (DEFAULT_KEY_DEPTHS, EngineConfig, Generation, HoldFn, QueryState,  # noqa: F401
                            SteerPlan,
-                           layers_at_depths)  # re-exported: callers import them with the Engine
+                           layers_at_depths, stop_position)  # re-exported: callers import them with the Engine
 from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS
 from .key_prefix import KeyPrefix
@@ -459,8 +459,11 @@ class Engine:
         again with the hold's vector added on top (the addition is after every layer, so the KV
         cache is the same and only the logits change), until the memory's token leads or
         ``MAX_RAISES`` decodes; if it never leads, the step keeps its first token.
+        A stop string ends the text where ``stop_position`` finds it (``EngineConfig.stop_after_text``
+        says whether blank lines before any text can end it).
         """
         rng = np.random.default_rng(seed)
+        after_text = self.config.stop_after_text
         generated: list[int] = []
         text_bytes = b""
         reason = "length"
@@ -495,14 +498,14 @@ class Engine:
             text = text_bytes.decode("utf-8", errors="ignore")
             if on_token is not None:  # streaming (serve): the text so far, after each sampled token
                 on_token(text)
-            if any(s and s in text for s in stop):
+            if stop_position(text, stop, after_text) >= 0:
                 reason = "stop"
                 break
         self.set_steer(None, None, 0.0, "off")
         skip = set(repeats)
         alphas = [float(a) for i, a in enumerate(self.native.alphas()) if i not in skip]
         text = text_bytes.decode("utf-8", errors="replace")
-        cut = min([text.find(s) for s in stop if s and s in text], default=-1)
+        cut = stop_position(text, stop, after_text)
         if cut >= 0:
             text = text[:cut]
         return Generation(text, generated, alphas, reason, raised)

@@ -9,7 +9,8 @@ import numpy as np
 
 from .key_pooling import key_mean
 
-__all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "HoldFn", "SteerPlan", "layers_at_depths"]
+__all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "HoldFn", "SteerPlan", "layers_at_depths",
+           "stop_position"]
 
 
 #: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
@@ -57,6 +58,29 @@ class EngineConfig:
     # key-only pass marks each prompt's last selected row as its output and computes the layer's
     # feed-forward half for that row only. Allowed for a last-row key layer; keys only.
     key_cut: bool = False
+    # Where a stop string may end a generation (``stop_position``). False: anywhere, so a model
+    # whose first token is the newline stop answers "" (the rule every archived result used).
+    # True: only after the first non-blank character, so blank lines before an answer are
+    # skipped instead of ending it: SmolLM2 opens 14 of SuperNI's 15 tasks with a newline after
+    # "Output: ", which the first rule scores as empty answers.
+    stop_after_text: bool = False
+
+
+def stop_position(text: str, stops: Sequence[str], after_text: bool = False) -> int:
+    """Where the first stop string in ``text`` starts, or -1 when none does.
+
+    With ``after_text`` a stop string counts only where it starts after the first non-blank
+    character (leading whitespace, newlines included, is not an answer's end). Why a pure
+    function: generation checks it after every token and cuts the final text with it, and the
+    two must agree."""
+    start = 0
+    if after_text:
+        body = text.lstrip()
+        if not body:
+            return -1
+        start = len(text) - len(body)
+    hits = [i for i in (text.find(s, start) for s in stops if s) if i >= 0]
+    return min(hits, default=-1)
 
 
 @dataclass
