@@ -249,7 +249,9 @@ def order_tables(sweep: Path | list[Path]) -> list[str]:
                       f"{any_res.get('split', 'test')}; {_train(any_res)}; metric "
                       f"{any_res.get('metric', '?')}. Cells: mean over stream orders [95% bootstrap interval over "
                       "orders and queries] for OP / BWT / FWT against frozen"
-                      + (" / FWT against frozen-labels" if labels else "") + "; n = orders run.", "",
+                      + (" / FWT against frozen-labels" if labels else "") + "; n = orders run."
+                      + (" A newline ends an answer only after its first non-blank character (`--answer-start text`)."
+                         if any_res.get("answer_start") == "text" else ""), "",
                       "| method | budget | n | OP | BWT | FWT | FWT vs frozen-labels | bytes stored |",
                       "|---|---|---:|---|---|---|---|---:|"]
             for m in ORDER_METHODS:

@@ -221,6 +221,8 @@ def test_results_and_readme_are_what_the_archive_regenerates():
     assert block(root / "docs" / "RESULTS.md", "NOT-RUN") == rt.not_run_bullet([sweep], about)
     wide = root / "docs" / "results" / "tables-wide"
     assert block(root / "docs" / "RESULTS.md", "WIDE-TABLES") == "\n".join(rt.order_tables([wide])).strip()
+    rule = root / "docs" / "results" / "tables-answer-start"
+    assert block(root / "docs" / "RESULTS.md", "ANSWER-START-TABLES") == "\n".join(rt.order_tables([rule])).strip()
 
 
 def test_not_run_lists_exactly_the_grid_cells_the_archive_lacks(tmp_path):
