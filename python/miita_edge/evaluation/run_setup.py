@@ -18,7 +18,7 @@ from ..memory.budget import parse_budget
 from ..streams import stream_bytes
 from .benchmarks import BenchSpec, Stage, check_limit, get_benchmark, load_benchmark
 from .registry import MethodInfo, get_method
-from .splits import DEV_RULE
+from .splits import ANSWER_STARTS, DEV_RULE
 
 __all__ = ["AUTO", "CELL_MODES", "RESULT_FORMAT", "RunSetup", "claim_out_dir", "prepare_run", "read_json", "safe_name",
            "sha", "stage_records_frozen", "write_json"]
@@ -171,12 +171,6 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
                     learned_stream, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
                     sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage),
                     probe.provenance(), answer_start)
-
-
-#: Where the newline stop may end an answer: "newline" anywhere, so a model that opens with a
-#: newline answers "" (every archived result's rule), or "text" only after the first non-blank
-#: character (EngineConfig.stop_after_text). The metric then reads the first non-blank line.
-ANSWER_STARTS = ("newline", "text")
 
 
 def claim_out_dir(setup: RunSetup) -> None:

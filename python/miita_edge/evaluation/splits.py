@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
+__all__ = ["ANSWER_STARTS", "DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
            "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "row_hash",
            "shuffle_rows", "window"]
 
@@ -109,6 +109,12 @@ def shuffle_rows(seed: int, stage: str, items: list[T]) -> list[T]:
 
 
 # ---------------------------------------------------------------------------- command lines
+#: Where the newline stop may end an answer: "newline" anywhere, so a model that opens with a
+#: newline answers "" (every archived result's rule), or "text" only after the first non-blank
+#: character (EngineConfig.stop_after_text). The metric then reads the first non-blank line.
+ANSWER_STARTS = ("newline", "text")
+
+
 def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``,
     ``replies``, ``answer_start``)."""
@@ -120,7 +126,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "permutes the stages and the training rows within each stage with seed k")
     p.add_argument("--replies", metavar="FILE", help="canned-reply benchmarks: a JSON object mapping every label "
                    "of the data's meta.json to one reply, used instead of the package's replies")
-    p.add_argument("--answer-start", choices=("newline", "text"), default="newline",
+    p.add_argument("--answer-start", choices=ANSWER_STARTS, default="newline",
                    help="where the newline stop may end an answer: newline = anywhere, so a model that "
                    "opens with a newline answers empty (default; every archived result's rule); text = only "
                    "after the first non-blank character (blank lines before the answer are skipped)")
