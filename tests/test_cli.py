@@ -385,3 +385,14 @@ def test_ask_json_fields_and_one_alpha_per_generated_token(memory, engine, capsy
 
     rc, out, err = cli(capsys, "ask", row["input"], "--memory", memory, *THREADS)
     assert (rc, err) == (0, "") and out == ans["text"].strip() + "\n"
+
+
+@pytest.mark.model
+def test_ask_skips_the_blank_line_a_frozen_answer_opens_with(capsys, tmp_path):
+    """The bundled Gemma opens its greedy reply to this query with a newline; a newline that ends
+    the answer anywhere would print an empty line (measured: '' before, the sentence after)."""
+    q = "My card was charged twice for one purchase."
+    ans = cli_json(capsys, "ask", q, "--memory", str(tmp_path / "m"), "--no-adapt", "--max-tokens", "12", *THREADS)
+    assert ans["text"].startswith("\n") and ans["text"].strip(), ans
+    rc, out, err = cli(capsys, "ask", q, "--memory", str(tmp_path / "m"), "--no-adapt", "--max-tokens", "12", *THREADS)
+    assert (rc, err) == (0, "") and out == ans["text"].strip() + "\n"

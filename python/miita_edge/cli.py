@@ -6,6 +6,7 @@ only ever replaced by a complete new version.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -102,7 +103,9 @@ def _add_ingest(sub) -> None:
 def _add_ask_and_forget(sub) -> None:
     p = sub.add_parser("ask", help="answer a query with the memory applied",
                        description="Answer TEXT (or standard input). The retrieved memory is added to the final "
-                                   "hidden state at every decoding step and discarded afterwards.",
+                                   "hidden state at every decoding step and discarded afterwards. The answer ends "
+                                   "at its first newline after some text (blank lines before it are skipped), or "
+                                   "after --max-tokens.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", help="the query (default: read standard input)")
     p.add_argument("--no-adapt", action="store_true", help="answer with the frozen model alone")
@@ -308,7 +311,10 @@ def cmd_ask(args) -> int:
         raise InputError("empty query")
     if args.max_tokens < 1:
         raise InputError("--max-tokens must be >= 1")
-    with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
+    # A newline ends the answer only after its first non-blank character: a model that opens its
+    # reply with a blank line would otherwise answer "" (EngineConfig.stop_after_text).
+    config = dataclasses.replace(_engine_config(args), stop_after_text=True)
+    with Miita(args.model, args.memory, engine_config=config) as m:
         if not args.no_adapt and not m.store.exists():
             raise InputError(f"no memory at {m.memory_dir}: run 'miita-edge ingest' first, or pass --no-adapt")
         if args.trace:

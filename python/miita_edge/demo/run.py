@@ -30,7 +30,11 @@ def run_demo(model=None, memory=None, budget="16KiB", preset="default", threads=
     train, test = demo_stream()
     mem = memory or tempfile.mkdtemp(prefix="miita-demo-")
     t0 = time.perf_counter()
-    with Miita(model, mem, preset=preset, template=None, engine_config=EngineConfig(n_threads=threads)) as m:
+    # A newline ends an answer only after its first non-blank character: Gemma opens most frozen
+    # answers to these prompts with "\n", and the demo should print what the model says after it,
+    # not the empty string the archived benchmark rule would cut there (docs/evaluation.md).
+    config = EngineConfig(n_threads=threads, stop_after_text=True)
+    with Miita(model, mem, preset=preset, template=None, engine_config=config) as m:
         say(f"model  {m.engine.info.path.name}   memory {m.memory_dir}   preset {m.preset.name}")
         say(f"learning {len(train)} examples of {len({e.task for e in train})} tasks (budget {budget}) ...")
         rep = m.ingest(train, budget=budget)
@@ -59,4 +63,5 @@ def run_demo(model=None, memory=None, budget="16KiB", preset="default", threads=
         say(f"  {ex.input!r}\n    frozen: {frozen.strip()!r}   with memory: {adapted.strip()!r}   gold: {ex.output!r}")
     say(f"\ntotal {time.perf_counter() - t0:.0f} s")
     return {"frozen_accuracy": fz, "adapted_accuracy": ad, "queries": len(rows), "per_task": per_task,
+            "frozen_blank": sum(not r[1].strip() for r in rows), "adapted_blank": sum(not r[2].strip() for r in rows),
             "memory": str(mem), "bytes": rep.bytes, "budget_bytes": rep.budget_bytes}
