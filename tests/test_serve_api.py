@@ -94,6 +94,19 @@ def test_streamed_equals_unstreamed(srv, taught):
     assert "".join(ch.choices[0].text for ch in comp) == full.choices[0].message.content
 
 
+def test_a_frozen_reply_that_opens_with_a_blank_line_is_not_empty(srv):
+    """The bundled Gemma opens its greedy reply to this chat with a newline; the newline stop ends a
+    reply only after text, so the user reads the line after it, streamed or not (measured: "" when a
+    stop could end the reply anywhere)."""
+    c = srv.client()
+    q = "My card was charged twice for one purchase."
+    model = c.models.list().data[0].id
+    full = chat(c, model, q, max_tokens=12)
+    assert full.choices[0].message.content.startswith("\n") and full.choices[0].message.content.strip()
+    chunks = list(chat(c, model, q, max_tokens=12, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == full.choices[0].message.content
+
+
 def test_chat_key_is_last_user_turn(srv, taught):
     """The key text in chat mode is the last user turn: earlier turns do not change the answer."""
     c = srv.client()

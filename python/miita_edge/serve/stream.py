@@ -9,6 +9,7 @@ import json
 
 from sse_starlette.sse import EventSourceResponse
 
+from ..runtime.engine_types import stop_position
 from .answer import answer_job
 from .errors import as_api_error
 from .params import GenParams
@@ -18,12 +19,13 @@ from .worker import BACKGROUND, FOREGROUND
 class _Cutter:
     """Per choice: the new, stop-free text of each ``so_far``."""
 
-    def __init__(self, stops: list[str]):
-        self.stops, self.sent = stops, 0
+    def __init__(self, stops: list[str], after_text: bool):
+        self.stops, self.after_text, self.sent = stops, after_text, 0
         self.hold = max((len(s) for s in stops), default=1) - 1
 
     def delta(self, so_far: str) -> str:
-        cut = min([so_far.find(s) for s in self.stops if s in so_far], default=-1)
+        # the engine's own rule (EngineConfig.stop_after_text), so the streamed text is the reply's
+        cut = stop_position(so_far, self.stops, self.after_text)
         safe = so_far[:cut] if cut >= 0 else so_far[:max(0, len(so_far) - self.hold)]
         if len(safe) <= self.sent:
             return ""
@@ -35,7 +37,7 @@ async def stream_answer(r, name, text, messages, p: GenParams, shape) -> EventSo
     """``shape``: a ``routes_chat.Shape`` (chunk JSON for chat or completions)."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    cutters = [_Cutter(p.stop) for _ in range(p.n)]
+    cutters = [_Cutter(p.stop, r.engine.config.stop_after_text) for _ in range(p.n)]
 
     def on_token(i: int, so_far: str):  # worker thread
         d = cutters[i].delta(so_far)
