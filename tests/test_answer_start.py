@@ -23,15 +23,18 @@ RESULTS = ROOT / "docs" / "results"
 
 @pytest.mark.parametrize("model, bench, run", [("gemma", "superni", "frozen-none"), ("smollm2", "superni", "frozen-none"),
                                              ("gemma", "xquad", "frozen-none"),
-                                             ("smollm2", "superni", "miita-default-20")])
+                                             ("smollm2", "superni", "miita-default-20"),
+                                             ("smollm2", "superni", "example-mem-20")])
 def test_recomputed_newline_op_is_the_archived_newline_run(model, bench, run):
     ans = load_bench("answer_start")
     text_run = RESULTS / "tables-answer-start" / model / bench / "s0" / run
     newline_run = json.loads((RESULTS / "tables" / model / bench / "s0" / run / "result.json").read_text())
     x = ans.rescored(text_run)
     assert x["op_newline"] == pytest.approx(newline_run["op"], abs=1e-9)
-    if (model, bench) == ("smollm2", "superni"):  # the case the rule exists for
+    if (model, bench) == ("smollm2", "superni") and run != "example-mem-20":  # the case the rule exists for
         assert x["opened_with_newline"] > 90 and x["op_text"] > x["op_newline"] + 5
+    elif run == "example-mem-20":  # the prompt's examples answer on the line: few answers open with one
+        assert x["opened_with_newline"] < 30
 
 
 @pytest.mark.parametrize("answer, opens", [("\nPOS", True), (" \n POS", True), ("POS\n", False), (" POS", False),
