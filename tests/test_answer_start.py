@@ -24,6 +24,7 @@ RESULTS = ROOT / "docs" / "results"
 @pytest.mark.parametrize("model, bench, run", [("gemma", "superni", "frozen-none"), ("smollm2", "superni", "frozen-none"),
                                              ("gemma", "xquad", "frozen-none"),
                                              ("smollm2", "superni", "miita-default-20"),
+                                             ("smollm2", "superni", "miita-default-5"),
                                              ("smollm2", "superni", "example-mem-20")])
 def test_recomputed_newline_op_is_the_archived_newline_run(model, bench, run):
     ans = load_bench("answer_start")
@@ -31,9 +32,11 @@ def test_recomputed_newline_op_is_the_archived_newline_run(model, bench, run):
     newline_run = json.loads((RESULTS / "tables" / model / bench / "s0" / run / "result.json").read_text())
     x = ans.rescored(text_run)
     assert x["op_newline"] == pytest.approx(newline_run["op"], abs=1e-9)
-    if (model, bench) == ("smollm2", "superni") and run != "example-mem-20":  # the case the rule exists for
-        assert x["opened_with_newline"] > 90 and x["op_text"] > x["op_newline"] + 5
-    elif run == "example-mem-20":  # the prompt's examples answer on the line: few answers open with one
+    if (model, bench, run) == ("smollm2", "superni", "frozen-none"):  # the case the rule exists for
+        assert x["opened_with_newline"] > 120 and x["op_text"] > x["op_newline"] + 5
+    elif run.startswith("miita-default"):  # the memory's label token leads on some tasks only
+        assert x["opened_with_newline"] > 60 and x["op_text"] > x["op_newline"]
+    elif run.startswith("example-mem"):  # the prompt's examples answer on the line: few answers open with one
         assert x["opened_with_newline"] < 30
 
 
