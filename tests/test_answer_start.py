@@ -25,6 +25,7 @@ RESULTS = ROOT / "docs" / "results"
                                              ("gemma", "xquad", "frozen-none"),
                                              ("smollm2", "superni", "miita-default-20"),
                                              ("smollm2", "superni", "miita-default-5"),
+                                             ("smollm2", "superni", "miita-default-1"),
                                              ("smollm2", "superni", "example-mem-20")])
 def test_recomputed_newline_op_is_the_archived_newline_run(model, bench, run):
     ans = load_bench("answer_start")
