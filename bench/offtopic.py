@@ -4,11 +4,17 @@ template, no budget), then each prompt of tests/data/offtopic.txt (202 general q
 small talk that no benchmark answer fits) asked with and without the memory: the share answered
 exactly as the frozen model answers it. Target: >= 95% on every benchmark and model.
 
+``--answer-start text`` (the default) ends an answer at the newline only after its first non-blank
+character, as ask, demo and serve do. ``newline`` ends it at any newline, the rule of the runs
+recorded before 2026-11-30: a frozen and an adapted answer that both open with a newline are
+then both "" and count as untouched whatever follows it.
+
 Each (model, benchmark) runs in a child process: llama.cpp cannot load a BPE vocabulary in a process
 that has imported usearch (docs/models.md), and each child holds one model.
 
     python bench/offtopic.py [--model GGUF]... [--benchmarks banking77,dsc,xquad,superni]
                              [--rows 200] [--data ../shared/data] [--show 5] [--key-whitening paraphrase]
+                             [--answer-start text|newline] [--threads N]
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ from pathlib import Path
 from miita_edge import Example, Miita
 from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
 from miita_edge.method.presets import default_preset
-model, bench, data, rows_n, off, mem, whitening = (json.loads(a) for a in sys.argv[1:])
+from miita_edge.runtime.engine import EngineConfig
+model, bench, data, rows_n, off, mem, whitening, after_text, threads = (json.loads(a) for a in sys.argv[1:])
 preset = default_preset()
 preset.key_whitening = whitening
 spec = get_benchmark(bench)
@@ -38,14 +45,16 @@ stage = stages[0]
 rows = stage.train[:rows_n]
 qs = [ln.strip() for ln in Path(off).read_text("utf-8").splitlines() if ln.strip()]
 t0 = time.perf_counter()
-with Miita(model, mem, preset=preset, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None) as m:
+with Miita(model, mem, preset=preset, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None,
+           engine_config=EngineConfig(n_threads=threads, stop_after_text=after_text)) as m:
     m.ingest(rows, budget="none")
-    changed = []
+    changed, blank = [], 0
     for q in qs:
         a, f = m.ask(q, max_tokens=8), m.ask(q, max_tokens=8, adapt=False)
+        blank += not f.text.strip()
         if a.text != f.text:
             changed.append({"q": q, "frozen": f.text, "adapted": a.text})
-print(json.dumps({"stage": stage.name, "rows": len(rows), "n": len(qs), "changed": changed,
+print(json.dumps({"stage": stage.name, "rows": len(rows), "n": len(qs), "changed": changed, "blank": blank,
                   "seconds": time.perf_counter() - t0}))
 """
 
@@ -60,6 +69,10 @@ def main() -> int:
     ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
     ap.add_argument("--key-whitening", choices=("none", "paraphrase"), default="none",
                     help="the default preset's key whitening (docs/method.md §17); 'none' is the default's own")
+    ap.add_argument("--answer-start", choices=("text", "newline"), default="text",
+                    help="text: a newline ends an answer only after its first non-blank character (what "
+                         "ask and serve do); newline: anywhere (the rule of runs before 2026-11-30)")
+    ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all cores)")
     wanted = [Target("untouched", ">=", 95.0, "%", "off-topic prompts answered as the frozen model, worst run")]
     args, targets = parse_with_targets(ap, wanted)
     import tempfile
@@ -70,7 +83,8 @@ def main() -> int:
         for bench in args.benchmarks.split(","):
             with tempfile.TemporaryDirectory() as tmp:
                 argv = [json.dumps(a) for a in (model, bench, str(args.data / DATA_DIRS[bench]), args.rows,
-                                                 str(OFFTOPIC), str(Path(tmp) / "mem"), args.key_whitening)]
+                                                 str(OFFTOPIC), str(Path(tmp) / "mem"), args.key_whitening,
+                                                 args.answer_start == "text", args.threads)]
                 proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{name} {bench}: failed\n{proc.stderr[-2000:]}")
@@ -79,7 +93,8 @@ def main() -> int:
             rate = 100.0 * (res["n"] - len(res["changed"])) / res["n"]
             worst = min(worst, rate)
             print(f"{name:32s} {bench:10s} stage {res['stage']} ({res['rows']} rows): "
-                  f"{res['n'] - len(res['changed'])}/{res['n']} untouched = {rate:.1f}%  ({res['seconds']:.0f} s)")
+                  f"{res['n'] - len(res['changed'])}/{res['n']} untouched = {rate:.1f}%; "
+                  f"{res['blank']} frozen answers blank  ({res['seconds']:.0f} s)")
             for c in res["changed"][: args.show]:
                 print(f"    {c['q']!r}: frozen {c['frozen']!r} -> {c['adapted']!r}")
     print(f"worst (model, benchmark): {worst:.1f}%  {targets.check('untouched', worst)}")

@@ -167,3 +167,16 @@ def test_paper_preset_runs_end_to_end_within_a_binding_budget(tmp_path):
     n = sum(norm(a.text) == e.output for a, e in zip(answers, test))
     print(f"\npaper preset (12KiB): with memory {n}/{len(test)} "
           f"({rep.prototypes} prototypes, {rep.anchors} anchors, {rep.bytes} bytes, repair {rep.repair})")
+
+
+def test_a_miita_that_builds_its_engine_answers_past_a_leading_blank_line(tmp_path):
+    """The bundled Gemma opens its greedy reply to this query with a newline. Miita without an
+    engine_config ends an answer at a newline only after text, the rule of ask, demo and serve;
+    a config that is passed is used as it is, so the stop-anywhere rule answers ""."""
+    q = "My card was charged twice for one purchase."
+    with Miita(memory=tmp_path / "a") as m:
+        assert m.engine.config.stop_after_text
+        ans = m.ask(q, max_tokens=12, adapt=False)
+    assert ans.text.startswith("\n") and ans.text.strip(), ans.text
+    with Miita(memory=tmp_path / "b", engine_config=ENGINE) as m:
+        assert m.ask(q, max_tokens=12, adapt=False).text == ""

@@ -6,7 +6,6 @@ only ever replaced by a complete new version.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shlex
@@ -250,7 +249,10 @@ def _add_bench(sub) -> None:
 
 
 def _engine_config(args):
-    return EngineConfig(n_threads=getattr(args, "threads", 0) or 0)
+    # A stop string ends an answer only after its first non-blank character: a model that opens its
+    # reply with a blank line would otherwise answer "" (EngineConfig.stop_after_text). check-model
+    # asks through this engine too, so it judges the answers users get from ask.
+    return EngineConfig(n_threads=getattr(args, "threads", 0) or 0, stop_after_text=True)
 
 
 def _model_error_line(m, examples, exc) -> str:
@@ -311,10 +313,7 @@ def cmd_ask(args) -> int:
         raise InputError("empty query")
     if args.max_tokens < 1:
         raise InputError("--max-tokens must be >= 1")
-    # A newline ends the answer only after its first non-blank character: a model that opens its
-    # reply with a blank line would otherwise answer "" (EngineConfig.stop_after_text).
-    config = dataclasses.replace(_engine_config(args), stop_after_text=True)
-    with Miita(args.model, args.memory, engine_config=config) as m:
+    with Miita(args.model, args.memory, engine_config=_engine_config(args)) as m:
         if not args.no_adapt and not m.store.exists():
             raise InputError(f"no memory at {m.memory_dir}: run 'miita-edge ingest' first, or pass --no-adapt")
         if args.trace:

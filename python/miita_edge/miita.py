@@ -85,7 +85,11 @@ class Miita:
     keys ``ask`` computes). ``max_prompt_tokens``: the token budget of a prompt (None: no cut;
     ``extract.truncate_tokens``), in ``ask`` and in extraction; not stored in the memory, so whoever
     opens it sets it again. ``extract_cache``: an ``ExtractCache`` that shares decode passes
-    across memories (sweeps)."""
+    across memories (sweeps). ``engine_config``: how the engine it builds is set up; without one,
+    a stop string ends an answer only after its first non-blank character
+    (``EngineConfig.stop_after_text``), the rule ``ask``, ``demo`` and ``serve`` use, because a
+    model that opens its reply with a blank line would otherwise answer ``""``. A config that is
+    passed, or an ``engine``, is used as it is."""
 
     def __init__(self, model: str | os.PathLike | None = None, memory: str | os.PathLike | None = None,
                  preset: str | Preset | None = None, template: str | None = None,
@@ -94,7 +98,7 @@ class Miita:
         self.memory_dir = Path(memory).expanduser() if memory else default_memory_dir()
         self.store = store_mod.Store(self.memory_dir)
         self._owns_engine = engine is None
-        self.engine = engine or Engine(model, engine_config)
+        self.engine = engine or Engine(model, engine_config or EngineConfig(stop_after_text=True))
         self.keys = keys or KeyOptions()
         self.max_prompt_tokens = max_prompt_tokens
         self.extract_cache = extract_cache
@@ -394,8 +398,9 @@ class Miita:
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
                    query_text: str | None = None, _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
-        comes without the template's leading separator (``Answer.lead`` holds what was cut); a model
-        whose first token ends the answer (the newline stop) answers ``""``.
+        comes without the template's leading separator (``Answer.lead`` holds what was cut). Where a
+        stop string may end it is the engine's ``stop_after_text``: off, a model whose first token
+        is the newline stop answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
         upper bound; ``ask_oracle``). ``query_text``: the user's text, which a channel rerank reads
