@@ -7,7 +7,10 @@ exactly as the frozen model answers it. Target: >= 95% on every benchmark and mo
 ``--answer-start text`` (the default) ends an answer at the newline only after its first non-blank
 character, as ask, demo and serve do. ``newline`` ends it at any newline, the rule of the runs
 recorded before 2026-11-30: a frozen and an adapted answer that both open with a newline are
-then both "" and count as untouched whatever follows it.
+then both "" and count as untouched whatever follows it. A ``text`` run also reports the
+``newline`` figure, from the same answers cut at their first newline: decoding is greedy and the
+push at a step depends only on the prefix, so that is what a ``newline`` run generates
+(bench/answer_start.py makes the same recomputation for benchmark runs).
 
 Each (model, benchmark) runs in a child process: llama.cpp cannot load a BPE vocabulary in a process
 that has imported usearch (docs/models.md), and each child holds one model.
@@ -36,6 +39,10 @@ from miita_edge import Example, Miita
 from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
 from miita_edge.method.presets import default_preset
 from miita_edge.runtime.engine import EngineConfig
+from miita_edge.runtime.engine_types import stop_position
+def at_newline(t):  # the answer the newline rule would have ended here
+    p = stop_position(t, ["\n"], False)
+    return t if p < 0 else t[:p]
 model, bench, data, rows_n, off, mem, whitening, after_text, threads = (json.loads(a) for a in sys.argv[1:])
 preset = default_preset()
 preset.key_whitening = whitening
@@ -48,13 +55,16 @@ t0 = time.perf_counter()
 with Miita(model, mem, preset=preset, template=spec.template, max_prompt_tokens=spec.max_prompt_tokens or None,
            engine_config=EngineConfig(n_threads=threads, stop_after_text=after_text)) as m:
     m.ingest(rows, budget="none")
-    changed, blank = [], 0
+    changed, blank, nl_changed, nl_blank = [], 0, 0, 0
     for q in qs:
         a, f = m.ask(q, max_tokens=8), m.ask(q, max_tokens=8, adapt=False)
         blank += not f.text.strip()
+        nl_blank += not at_newline(f.text).strip()
+        nl_changed += at_newline(a.text) != at_newline(f.text)
         if a.text != f.text:
             changed.append({"q": q, "frozen": f.text, "adapted": a.text})
 print(json.dumps({"stage": stage.name, "rows": len(rows), "n": len(qs), "changed": changed, "blank": blank,
+                  "newline_rule": {"changed": nl_changed, "blank": nl_blank},
                   "seconds": time.perf_counter() - t0}))
 """
 
@@ -95,6 +105,11 @@ def main() -> int:
             print(f"{name:32s} {bench:10s} stage {res['stage']} ({res['rows']} rows): "
                   f"{res['n'] - len(res['changed'])}/{res['n']} untouched = {rate:.1f}%; "
                   f"{res['blank']} frozen answers blank  ({res['seconds']:.0f} s)")
+            if args.answer_start == "text":
+                nl = res["newline_rule"]
+                print(f"{'':32s} {'':10s} the same answers under the newline rule: "
+                      f"{res['n'] - nl['changed']}/{res['n']} untouched = "
+                      f"{100.0 * (res['n'] - nl['changed']) / res['n']:.1f}%; {nl['blank']} frozen answers blank")
             for c in res["changed"][: args.show]:
                 print(f"    {c['q']!r}: frozen {c['frozen']!r} -> {c['adapted']!r}")
     print(f"worst (model, benchmark): {worst:.1f}%  {targets.check('untouched', worst)}")
