@@ -45,7 +45,8 @@ def at_newline(t):  # the answer the newline rule would have ended here
     return t if p < 0 else t[:p]
 model, bench, data, rows_n, off, mem, whitening, after_text, threads = (json.loads(a) for a in sys.argv[1:])
 preset = default_preset()
-preset.key_whitening = whitening
+if whitening != "default":
+    preset.key_whitening = whitening
 spec = get_benchmark(bench)
 _, stages = load_benchmark(spec, data, stages="1")
 stage = stages[0]
@@ -65,6 +66,7 @@ with Miita(model, mem, preset=preset, template=spec.template, max_prompt_tokens=
             changed.append({"q": q, "frozen": f.text, "adapted": a.text})
 print(json.dumps({"stage": stage.name, "rows": len(rows), "n": len(qs), "changed": changed, "blank": blank,
                   "newline_rule": {"changed": nl_changed, "blank": nl_blank},
+                  "key_whitened": m.key_whitened,
                   "seconds": time.perf_counter() - t0}))
 """
 
@@ -77,8 +79,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200, help="training rows of stage 1 in the memory")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
-    ap.add_argument("--key-whitening", choices=("none", "paraphrase"), default="none",
-                    help="the default preset's key whitening (docs/method.md §17); 'none' is the default's own")
+    ap.add_argument("--key-whitening", choices=("default", "none", "paraphrase", "replies"), default="default",
+                    help="the default preset's key whitening (docs/method.md §17); 'default': the preset's own "
+                         "('replies': whitened where the first ingest teaches long replies)")
     ap.add_argument("--answer-start", choices=("text", "newline"), default="text",
                     help="text: a newline ends an answer only after its first non-blank character (what "
                          "ask and serve do); newline: anywhere (the rule of runs before 2026-11-30)")
@@ -104,7 +107,8 @@ def main() -> int:
             worst = min(worst, rate)
             print(f"{name:32s} {bench:10s} stage {res['stage']} ({res['rows']} rows): "
                   f"{res['n'] - len(res['changed'])}/{res['n']} untouched = {rate:.1f}%; "
-                  f"{res['blank']} frozen answers blank  ({res['seconds']:.0f} s)")
+                  f"{res['blank']} frozen answers blank; keys {'' if res['key_whitened'] else 'not '}whitened  "
+                  f"({res['seconds']:.0f} s)")
             if args.answer_start == "text":
                 nl = res["newline_rule"]
                 print(f"{'':32s} {'':10s} the same answers under the newline rule: "
