@@ -16,7 +16,7 @@ Each (model, benchmark) runs in a child process: llama.cpp cannot load a BPE voc
 that has imported usearch (docs/models.md), and each child holds one model.
 
     python bench/offtopic.py [--model GGUF]... [--benchmarks banking77,dsc,xquad,superni]
-                             [--rows 200] [--data ../shared/data] [--show 5] [--key-whitening paraphrase]
+                             [--rows 200] [--data ../shared/data] [--show 5] [--key-whitening default|none|paraphrase|replies]
                              [--answer-start text|newline] [--threads N]
 """
 from __future__ import annotations
