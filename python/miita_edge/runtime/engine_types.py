@@ -62,7 +62,9 @@ class EngineConfig:
     # whose first token is the newline stop answers "" (the rule every archived result used).
     # True: only after the first non-blank character, so blank lines before an answer are
     # skipped instead of ending it: SmolLM2 opens 14 of SuperNI's 15 tasks with a newline after
-    # "Output: ", which the first rule scores as empty answers.
+    # "Output: ", which the first rule scores as empty answers. The product's edges choose True
+    # (a Miita that builds its own engine, every CLI command, the server); the benchmarks choose
+    # per run (--answer-start), so this lower layer keeps the rule of the archived results.
     stop_after_text: bool = False
 
 
