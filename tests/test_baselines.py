@@ -242,8 +242,10 @@ def test_semantic_mem_keys_are_centred_as_the_paper_preset_centres(engine1, tmp_
         assert len(n) > 1  # uncentred, all ten keys lie within cosine 0.80: one prototype
         # a key pooled from the prompt + answer batch and from the prompt alone rounds differently
         # (test_target_states_…: 1e-4 of the raw key's norm); centring keeps that error and makes
-        # the keys ~20x shorter, so it is bounded against the raw scale
+        # the keys ~20x shorter, so it is bounded against the raw scale: 4.4e-4 of it on an AVX-512
+        # CPU, whose kernels round the two batch shapes further apart than AVX2's. A centring vector,
+        # layer or write that is wrong misses by the order of the key itself (~5e-2 of the raw scale)
         err = np.linalg.norm(K - ref.K, axis=1).max()
-        assert err < 3e-4 * np.linalg.norm(mu), (err, np.linalg.norm(mu))
+        assert err < 1e-3 * np.linalg.norm(mu), (err, np.linalg.norm(mu))
     finally:
         engine1.set_key_layers([mid])

@@ -49,6 +49,7 @@ path, stop = sys.argv[1], sys.argv[2]
 st = Store(path)
 reads = torn = errors = 0
 versions = set()
+open(f"{stop}.ready.{os.getpid()}", "w").close()  # imports done: the parent may start the writer
 while not os.path.exists(stop):
     if not st.exists():
         continue
@@ -121,6 +122,7 @@ reads = torn = errors = 0
 versions = set()
 seen = []  # [version, digest] of every read, checked against the writer's records by the parent
 last_examples = -1
+open(f"{stop}.ready.{os.getpid()}", "w").close()  # model loaded: the parent may start the writer
 while not os.path.exists(stop):
     if not store.Store(path).exists():
         continue
@@ -168,6 +170,12 @@ def _readers_during(writer_argv: list[str], reader_code: str, path: Path, reader
     stop = work / f"stop-{time.monotonic_ns()}"
     rs = [subprocess.Popen([sys.executable, "-c", reader_code, str(path), str(stop)], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True) for _ in range(readers)]
+    # The writer starts only once every reader is in its loop: a reader still importing when the
+    # writer's last commit lands sees one version, and the check would read nothing in between.
+    deadline = time.monotonic() + 600
+    while (len(list(work.glob(f"{stop.name}.ready.*"))) < readers and time.monotonic() < deadline
+           and all(r.poll() is None for r in rs)):
+        time.sleep(0.05)
     t0 = time.perf_counter()
     w = subprocess.run(writer_argv, capture_output=True, text=True, timeout=timeout)
     stop.touch()
