@@ -233,11 +233,11 @@ class PresetSim:
 def run_preset(args, bench: str, budget: str) -> dict:
     from miita_edge.evaluation.metrics import normalize_label
     from miita_edge.memory.budget import parse_budget
-    from miita_edge.method.presets import (default_preset, default_preset_v1, default_preset_v2, default_preset_v3,
-                                           paper_preset)
+    from miita_edge.method.presets import default_preset, paper_preset, preset_version
 
-    preset = {"default": default_preset, "default-v3": default_preset_v3, "default-v2": default_preset_v2,
-              "default-v1": default_preset_v1, "paper": paper_preset}[args.preset]()
+    preset = {"default": default_preset, "default-v3": lambda: preset_version("default", 3),
+              "default-v2": lambda: preset_version("default", 2), "default-v1": lambda: preset_version("default", 1),
+              "paper": paper_preset}[args.preset]()
     for kv in args.set:  # e.g. k_anchors=16 or retrieval.T_agg=0.05
         k, v = kv.split("=", 1)
         obj = preset

@@ -347,13 +347,13 @@ def test_info_counts_the_rows_a_graph_would_index():
     """``miita-edge info`` says whether recall uses the graph: it must count what ``front`` counts
     (the default preset's vote: anchors, then one centroid per answer)."""
     from miita_edge.cli import _graph_rows
-    from miita_edge.method.presets import default_preset_v1, paper_preset
+    from miita_edge.method.presets import paper_preset, preset_version
 
     bank, _ = bit_bank(300)
     index = RetrievalIndex.build(bank, centroids=True)
     meta = {"anchors": bank.n_anchors, "prototypes": bank.n_prototypes}
     assert _graph_rows(default_preset(), meta) == index.voters.shape[0] == 600
-    assert _graph_rows(default_preset_v1(), meta) == RetrievalIndex.build(bank).voters.shape[0] == 300
+    assert _graph_rows(preset_version("default", 1), meta) == RetrievalIndex.build(bank).voters.shape[0] == 300
     assert _graph_rows(paper_preset(), {"anchors": 300, "prototypes": 25_000}) == 25_000
 
 

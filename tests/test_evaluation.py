@@ -630,11 +630,11 @@ def test_a_pinned_preset_version_is_a_method_and_bad_pins_are_one_line():
     ran), and the result says so; a version that never existed, or no number, is refused."""
     from miita_edge.errors import InputError
     from miita_edge.evaluation import get_method
-    from miita_edge.method.presets import default_preset_v10, get_preset
+    from miita_edge.method.presets import get_preset, preset_version
 
     info = get_method("miita-default@10")
     assert info.factory().provenance() == {"preset": "default", "version": 10}
-    assert info.factory()._preset() == default_preset_v10()
+    assert info.factory()._preset() == preset_version("default", 10)
     assert get_method("miita-paper@1").factory().provenance() == {"preset": "paper", "version": 1}
     assert get_method("miita-default").factory().provenance() == {"preset": "default",
                                                                     "version": get_preset("default").version}

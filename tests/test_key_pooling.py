@@ -13,7 +13,7 @@ import pytest
 from miita_edge.runtime import key_pass
 
 from miita_edge.errors import InputError, StoreError
-from miita_edge.method.presets import Preset, default_preset, default_preset_v3, get_preset, paper_preset
+from miita_edge.method.presets import Preset, default_preset, get_preset, paper_preset, preset_version
 from miita_edge.runtime.key_pooling import key_mean
 
 PROMPTS = ["where is my new card", "I was charged twice for the same coffee",
@@ -50,7 +50,7 @@ def test_presets_pool_as_their_version_says():
         p = Preset.from_json(old)
         assert p.key_pooling == () and set(p.key_poolings(18)) == {"mean"}
     assert paper_preset().key_poolings(18) == ["mean"]
-    assert default_preset_v3().key_poolings(18) == ["mean", "mean"]
+    assert preset_version("default", 3).key_poolings(18) == ["mean", "mean"]
     again = Preset.from_json(default_preset().to_json())
     assert again.key_pooling == ("last", "mean") and again.version == 12
     # a shallow model whose two depths round to one layer keeps the first depth's pooling
@@ -189,7 +189,7 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, version, want in ((default_preset_v3(), 3, ("mean", "mean")), ("default", 12, ("last", "mean")),
+        for preset, version, want in ((preset_version("default", 3), 3, ("mean", "mean")), ("default", 12, ("last", "mean")),
                                       (default_preset(), 12, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:

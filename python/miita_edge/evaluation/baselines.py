@@ -402,9 +402,9 @@ class ExampleMem(Method):
         # directory is never created.
         # The default preset as it was when this baseline was defined (middle-layer keys): a baseline
         # does not change when our preset does (its numbers are kept across preset versions).
-        from ..method.presets import default_preset_v1
+        from ..method.presets import preset_version
 
-        self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset=default_preset_v1(),
+        self._keyer = Miita(memory=ctx.work_dir / "keyer-unused", preset=preset_version("default", 1),
                             template=ctx.spec.template, engine=ctx.engine)
         self.n_key_bytes = (ctx.engine.n_embd + 7) // 8
         self.reset()
@@ -416,7 +416,7 @@ class ExampleMem(Method):
     def _key(self, x: str) -> np.ndarray:
         from ..method.extract import prompt_tokens
 
-        eng, c = self._keyer._use_keys(), self.ctx  # the keyer's layer, whoever used the engine last
+        eng, c = self._keyer.keyed_engine(), self.ctx  # the keyer's layer, whoever used the engine last
 
         def compute():
             st = eng.query(prompt_tokens(eng, c.template, x, c.max_prompt_tokens), skip_bos_in_key=True)

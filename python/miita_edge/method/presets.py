@@ -14,8 +14,8 @@ from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
-__all__ = ["PRESETS", "Preset", "check_memory_fields", "default_preset", "default_preset_v1", "get_preset",
-           "paper_preset", "preset_names"]
+__all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "check_memory_fields", "default_preset", "get_preset", "paper_preset",
+           "preset_names", "preset_version"]
 
 
 @dataclass
@@ -121,8 +121,8 @@ class Preset:
 
     def to_json(self) -> dict:
         """Only what differs from the named preset (the manifest is counted in the budget)."""
-        make = _VERSIONS.get((self.name, self.version))
-        full, base = asdict(self), asdict(make()) if make else {}
+        made = _at_version(self.name, self.version)
+        full, base = asdict(self), asdict(made) if made else {}
         out = {"name": self.name}
         if self.version != 1:
             out["version"] = self.version
@@ -142,10 +142,9 @@ class Preset:
         # A memory stores only what differs from its named preset *as it was then*: start from
         # that version, so a memory built before the preset changed keeps its settings.
         version = d.get("version", 1)
-        make = _VERSIONS.get((d["name"], version))
-        if make is None:
+        p = _at_version(d["name"], version)
+        if p is None:
             raise StoreError(f"preset {d['name']!r} version {version!r} is newer than this miita-edge knows; upgrade")
-        p = make()
         for k, v in d.items():
             if k in ("name", "version"):
                 continue
@@ -206,186 +205,83 @@ class Preset:
         return asdict(self)
 
 
-def paper_preset_v1() -> Preset:
-    """Section 3 as written: one averaged direction per experience, max-anchor
-    semantic score + uncertainty rerank, softmax aggregation, gated addition.
-    η: the paper's 0.5 is absolute on Qwen3; here η is relative to ‖h_q‖, and
-    0.2 was the best of 0.05/0.1/0.2/0.4 on Banking77 stage 1 (docs/method.md §7).
-    Kept so that memories built with it keep their uncentred keys."""
-    return Preset("paper", BankConfig(payload="mean", dir_precision="float32", key_precision="float32"),
-                  skip_bos=False, center_keys=False, aggregation="paper", eta=0.2)
+def default_preset() -> Preset:
+    """The default, whole, in one place: what ``ingest``, ``ask`` and ``serve`` use. docs/method.md
+    describes each part in the order a query meets it, and its constants table says where every
+    number comes from (derived from the model, chosen on named dev rows, or fixed by construction)."""
+    return Preset(
+        "default",
+        BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward"),
+        skip_bos=True, center_keys=True, aggregation="prefix",
+        retrieval=RetrievalConfig(T_agg=0.04), k_anchors=16,
+        eta=1.0, eta_unit="push", direction="head", gate="ungated",
+        key_depths=DEFAULT_KEY_DEPTHS, key_pooling=("last", "mean"), key_select="paraphrase",
+        key_order="calibration", key_whitening="replies",
+        relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
+        recover=True, hold_min_tokens=16,
+        rerank_lambda=0.3, rerank_top=3, rerank_min_tokens=16, rerank_score="channel",
+        version=12)
 
 
 def paper_preset() -> Preset:
-    """Section 3 as written, with eq. 1's key pooled without the BOS row and centred on the model's
-    calibration mean: on a model whose hidden states share a large common component (SmolLM2-135M),
-    uncentred mean-pooled keys of unrelated inputs have cosines of 0.9998-1.0018, and eq. 8's
-    retrieval cannot tell them apart. The equations themselves are unchanged."""
-    p = paper_preset_v1()
-    p.skip_bos = True
-    p.center_keys = True
-    p.version = 2
-    return p
-
-
-def default_preset_v1() -> Preset:
-    """Version 1 of the default (middle-layer keys, no relevance gate): kept so that memories
-    built with it open with the settings they were built with."""
-    return Preset("default", BankConfig(payload="tokens", key_precision="bit"),
-                  skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
-                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3)
-
-
-def default_preset_v2() -> Preset:
-    """Version 2 of the default: keys from two layers (2/3 and 1/2 of the depth: 12 and 9 on
-    Gemma-3-270M), coordinates ordered by the calibration keys' spread so a tight budget narrows
-    keys instead of evicting answers, the relevance gate, and each answer's centroid in the vote.
-    Kept so that memories built with it repair as they always did."""
-    return Preset("default", BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True),
-                  skip_bos=True, center_keys=True, aggregation="prefix", k_anchors=8,
-                  retrieval=RetrievalConfig(T_agg=0.02), eta=0.3, key_depths=DEFAULT_KEY_DEPTHS,
-                  key_order="calibration", relevance_gate=True, centroid_vote=True, version=2)
-
-
-def default_preset_v3() -> Preset:
-    """Version 2, and repair folds the anchors whose union distorts least (Ward's criterion) instead
-    of the closest pair, so an answer's lone examples join its centroid instead of outliving it
-    (§10.5). Kept so that memories built with it keep their mean-pooled keys."""
-    p = default_preset_v2()
-    p.bank.anchor_fold = "ward"
-    p.version = 3
-    return p
-
-
-def default_preset_v4() -> Preset:
-    """Version 3, and the deeper key layer is pooled at the last prompt row (the template's answer
-    cue, where the model has gathered what it is about to say) instead of the mean of the prompt's
-    rows; the middle layer keeps the mean, which carries the input's content (§10.7). Kept so that
-    memories built with it steer along the head rows they were built with."""
-    p = default_preset_v3()
-    p.key_pooling = ("last", "mean")
-    p.version = 4
-    return p
-
-
-def default_preset_v5() -> Preset:
-    """Version 4, and each answer token steers along its head-geometry direction with the model's
-    measured logit push (method/head_geometry.py), so the taught token wins on any head, not only
-    on one whose rows all have the same norm. Kept so that memories built with it let go of a
-    reply at its first divergent token, as they did."""
-    p = default_preset_v4()
-    p.direction = "head"
-    p.eta_unit = "push"
-    p.key_select = "paraphrase"
-    p.null_gate = True
-    # the full push at every answer position: the relevance gate decides whether to steer and the
-    # prefix rule where to stop; the paper's α = cos(h_t, h_q) fell to ~0.5 after one token and
-    # let the model end a taught two-word answer after its first word
-    p.gate = "ungated"
-    p.eta = 1.0
-    p.version = 5
-    return p
-
-
-def default_preset_v6() -> Preset:
-    """Version 5, and a reply that began right recovers from a divergent token (a sampled one,
-    say) instead of losing the memory for its remaining tokens (``Preset.recover``). Kept so that
-    memories built with it vote as they did."""
-    p = default_preset_v5()
-    p.recover = True
-    p.version = 6
-    return p
-
-
-def default_preset_v7() -> Preset:
-    """Version 6 with the anchor vote's k and T chosen on dev rows (``bench/vote.py``,
-    docs/method.md §14) instead of the test rows version 1 took them from: 16 anchors at T = 0.04.
-    Kept so that memories built with it vote as they did."""
-    p = default_preset_v6()
-    p.k_anchors = 16
-    p.retrieval.T_agg = 0.04
-    p.version = 7
-    return p
-
-
-def default_preset_v8() -> Preset:
-    """Version 7, and the model reads the vote's three leading answers where each is a reply of
-    16 tokens or more, multiplying each one's weight by exp(0.1·PMI) (method/rerank.py; λ chosen
-    by ``bench/rerank.py`` on held-out training rows, docs/method.md §15). Labels (at most 10
-    tokens on Banking77) are never reranked. Kept so that memories built with it gate as they did."""
-    p = default_preset_v7()
-    p.rerank_lambda = 0.1
-    p.rerank_top = 3
-    p.rerank_min_tokens = 16
-    p.version = 8
-    return p
-
-
-def default_preset_v9() -> Preset:
-    """Version 9: version 8, and the
-    relevance gate asks each query to come nearer to an answer's examples than to the generic
-    question it most resembles, with each answer's own null at a 1-in-20 tail instead of 1 in
-    1,000 (``null_rule = "nearest"``, docs/method.md §16): on SmolLM2-135M the old null declined a
-    quarter of the on-topic paraphrases; this one steers 95% of them, and fewer off-topic
-    prompts than before on Gemma-3-270M."""
-    p = default_preset_v8()
-    p.null_rule = "nearest"
-    p.version = 9
-    return p
-
-
-def default_preset_v10() -> Preset:
-    """Version 10: version 9, and a memory
-    whose first taught answers are replies (a median of 16 tokens or more) keeps its keys whitened
-    against paraphrase noise (``key_whitening = "replies"``, docs/method.md §17): its answer is
-    decided by what is asked, and whitening finds the request more often (the dozen-intent canned
-    replies 85.3 -> 91.3% on Gemma-3-270M, 67.0 -> 78.3% on SmolLM2-135M, means of three draws);
-    a memory of labels keeps version 9's keys, because whitening lost DSC's sentiment on its dev
-    rows (-4.5 points on Gemma-3-270M)."""
-    p = default_preset_v9()
-    p.key_whitening = "replies"
-    p.version = 10
-    return p
-
-
-def default_preset_v11() -> Preset:
-    """Version 11: version 10, and the rerank reads how well each leading reply explains the query,
-    log p(query | reply) (the noisy channel, ``rerank_score = "channel"``, λ 0.3; docs/method.md
-    §18), instead of the PMI of the reply given the query: the PMI against an empty prompt favours
-    a reply that any in-domain question makes likely, and the channel score needs no baseline."""
-    p = default_preset_v10()
-    p.rerank_score = "channel"
-    p.rerank_lambda = 0.3
-    p.version = 11
-    return p
-
-
-def default_preset() -> Preset:
-    """Our default; every choice is measured in docs/method.md. Version 12: version 11, and the hold
-    (``hold_min_tokens = 16``, docs/method.md §19): while a reply leads the steering, a token that
-    none of the steering answers has at that position (" if" for " If", a near-identical head row
-    the push raised too) is replaced by the leading answer's, the step decoded again with an
-    addition that puts it one logit above; the prefix rule had let the whole reply go after it."""
-    p = default_preset_v11()
-    p.hold_min_tokens = 16
-    p.version = 12
-    return p
+    """Section 3 as written (eqs. 1-11): one averaged direction per experience, max-anchor semantic
+    score + uncertainty rerank, softmax aggregation, gated addition. Eq. 1's key is pooled without
+    the BOS row and centred on the model's calibration mean: on a model whose hidden states share a
+    large common component (SmolLM2-135M), uncentred mean-pooled keys of unrelated inputs have
+    cosines of 0.9998-1.0018 and eq. 8 cannot tell them apart; the equations are unchanged. η is
+    relative to ‖h_q‖ (the paper's 0.5 is absolute on Qwen3); 0.2 was the best of 0.05/0.1/0.2/0.4
+    on Banking77 stage 1 (docs/method.md)."""
+    return Preset("paper", BankConfig(payload="mean", dir_precision="float32", key_precision="float32"),
+                  skip_bos=True, center_keys=True, aggregation="paper", eta=0.2, version=2)
 
 
 PRESETS = {"paper": paper_preset, "default": default_preset}
-#: Every (name, version) a memory may have been built with.
-_VERSIONS = {("paper", 1): paper_preset_v1, ("paper", 2): paper_preset, ("default", 1): default_preset_v1, ("default", 2): default_preset_v2,
-             ("default", 3): default_preset_v3, ("default", 4): default_preset_v4,
-             ("default", 5): default_preset_v5, ("default", 6): default_preset_v6, ("default", 7): default_preset_v7,
-             ("default", 8): default_preset_v8, ("default", 9): default_preset_v9,
-             ("default", 10): default_preset_v10, ("default", 11): default_preset_v11,
-             ("default", 12): default_preset}
+
+#: Every earlier version a memory may have been built with, as data: the fields in which it differs
+#: from today's preset of that name (``bank`` and ``retrieval`` as dicts of their own fields). Read
+#: only to open a memory that recorded such a version (``Preset.from_json``) and by the benchmark
+#: harness (``miita-default@N``); users choose a name, never a version. CHANGELOG.md tells why each
+#: version changed; tests/test_presets.py checks every entry against the settings archived when each
+#: version was current.
+PAST_VERSIONS: dict[tuple[str, int], dict] = {
+    ("default", 1): {"bank": {"relevance": False, "shrink_keys": False, "anchor_fold": "closest"},
+                     "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_depths": [0.5],
+                     "key_pooling": [], "key_order": "index", "relevance_gate": False, "centroid_vote": False,
+                     "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
+                     "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8,
+                     "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 2): {"bank": {"anchor_fold": "closest"}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3,
+                     "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths", "null_gate": False,
+                     "null_rule": "tail", "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0,
+                     "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 3): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_pooling": [],
+                     "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
+                     "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8,
+                     "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 4): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "direction": "row",
+                     "key_select": "depths", "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
+                     "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi",
+                     "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "recover": False,
+                     "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0,
+                     "key_whitening": "none"},
+    ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "rerank_lambda": 0.0,
+                     "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 7): {"null_rule": "tail", "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi",
+                     "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 8): {"null_rule": "tail", "rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0,
+                     "key_whitening": "none"},
+    ("default", 9): {"rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 10): {"rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0},
+    ("default", 11): {"hold_min_tokens": 0},
+    ("paper", 1): {"skip_bos": False, "center_keys": False},
+}
 
 
 def preset_names() -> list[str]:
     """The presets a user selects: each name, at its current version. Earlier versions stay
-    readable for the memories built with them (``Preset.from_json``), and ``preset_version``
-    makes one for code that must reproduce such a memory (the benches, the evaluation's stand-ins)."""
+    readable for the memories built with them (``Preset.from_json``); ``preset_version`` makes one
+    for code that must reproduce such a memory (the benchmark harness)."""
     return list(PRESETS)
 
 
@@ -398,10 +294,30 @@ def get_preset(name: str) -> Preset:
 
 def preset_version(name: str, version: int) -> Preset:
     """A named preset as it was at ``version`` (what a memory built then keeps)."""
-    make = _VERSIONS.get((name, version))
-    if make is None:
+    p = _at_version(name, version)
+    if p is None:
         raise InputError(f"unknown preset {name!r} version {version!r}")
-    return make()
+    return p
+
+
+def _at_version(name: str, version) -> Preset | None:
+    """Today's preset ``name`` with a past version's differences applied; None: no such version."""
+    if name not in PRESETS:
+        return None
+    p = PRESETS[name]()
+    if version == p.version:
+        return p
+    diff = PAST_VERSIONS.get((name, version)) if isinstance(version, int) else None
+    if diff is None:
+        return None
+    for k, v in diff.items():
+        if isinstance(v, dict):
+            for kk, vv in v.items():
+                setattr(getattr(p, k), kk, vv)
+        else:
+            setattr(p, k, tuple(v) if isinstance(v, list) else v)
+    p.version = version
+    return p
 
 
 def check_memory_fields(path, fields) -> Preset:
