@@ -60,7 +60,7 @@ def collect(args) -> Path:
             m.ingest([Example(x, y) for x, y in taught], budget=None, progress=False)
     m = Miita(model=args.model, memory=args.memory, template=template)
     m.preset.rerank_lambda, m.preset.relevance_gate = 0.0, False  # every retrieved answer, ungated
-    eng, idx = m._use_keys(), m.retrieval_index()
+    eng, idx = m.keyed_engine(), m.retrieval_index()
     bits = m._generic_bits()
     K = idx.key_dim
     G = np.unpackbits(bits, axis=1)[:, :K].astype(np.int32) * 2 - 1

@@ -23,16 +23,14 @@ from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, as_budget, parse_budget
 from .memory.manifest import Manifest, StreamCounts, call_stream_bytes, read_fields, stored_key_layers
-from .method.calibration import CALIBRATION_INPUTS, calibration_keys, key_order, raw_key
-from .method.key_whitening import cached_whitening_for, paraphrase_keys, whiten_replies
+from .method.calibration import CALIBRATION_INPUTS
 from .method.extract import prompt_tokens
-from .method.head_geometry import HeadGeometry, head_geometry
+from .method.head_geometry import HeadGeometry
 from .method.ingest import IngestReport, learn, progress_bar
 from .method.key_extractors import KeyOptions, choose_extractor, key_engine
-from .method.key_layers import choose_key_layers
-from .method.plan import QueryPlan, RetrievalIndex, generic_best, plan_query
+from .method.pipeline import KeyFrame, Pipeline
+from .method.plan import QueryPlan, RetrievalIndex
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
-from .method.relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores
 from .method.templates import AUTO, resolve_template, strip_lead
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
@@ -103,10 +101,6 @@ class Miita:
         self.max_prompt_tokens = max_prompt_tokens
         self.extract_cache = extract_cache
         self._fingerprint = None
-        self._geometry: HeadGeometry | None = None
-        self._generic_raw: np.ndarray | None = None  # raw keys of the gate's generic questions
-        self._index: RetrievalIndex | None = None  # derived from the bank; rebuilt after each ingest
-        self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per session
         if self.store.exists():
             self._open(preset, template)
         else:
@@ -114,15 +108,11 @@ class Miita:
             self.preset = preset if isinstance(preset, Preset) else get_preset(preset or "default")
             self.template = resolve_template(template, self.engine.chat_template())
             self.engine.parse_special = self.template.special
-            if self.preset.key_select == "paraphrase" and self.engine.n_layer - 2 >= 2:  # measured on the model
-                self.key_layers: list[int] = choose_key_layers(self.engine, self.template,
-                                                               model_sha256(self.engine.info.path)).layers
-            else:
-                self.key_layers = self.preset.key_layers(self.engine.n_layer)
+            sha = model_sha256(self.engine.info.path)
+            self.key_layers: list[int] = Pipeline.new_key_layers(self.preset, self.engine, self.template, sha)
+            self.pipeline = Pipeline(self.preset, self.engine, self.template, sha, self.key_layers)
             self.key_whitened = False  # a "replies" preset decides at the first ingest
-            mean, order, whiten = self._key_frame()
-            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order,
-                                   key_whiten=whiten)
+            self.bank = self.pipeline.empty_bank(self.engine.n_embd, self._key_frame())
             self.budget = parse_budget(DEFAULT_BUDGET)
             self.counts = StreamCounts()
             self.version = 0
@@ -148,10 +138,9 @@ class Miita:
         self.preset = stored
         self.template = resolve_template(meta["template"], self.engine.chat_template())
         self.engine.parse_special = self.template.special
+        self.pipeline = Pipeline(stored, self.engine, self.template, fp["sha256"], self.key_layers)
         self.key_whitened = bool(meta.get("key_whitened", False))
-        if self.key_whitened and stored.key_whitening != "replies":
-            raise StoreError(f"memory {self.memory_dir}: manifest says its keys were whitened at the first ingest, "
-                             f"but its preset's key_whitening is {stored.key_whitening!r}")
+        self.pipeline.check_whitened(self.key_whitened, f"memory {self.memory_dir}")
         try:
             mean, order, whiten = self._key_frame()
             self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
@@ -219,41 +208,21 @@ class Miita:
 
     @property
     def key_pooling(self) -> list[str]:
-        """How each key layer's rows are pooled: the preset's (its version's: memories built before
-        version 4 of the default keep the mean everywhere)."""
-        pooling = self.preset.key_poolings(self.engine.n_layer)
-        return pooling if len(pooling) == len(self.key_layers) else ["mean"] * len(self.key_layers)
+        """How each key layer's rows are pooled (``Pipeline.key_pooling``)."""
+        return self.pipeline.key_pooling
 
-    def _use_keys(self) -> Engine:
-        """The engine, pooling keys from this memory's layers: an engine may be shared by memories
-        of different presets (the server, the bench), so each use sets the layers it needs."""
-        self.engine.parse_special = self.template.special  # a chat template's prompts hold special tokens
-        pooling = tuple(self.key_pooling)
-        if (self.engine.key_layers, self.engine.key_pooling) != (tuple(self.key_layers), pooling):
-            self.engine.set_key_layers(self.key_layers, pooling)
-        return self.engine
+    def keyed_engine(self) -> Engine:
+        """The engine, pooling keys from this memory's layers with its template's special-token
+        rule (an engine may be shared by memories of different presets: the server, the benchmark)."""
+        return self.pipeline.keyed_engine()
 
-    def _key_frame(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        """The centring vector, the whitening and the coordinate order of this memory's keys (all
-        derived from the model and the template through the calibration inputs and the
-        paraphrase groups, never stored)."""
-        pr = self.preset
-        if not pr.center_keys and pr.key_order == "index":
-            return None, None, None
-        keys = calibration_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
-        mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
-        whiten = None
-        if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and self.key_whitened):
-            raw = paraphrase_keys(self._use_keys(), self.template, pr.skip_bos, self.fingerprint())
-            # centred as the bank centres (its mean is stored as float16)
-            whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
-        order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
-        return mean, order, whiten
+    def _key_frame(self) -> KeyFrame:
+        return self.pipeline.key_frame(self.key_whitened, self.fingerprint())
 
     def fast_key_engine(self) -> Engine:
         """The engine fast keys are extracted on: the model's Q8_0 twin for this memory's key layers
         (written to the cache on first use), or the engine itself when the model has no Q5_0 weights."""
-        return key_engine(self._use_keys(), dataclasses.replace(self.keys, fast=True))
+        return key_engine(self.keyed_engine(), dataclasses.replace(self.keys, fast=True))
 
     # ---------------------------------------------------------------- the manifest
     def _manifest(self) -> Manifest:
@@ -292,7 +261,7 @@ class Miita:
             raise InputError("no examples to ingest")
         budget = None if budget is None else as_budget(budget)
         options = self.keys if not ray else dataclasses.replace(self.keys, ray=ray, ray_workers=ray_workers)
-        extractor = choose_extractor(self._use_keys(), self.template, self.preset, options,
+        extractor = choose_extractor(self.keyed_engine(), self.template, self.preset, options,
                                      max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache)
         try:
             with self.store.transaction(self.version, "ingest", self,
@@ -318,23 +287,21 @@ class Miita:
                 if not dry_run:
                     report.bytes = self._commit(tx, record)
         finally:
-            self._index = None
+            self.pipeline.forget_index()
             extractor.close()
         return report
 
     def _decide_whitening(self, extracted):
-        """For a "replies" preset and a memory with nothing stored yet: whiten its keys or not by the
-        answers this ingest teaches (``key_whitening.whiten_replies``), and give the empty bank that
-        key frame. Returns the extractions (a list when they had to be read ahead)."""
-        if self.preset.key_whitening != "replies" or self.bank.n_prototypes:
+        """For an empty memory whose preset decides whitening at the first ingest: decide it by the
+        answers this ingest teaches and give the empty bank that key frame. Returns the extractions
+        (a list when they had to be read ahead)."""
+        if not self.pipeline.decides_whitening or self.bank.n_prototypes:
             return extracted
         extracted = list(extracted)
-        decided = whiten_replies([len(e.target) for e in extracted if e is not None], self.preset.rerank_min_tokens)
+        decided = self.pipeline.whitening_decision([len(e.target) for e in extracted if e is not None])
         if decided is not None and decided != self.key_whitened:
             self.key_whitened = decided
-            mean, order, whiten = self._key_frame()
-            self.bank = MemoryBank(self.preset.bank, self.engine.n_embd, mean, len(self.key_layers), order,
-                                   key_dim=self.bank.key_dim, key_whiten=whiten)
+            self.bank = self.pipeline.empty_bank(self.engine.n_embd, self._key_frame(), key_dim=self.bank.key_dim)
         return extracted
 
     def _commit(self, writer: store_mod.Writer, record: Manifest) -> int:
@@ -352,7 +319,7 @@ class Miita:
         property is in docs/serving.md ("Forgetting"). Refused for 'mean' payloads (paper preset)."""
         if not isinstance(output, str) or not output.strip():
             raise InputError("forget: 'output' must be a non-empty string")
-        if self.preset.bank.payload == "mean":
+        if not self.pipeline.forgets_by_answer:
             raise InputError(f"memory {self.memory_dir}: preset {self.preset.name!r} stores merged directions without "
                              f"answers (payload 'mean'), so it cannot forget by answer")
         tokens = self.engine.tokenize(self.template.render_target(output), add_bos=False)
@@ -369,7 +336,7 @@ class Miita:
                 else:
                     tx.keep = False
         finally:
-            self._index = None
+            self.pipeline.forget_index()
         return {"output": output, "removed_prototypes": n_p, "removed_anchors": n_a, "removed_examples": n_ex,
                 "prototypes": self.bank.n_prototypes, "anchors": self.bank.n_anchors, "version": self.version,
                 "bytes": nbytes}
@@ -386,7 +353,7 @@ class Miita:
         """Answer one query; the hidden-state update is discarded afterwards.
 
         ``prompt_tokens_override`` is kept for serve until it calls ``ask_tokens``."""
-        self._use_keys()  # the template's special-token rule, before tokenising
+        self.keyed_engine()  # the template's special-token rule, before tokenising
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
@@ -405,41 +372,24 @@ class Miita:
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
         upper bound; ``ask_oracle``). ``query_text``: the user's text, which a channel rerank reads
         (``Preset.rerank_score``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
-        pr = self.preset
-        eng = self._use_keys()
-        if adapt and self.bank.n_prototypes:  # first uses decode calibration prompts: before this query's pass
-            if pr.direction == "head" or pr.eta_unit == "push":
-                self.geometry()
-            self.retrieval_index()
-        state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
         gen_kw = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature, "seed": seed}
         if top_p != 1.0 or on_token is not None or on_logits is not None:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
-        if not adapt or self.bank.n_prototypes == 0:
-            g = eng.generate(state, **gen_kw)
-            lead, text = strip_lead(g.text, self.template.lead)
-            return Answer(text, False, [], [], [], 0.0, [], g.stop_reason,
-                          reason="adaptation is off" if not adapt else "the memory is empty", lead=lead)
-        unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
-        eta_abs = (pr.eta if eta is None else eta) * unit
-        qp = self.plan(state, mode=mode, oracle_dir=oracle_dir, query_text=query_text)
-        if qp.gate is not None and not qp.gate.adapted:
-            # the relevance gate: nothing in memory applies, so the frozen model answers untouched
-            g = eng.generate(state, **gen_kw)
-            lead, text = strip_lead(g.text, self.template.lead)
-            return Answer(text, False, [], [], [], 0.0, [], g.stop_reason, reason=qp.gate.reason, lead=lead)
-        plan = qp.plan if _wrap_plan is None else _wrap_plan(qp.plan)
-        g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, hold=qp.hold, **gen_kw)
+        out = self.pipeline.answer(self.bank, self._entries, tokens, gen_kw, adapt=adapt, mode=mode, gate=gate,
+                                   eta=eta, oracle_dir=oracle_dir, query_text=query_text, wrap_plan=_wrap_plan)
+        g, qp = out.generation, out.plan
         lead, text = strip_lead(g.text, self.template.lead)
+        if qp is None:
+            return Answer(text, False, [], [], [], 0.0, [], g.stop_reason, reason=out.reason, lead=lead)
         return Answer(text, True, [int(i) for i in qp.ids], [float(s) for s in qp.scores],
-                      [float(w) for w in qp.weights], eta_abs, g.alphas, g.stop_reason, lead=lead,
+                      [float(w) for w in qp.weights], out.eta, g.alphas, g.stop_reason, lead=lead,
                       raised=list(g.raised))
 
     def trace(self, text: str, max_tokens: int = 64) -> tuple[Answer, list[StepTrace]]:
         """``ask`` (greedy), and what steering did at each answer position (``method.trace``)."""
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
-        self._use_keys()  # the template's special-token rule, before tokenising
+        self.keyed_engine()  # the template's special-token rule, before tokenising
         ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, query_text=text,
                               _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
@@ -451,50 +401,17 @@ class Miita:
 
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None,
              query_text: str | None = None) -> QueryPlan:
-        """Retrieval for one query (ids, scores, weights, steering plan, relevance decision);
-        see ``method.plan``."""
-        fresh = self._index is None or (self.preset.direction == "head" and self._geometry is None)
-        geometry = self.geometry() if self.preset.direction == "head" else None
-        index = self.retrieval_index()
-        if fresh:  # their first use decoded calibration prompts: the caller's prompt goes back in the cache
-            self.engine.query(list(state.tokens), skip_bos_in_key=self.preset.skip_bos)
-        # the reply's prior is read after the template's prompt for an empty input; a template that is
-        # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
-        null = (self.prompt_tokens("") or self.prompt_tokens("\n")) if self.preset.rerank_lambda > 0 else None
-        return plan_query(self.preset, self.bank, self.engine, index, state,
-                          mode=mode, oracle_dir=oracle_dir, rng=self._rng, geometry=geometry, null_prompt=null,
-                          query_text=query_text)
+        """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""
+        return self.pipeline.plan(self.bank, self._entries, state, mode=mode, oracle_dir=oracle_dir,
+                                  query_text=query_text)
 
     def geometry(self) -> HeadGeometry:
         """The model's head geometry for this memory's template (cached per model and template)."""
-        if self._geometry is None:
-            self._geometry = head_geometry(self._use_keys(), self.template, self.fingerprint()["sha256"])
-        return self._geometry
+        return self.pipeline.geometry()
 
     def retrieval_index(self) -> RetrievalIndex:
         """The matrices retrieval reads, cached per memory version (with the gate's null scores)."""
-        if self._index is None:
-            index = RetrievalIndex.build(self.bank, self._entries, centroids=self.preset.centroid_vote)
-            if self.preset.null_gate and index.packed is not None and self.bank.n_prototypes:
-                bits = self._generic_bits()
-                if self.preset.null_rule == "nearest":
-                    index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
-                    index.generic_packed = bits
-                else:
-                    index.null = null_scores(generic_best(index, bits))
-            self._index = index
-        return self._index
-
-    def _generic_bits(self) -> np.ndarray:
-        """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
-        computed once per memory; the preparation follows the bank's centring, order and width,
-        which repair may narrow)."""
-        if self._generic_raw is None:
-            eng = self._use_keys()
-            self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
-                                          for x in GENERIC_QUESTIONS])
-        K = self.bank.key_dim
-        return np.stack([np.packbits(self.bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
+        return self.pipeline.index(self.bank, self._entries)
 
     # ---------------------------------------------------------------- info
     def info(self) -> dict:

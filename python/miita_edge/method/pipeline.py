@@ -1,0 +1,234 @@
+"""The method, built once per memory from its preset: key frame → retrieval and gate → rerank →
+steering, over one engine.
+
+``Miita`` (the facade) owns the store: opening, the manifest, the atomic commit. Everything that
+decides how an experience becomes a key and how a query becomes an answer lives here, so the facade
+reads no preset flag. What this derives from the model (the head geometry, the calibration and
+paraphrase keys, the generic questions' keys) is computed on first need and cached per model and
+template; what it derives from the memory (the retrieval index) is cached per bank version and
+dropped by ``forget_index`` whenever the bank changes.
+
+The KV cache. The engine holds one sequence. Deriving a cache (calibration prompts, the head
+geometry, the generic questions) and the rerank decode other prompts through it, so the rule is:
+``prepare`` derives everything a query may need *before* the query's prompt pass, and the one
+step that must decode after it (the rerank) puts the query's prompt back itself (plan.py). A
+caller that runs its own prompt pass first (``plan`` on a state it made) gets it put back when
+``plan`` had to derive something.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from ..memory.bank import MemoryBank
+from ..runtime.engine import Engine, QueryState
+from ..runtime.engine_types import Generation
+from .calibration import calibration_keys, key_order, raw_key
+from .extract import prompt_tokens
+from .head_geometry import HeadGeometry, head_geometry
+from .key_layers import choose_key_layers
+from .key_whitening import cached_whitening_for, paraphrase_keys, whiten_replies
+from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
+from .presets import Preset
+from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores
+from .templates import Template
+
+__all__ = ["KeyFrame", "Pipeline", "Steered"]
+
+
+class KeyFrame(NamedTuple):
+    """How a memory's keys are prepared before they are stored or compared: the centring vector,
+    the coordinate order a narrowed key keeps the head of, and the whitening (each None when the
+    preset does not use it). Derived from the model and the template, never stored."""
+
+    mean: np.ndarray | None
+    order: np.ndarray | None
+    whiten: np.ndarray | None
+
+
+class Steered(NamedTuple):
+    """One answer's generation and what decided it: the plan (None when the memory had no say),
+    the absolute push added, and why the memory did not steer (None when it did)."""
+
+    generation: Generation
+    plan: QueryPlan | None
+    eta: float
+    reason: str | None
+
+
+class Pipeline:
+    """One memory's method over one engine (see the module docstring)."""
+
+    def __init__(self, preset: Preset, engine: Engine, template: Template, model_sha: str, key_layers: list[int]):
+        self.preset = preset
+        self.engine = engine
+        self.template = template
+        self.model_sha = model_sha
+        self.key_layers = list(key_layers)
+        self._cache_key = {"sha256": model_sha}  # what the model-derived caches are keyed on
+        self._geometry: HeadGeometry | None = None
+        self._generic_raw: np.ndarray | None = None
+        self._index: RetrievalIndex | None = None
+        self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per memory
+
+    @staticmethod
+    def new_key_layers(preset: Preset, engine: Engine, template: Template, model_sha: str) -> list[int]:
+        """The key layers of a new memory: measured on the model where the preset says so and the
+        model is deep enough, else the preset's depths."""
+        if preset.key_select == "paraphrase" and engine.n_layer - 2 >= 2:
+            return choose_key_layers(engine, template, model_sha).layers
+        return preset.key_layers(engine.n_layer)
+
+    # ------------------------------------------------------------------ keys
+    @property
+    def key_pooling(self) -> list[str]:
+        """How each key layer's rows are pooled: the preset's (memories built before the default
+        pooled the last row keep the mean everywhere)."""
+        pooling = self.preset.key_poolings(self.engine.n_layer)
+        return pooling if len(pooling) == len(self.key_layers) else ["mean"] * len(self.key_layers)
+
+    def keyed_engine(self) -> Engine:
+        """The engine, pooling keys from this memory's layers with its template's special-token rule:
+        an engine may be shared by memories of different presets (the server, the benchmark), so
+        each use sets what it needs."""
+        eng = self.engine
+        eng.parse_special = self.template.special
+        pooling = tuple(self.key_pooling)
+        if (eng.key_layers, eng.key_pooling) != (tuple(self.key_layers), pooling):
+            eng.set_key_layers(self.key_layers, pooling)
+        return eng
+
+    def key_frame(self, whitened: bool, fingerprint: dict) -> KeyFrame:
+        """This memory's key frame (``KeyFrame``); ``whitened``: its keys were whitened at its first
+        ingest (a "replies" preset decides then)."""
+        pr = self.preset
+        if not pr.center_keys and pr.key_order == "index":
+            return KeyFrame(None, None, None)
+        keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, fingerprint)
+        mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
+        whiten = None
+        if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and whitened):
+            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, fingerprint)
+            # centred as the bank centres (its mean is stored as float16)
+            whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
+        order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
+        return KeyFrame(mean, order, whiten)
+
+    @property
+    def decides_whitening(self) -> bool:
+        """Whether a new memory decides at its first ingest whether to whiten its keys."""
+        return self.preset.key_whitening == "replies"
+
+    def whitening_decision(self, target_lengths: list[int]) -> bool | None:
+        """Whether the first ingest's answers (their token counts) make the memory whiten its keys
+        (replies: yes; labels: no); None when no answer was taught."""
+        return whiten_replies(target_lengths, self.preset.rerank_min_tokens)
+
+    def check_whitened(self, whitened: bool, where: str) -> None:
+        """A memory that says its keys were whitened must have a preset that whitens replies."""
+        from ..errors import StoreError
+
+        if whitened and self.preset.key_whitening != "replies":
+            raise StoreError(f"{where}: manifest says its keys were whitened at the first ingest, "
+                             f"but its preset's key_whitening is {self.preset.key_whitening!r}")
+
+    def empty_bank(self, n_embd: int, frame: KeyFrame, key_dim: int | None = None) -> MemoryBank:
+        kw = {} if key_dim is None else {"key_dim": key_dim}
+        return MemoryBank(self.preset.bank, n_embd, frame.mean, len(self.key_layers), frame.order,
+                          key_whiten=frame.whiten, **kw)
+
+    @property
+    def forgets_by_answer(self) -> bool:
+        """Whether a stored prototype keeps its answer (a merged-direction payload does not)."""
+        return self.preset.bank.payload != "mean"
+
+    # ------------------------------------------------------------------ derived from the model / memory
+    def geometry(self) -> HeadGeometry:
+        """The model's head geometry for this template (cached per model and template)."""
+        if self._geometry is None:
+            self._geometry = head_geometry(self.keyed_engine(), self.template, self.model_sha)
+        return self._geometry
+
+    def forget_index(self) -> None:
+        """The bank changed: the retrieval index is rebuilt on next use."""
+        self._index = None
+
+    def index(self, bank: MemoryBank, entries: dict | None) -> RetrievalIndex:
+        """The matrices retrieval reads, cached per bank version (with the gate's null scores)."""
+        if self._index is None:
+            pr = self.preset
+            index = RetrievalIndex.build(bank, entries, centroids=pr.centroid_vote)
+            if pr.null_gate and index.packed is not None and bank.n_prototypes:
+                bits = self._generic_bits(bank)
+                if pr.null_rule == "nearest":
+                    index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
+                    index.generic_packed = bits
+                else:
+                    index.null = null_scores(generic_best(index, bits))
+            self._index = index
+        return self._index
+
+    def _generic_bits(self, bank: MemoryBank) -> np.ndarray:
+        """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
+        computed once; the preparation follows the bank's centring, order and width, which repair
+        may narrow)."""
+        if self._generic_raw is None:
+            eng = self.keyed_engine()
+            self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
+                                          for x in GENERIC_QUESTIONS])
+        K = bank.key_dim
+        return np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
+
+    def prepared(self) -> bool:
+        return self._index is not None and (self.preset.direction != "head" or self._geometry is not None)
+
+    def prepare(self, bank: MemoryBank, entries: dict | None) -> None:
+        """Derive what a query of this memory needs (these decode other prompts: call before the
+        query's prompt pass)."""
+        if self.preset.direction == "head" or self.preset.eta_unit == "push":
+            self.geometry()
+        self.index(bank, entries)
+
+    # ------------------------------------------------------------------ one query
+    def plan(self, bank: MemoryBank, entries: dict | None, state: QueryState, mode: str | None = None,
+             oracle_dir=None, query_text: str | None = None) -> QueryPlan:
+        """Retrieval for one query whose prompt pass made ``state`` (ids, scores, weights, steering
+        plan, relevance decision). On return the engine's cache holds the query's prompt."""
+        if not self.prepared():
+            self.prepare(bank, entries)
+            self.engine.query(list(state.tokens), skip_bos_in_key=self.preset.skip_bos)  # put back
+        pr = self.preset
+        # the reply's prior is read after the template's prompt for an empty input; a template that is
+        # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
+        null = None
+        if pr.rerank_lambda > 0:
+            null = (prompt_tokens(self.engine, self.template, "", None)
+                    or prompt_tokens(self.engine, self.template, "\n", None))
+        geometry = self.geometry() if pr.direction == "head" else None
+        return plan_query(pr, bank, self.engine, self._index, state, mode=mode, oracle_dir=oracle_dir, rng=self._rng,
+                          geometry=geometry, null_prompt=null, query_text=query_text)
+
+    def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
+               adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
+               oracle_dir=None, query_text: str | None = None, wrap_plan=None) -> Steered:
+        """Decode the prompt, retrieve, gate, and generate with the memory's push (or without it
+        when adaptation is off, the memory is empty, or the relevance gate declines).
+        ``wrap_plan``: a recorder around the steering plan (``trace``)."""
+        pr = self.preset
+        eng = self.keyed_engine()
+        steering = adapt and bank.n_prototypes > 0
+        if steering:
+            self.prepare(bank, entries)
+        state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
+        if not steering:
+            reason = "adaptation is off" if not adapt else "the memory is empty"
+            return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)
+        unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
+        eta_abs = (pr.eta if eta is None else eta) * unit
+        qp = self.plan(bank, entries, state, mode=mode, oracle_dir=oracle_dir, query_text=query_text)
+        if qp.gate is not None and not qp.gate.adapted:  # nothing in memory applies: the frozen model answers
+            return Steered(eng.generate(state, **gen_kw), None, 0.0, qp.gate.reason)
+        plan = qp.plan if wrap_plan is None else wrap_plan(qp.plan)
+        g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, hold=qp.hold, **gen_kw)
+        return Steered(g, qp, eta_abs, None)
