@@ -9,6 +9,7 @@ from typing import Callable
 
 from ..errors import InputError
 from . import baselines
+from .ablation import MECHANISMS, without
 from .baselines import ExampleMem
 from .methods import Frozen, LabelVote, Method, MiitaMethod
 from .prompted import FrozenLabels, SummaryMem
@@ -60,8 +61,7 @@ _PINNABLE = {"miita-default": "default", "miita-paper": "paper"}
 
 
 def _dense_preset():
-    from ..method.presets import default_preset_v4
-    from ..miita import default_preset
+    from ..method.presets import default_preset, preset_version
 
     p = default_preset()
     p.bank.payload = "sequence"
@@ -70,14 +70,14 @@ def _dense_preset():
     # the default, the last to steer along unit rows: eta 0.3 of the query's hidden norm). Left
     # at "head", the push would scale unit vectors as if they were logit directions, and the
     # memory's preset would not validate when it is opened again.
-    p.direction, p.eta_unit, p.eta = "row", "hidden", default_preset_v4().eta
+    p.direction, p.eta_unit, p.eta = "row", "hidden", preset_version("default", 4).eta
     p.bank.validate()
     p.validate_keys()
     return p
 
 
 def _whitened_preset():
-    from ..miita import default_preset
+    from ..method.presets import default_preset
 
     p = default_preset()
     p.key_whitening = "paraphrase"
@@ -112,6 +112,9 @@ def _register_builtins() -> None:
     for mode in ("random", "semantic", "uncertainty", "oracle"):
         reg(f"miita-paper-{mode}", (lambda m=mode: MiitaMethod("paper", mode=m, oracle_alignment=True)),
             f"paper preset, retrieval variant {mode} (appendix C.3); reports Oracle Alignment")
+    for mech in MECHANISMS.values():
+        reg(f"miita-default-without-{mech.name}", (lambda n=mech.name: MiitaMethod(lambda: without(n))),
+            f"ablation: the default preset without {mech.name} ({mech.what}; acts on {mech.acts_on})")
     reg("label-vote", LabelVote, "classification only: the weighted majority label of what a default memory "
         "retrieves for the query (its anchor vote, centroids and relevance gate), no LM")
     reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, a uniform "

@@ -1,0 +1,140 @@
+"""The default preset with each mechanism switched off in turn, on dev rows: does each one earn its
+place? (docs/method.md, "Ablation".)
+
+``run`` runs ``miita-edge bench --split dev --cells summary`` for the default and for every
+``miita-default-without-X`` whose mechanism acts on the benchmark (``evaluation/ablation.py``:
+label mechanisms on labels, reply mechanisms on the canned replies, repair mechanisms only under a
+budget tight enough to repair), one after another in one process each, sharing one extraction cache
+and one frozen baseline, so only the answers differ. Resumable: a finished run is read back.
+
+``table`` pairs each variant with the default query by query on the final row (the same dev rows,
+the same memory stream) and prints the markdown table: ΔOP with a paired bootstrap 95% interval,
+ΔBWT, and the answer time per query of both (final-row cells' seconds; runs side by side make the
+times noisy, the ratio within one run pair less so).
+
+    python bench/ablation.py run --benchmark banking77 --budget 5% [--model GGUF] [--tag gemma]
+           [--mechanisms a,b] [--out bench-results/ablation] [--data ../shared/data] [--threads 1]
+    python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from _report import ROOT
+from paired_diff import paired_interval
+
+DATA_DIRS = {"banking77": "banking77", "banking77-replies": "banking77", "dsc": "dsc",
+             "xquad": "paxqa_substitute_xquad", "superni": "superni"}
+REPLIES = {"banking77-replies"}
+
+
+def acts(mechanism_acts_on: str, benchmark: str, budget: str) -> bool:
+    """Whether a mechanism can change an answer of this benchmark at this budget."""
+    if mechanism_acts_on == "replies":
+        return benchmark in REPLIES
+    if mechanism_acts_on == "tight":
+        return budget.endswith("%") and float(budget[:-1]) <= 1.0
+    return True
+
+
+def run(args) -> int:
+    sys.path.insert(0, str(ROOT / "python"))
+    from miita_edge.evaluation.ablation import MECHANISMS
+
+    chosen = args.mechanisms.split(",") if args.mechanisms else list(MECHANISMS)
+    unknown = [m for m in chosen if m not in MECHANISMS]
+    if unknown:
+        raise SystemExit(f"unknown mechanism(s) {', '.join(unknown)}; known: {', '.join(MECHANISMS)}")
+    base = Path(args.out) / args.tag / args.benchmark / args.budget.replace("%", "pct")
+    shared = Path(args.out) / args.tag / args.benchmark
+    methods = ["miita-default"] + [f"miita-default-without-{m}" for m in chosen
+                                   if acts(MECHANISMS[m].acts_on, args.benchmark, args.budget)]
+    for method in methods:
+        out = base / method
+        if (out / "result.json").exists():
+            print(f"done already: {out}", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "miita_edge.cli", "bench", "--benchmark", args.benchmark,
+               "--data", str(Path(args.data) / DATA_DIRS[args.benchmark]), "--method", method,
+               "--budget", args.budget, "--split", "dev", "--cells", "summary", "--threads", str(args.threads),
+               "--out", str(out), "--extract-cache", str(shared / "extract"),
+               "--baseline-cache", str(shared / "baseline"), "--answer-start", "text"]
+        if args.model:
+            cmd += ["--model", args.model]
+        print("$ " + " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+        if rc != 0:
+            print(f"{method}: exit {rc}", flush=True)
+            return rc
+    return 0
+
+
+def _final(result: dict) -> np.ndarray:
+    return np.concatenate([np.asarray(s, float).reshape(-1) for s in result["final_row_scores"]])
+
+
+def _seconds_per_query(run_dir: Path, T: int) -> float:
+    secs, n = 0.0, 0
+    for tau in range(T):
+        p = run_dir / "cells" / f"A-{T - 1:02d}-{tau:02d}.json"
+        if p.exists():
+            c = json.loads(p.read_text("utf-8"))
+            secs += float(c.get("seconds", 0.0))
+            n += len(c.get("predictions", []))
+    return secs / n if n else float("nan")
+
+
+def table(args) -> int:
+    rows = ["| model | benchmark | budget | without | ΔOP [95% paired] | ΔBWT | s/query default → variant | n |",
+            "|---|---|---|---|---|---|---|---|"]
+    root = Path(args.out)
+    for default in sorted(root.glob("*/*/*/miita-default/result.json")):
+        budget_dir = default.parent.parent
+        tag, bench, budget = budget_dir.parent.parent.name, budget_dir.parent.name, budget_dir.name
+        rd = json.loads(default.read_text("utf-8"))
+        a = _final(rd)
+        T = len(rd["final_row_scores"])
+        t_a = _seconds_per_query(default.parent, T)
+        rows.append(f"| {tag} | {bench} | {budget} | (default: OP {rd['op']:.1f}, BWT {rd['bwt']:+.1f}) | | | "
+                    f"{t_a:.2f} | {a.size} |")
+        for res in sorted(budget_dir.glob("miita-default-without-*/result.json")):
+            rv = json.loads(res.read_text("utf-8"))
+            b = _final(rv)
+            if b.size != a.size:
+                raise SystemExit(f"{res}: {b.size} final-row queries, the default has {a.size}")
+            mean, lo, hi = paired_interval(a, b, args.boot)
+            name = res.parent.name.removeprefix("miita-default-without-")
+            rows.append(f"| {tag} | {bench} | {budget} | {name} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
+                        f"{rv['bwt'] - rd['bwt']:+.1f} | {t_a:.2f} → {_seconds_per_query(res.parent, T):.2f} | "
+                        f"{b.size} |")
+    print("\n".join(rows))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--benchmark", required=True, choices=sorted(DATA_DIRS))
+    r.add_argument("--budget", default="5%")
+    r.add_argument("--model")
+    r.add_argument("--tag", default="gemma", help="a name for the model in the output tree")
+    r.add_argument("--mechanisms", help="comma-separated subset (default: all that act here)")
+    r.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    r.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
+    r.add_argument("--threads", type=int, default=1)
+    t = sub.add_parser("table")
+    t.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
+    t.add_argument("--boot", type=int, default=10_000)
+    args = ap.parse_args(argv)
+    return run(args) if args.cmd == "run" else table(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

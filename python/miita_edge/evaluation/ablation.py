@@ -1,0 +1,83 @@
+"""The default preset with one mechanism switched off: what the ablation (``bench/ablation.py``)
+compares against the default, query by query, on dev rows.
+
+Each entry names a mechanism of the default, where it can act (so a run is spent only where the
+switch can change an answer: a mechanism that reads replies never acts on a memory of labels), and
+what the preset falls back to without it. A fallback is the setting the preset had before the
+mechanism existed, so "without X" is the default as it would be had X never been added.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import InputError
+from ..method.presets import Preset, default_preset, preset_version
+from ..runtime.engine import DEFAULT_KEY_DEPTHS
+
+__all__ = ["MECHANISMS", "Mechanism", "without"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str
+    acts_on: str  # "all", "labels" or "replies" (answers of 16 tokens or more), "tight" (repair under a budget)
+    off: Callable[[Preset], None]  # switches it off in place
+    what: str
+
+
+def _steer_rows(p: Preset) -> None:
+    old = preset_version("default", 4)  # the last version that steered along unit head rows
+    p.direction, p.eta_unit, p.eta, p.gate = old.direction, old.eta_unit, old.eta, old.gate
+
+
+def _depth_layers(p: Preset) -> None:
+    p.key_select, p.key_depths = "depths", DEFAULT_KEY_DEPTHS
+
+
+def _no_gate(p: Preset) -> None:
+    p.relevance_gate, p.null_gate = False, False
+
+
+def _set(**kw) -> Callable[[Preset], None]:
+    def off(p: Preset) -> None:
+        for k, v in kw.items():
+            setattr(p, k, v)
+    return off
+
+
+def _bank(**kw) -> Callable[[Preset], None]:
+    def off(p: Preset) -> None:
+        for k, v in kw.items():
+            setattr(p.bank, k, v)
+    return off
+
+
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("centroid-vote", "all", _set(centroid_vote=False), "the vote reads anchors only, not each answer's centroid"),
+    Mechanism("generic-null", "all", _set(null_gate=False), "the relevance gate without the generic-question null"),
+    Mechanism("relevance-gate", "all", _no_gate, "no relevance gate at all: every query is steered by its vote"),
+    Mechanism("recovery", "all", _set(recover=False), "a divergent token lets the reply go"),
+    Mechanism("head-direction", "all", _steer_rows,
+              "steer along unit head rows at 0.3 of the hidden norm, gated (the default's steering before the "
+              "head geometry and the measured push)"),
+    Mechanism("measured-layers", "all", _depth_layers,
+              "key layers at 2/3 and 1/2 of the depth instead of the two measured on the model"),
+    Mechanism("hold", "replies", _set(hold_min_tokens=0), "no hold: a token no steering answer has ends the steering"),
+    Mechanism("rerank", "replies", _set(rerank_lambda=0.0), "the vote alone decides; the model reads no reply"),
+    Mechanism("whitening", "replies", _set(key_whitening="none"), "reply memories keep unwhitened keys"),
+    Mechanism("ward-fold", "tight", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
+    Mechanism("narrowing", "tight", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
+)}
+
+
+def without(name: str) -> Preset:
+    """The default preset with mechanism ``name`` switched off (validated like a stored preset)."""
+    if name not in MECHANISMS:
+        raise InputError(f"unknown mechanism {name!r}; known: {', '.join(MECHANISMS)}")
+    p = default_preset()
+    MECHANISMS[name].off(p)
+    p.bank.validate()
+    p.retrieval.validate()
+    p.validate_keys()
+    return p

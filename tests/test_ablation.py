@@ -1,0 +1,47 @@
+"""The ablation's variants: each is the default with exactly its mechanism switched off, and each
+is a method of ``miita-edge bench``."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from miita_edge.errors import InputError
+from miita_edge.evaluation.ablation import MECHANISMS, without
+from miita_edge.evaluation.registry import get_method
+from miita_edge.method.presets import default_preset
+
+
+def _changed(a: dict, b: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for k in a:
+        if isinstance(a[k], dict):
+            out |= _changed(a[k], b[k], f"{k}.")
+        elif a[k] != b[k]:
+            out.add(prefix + k)
+    return out
+
+
+EXPECTED = {
+    "centroid-vote": {"centroid_vote"}, "generic-null": {"null_gate"},
+    "relevance-gate": {"relevance_gate", "null_gate"}, "recovery": {"recover"},
+    "head-direction": {"direction", "eta_unit", "eta", "gate"}, "measured-layers": {"key_select"},
+    "hold": {"hold_min_tokens"}, "rerank": {"rerank_lambda"}, "whitening": {"key_whitening"},
+    "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_each_variant_switches_off_its_own_fields_and_nothing_else(name):
+    assert _changed(asdict(default_preset()), asdict(without(name))) == EXPECTED[name]
+
+
+def test_every_mechanism_has_an_expectation_and_a_bench_method():
+    assert set(MECHANISMS) == set(EXPECTED)
+    for name in MECHANISMS:
+        assert get_method(f"miita-default-without-{name}").factory()._preset() is not None
+
+
+def test_an_unknown_mechanism_is_one_line():
+    with pytest.raises(InputError, match="unknown mechanism 'gate'"):
+        without("gate")
