@@ -1,6 +1,6 @@
 """The relevance gate's trade-off between steering on-topic questions and leaving off-topic ones
 alone, measured over memories of drawn Banking77 intents: the measurement behind the default
-preset's null rule (docs/method.md §16).
+preset's null rule (docs/method.md, "The relevance gate").
 
     python bench/gate.py collect --seed 11 --memory bench-results/gate/mem-replies-11 --out bench-results/gate/replies-11.json
     python bench/gate.py collect --seed 11 --labels --memory bench-results/gate/mem-labels-11 --out bench-results/gate/labels-11.json

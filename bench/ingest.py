@@ -4,7 +4,7 @@ One process, every row alternating in rounds (medians), the same rows for each:
 
 * ``full depth``: the baseline. Key-only passes compute every layer and each reset zeroes the KV
   buffers, one prompt per decode: the engine as it ran before keys stopped early (it ran at the
-  rate of the code it stands for, built and timed beside it: docs/method.md, "Retired experiments");
+  rate of the code it stands for, built and timed beside it: ``git show f98d7e6:docs/method.md``, §11);
 * ``default, whole passes``: as shipped but every pass decodes its whole prompt
   (``EngineConfig.key_prefix_cache`` off);
 * ``default``: as shipped: the pass stops after the deepest key layer, one prompt per decode, and a

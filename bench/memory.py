@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     # steady state: the engine's own context exists before its row, and the rows on sibling
     # contexts make theirs (and load the twin, written to the cache once per model) in an untimed
     # 4-example ingest first, whose time is printed. "full depth" ran at the rate of the code it stands
-    # for, built and timed beside it (docs/method.md, "Retired experiments").
+    # for, built and timed beside it (git show f98d7e6:docs/method.md, §11, "Retired experiments").
     variants = [("default, full depth", "default"), ("default", "default"), ("default, batched keys", "default"),
                 ("default, 2 contexts", "default"), ("default, fast keys", "default"), ("paper", "paper")]
     if args.paper_top_k > 0:

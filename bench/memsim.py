@@ -3,7 +3,8 @@ the anchor vote, from keys extracted once by ``bench/keys.py extract``.
 
 Why: a key design, a repair policy or a relevance rule changes what the memory keeps and what it
 retrieves, and the vote over what it retrieves is the ceiling that generation follows (on
-Banking77 the steered answer equals the vote on 96-99% of queries, docs/method.md §4). One run of
+Banking77 the steered answer equals the vote on 96-99% of queries: the lab notebook,
+``git show f98d7e6:docs/method.md``, §4 and §10.2). One run of
 the real bench costs minutes to hours; this replays the same stream through the real
 ``MemoryBank`` (same writes, same repair, same byte accounting up to the store's framing) in
 seconds, so designs can be compared on every benchmark and budget before one is built.

@@ -9,7 +9,8 @@ forget less. It patches ``plan.knn_prototypes`` and ``RetrievalIndex.build`` in 
 
     python bench/memsim_count_vote.py --weight count --centroid mean --benchmarks banking77,dsc --budgets 5%,20%
 
-Result (docs/method.md §10.5): Banking77 at 20% gains, DSC at 20% loses 7–12 points; not adopted.
+Result (docs/method.md, "Tried and not adopted"): Banking77 at 20% gains, DSC at 20% loses 7–12
+points; not adopted.
 """
 from __future__ import annotations
 

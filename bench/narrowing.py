@@ -1,12 +1,13 @@
 """At a tight budget, narrow every key before evicting answers, or evict answers and keep wide keys?
 
 Why: the default preset's repair narrows all 1-bit keys (8 coordinates at a time, down to
-``MIN_KEY_BITS``) before it merges or evicts a prototype (docs/method.md §10.4), because an
-evicted answer is lost for good while a narrowed key still retrieves it. Long replies make the
-question sharper: at 1% the canned-reply memory keeps every intent's reply with keys narrowed to
-32 bits, and retrieves the right intent for few queries (docs/method.md §13). This script runs
-both policies through the real harness (stages in order, byte budget resolved once, the real bank,
-repair and relevance gate) on each benchmark's **dev rows**, with the preset's own generation:
+``MIN_KEY_BITS``) before it merges or evicts a prototype (docs/method.md, "Repair under a byte
+budget"), because an evicted answer is lost for good while a narrowed key still retrieves it. Long
+replies make the question sharper: at 1% the canned-reply memory keeps whole replies for 50 of the
+77 intents with keys narrowed to 32 bits, and retrieves the right intent for few queries
+(docs/method.md, "Repair under a byte budget", has this script's result). This script runs both
+policies through the real harness (stages in order, byte budget resolved once, the real bank, repair
+and relevance gate) on each benchmark's **dev rows**, with the preset's own generation:
 
 - ``narrow``: the default preset as shipped;
 - ``evict``: the same preset with ``shrink_keys`` off, so repair prunes anchors, merges and then

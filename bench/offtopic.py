@@ -80,7 +80,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--show", type=int, default=5, help="changed answers printed per run")
     ap.add_argument("--key-whitening", choices=("default", "none", "paraphrase", "replies"), default="default",
-                    help="the default preset's key whitening (docs/method.md §17); 'default': the preset's own "
+                    help="the default preset's key whitening (docs/method.md, 'Whitening, for a memory of replies'); "
+                         "'default': the preset's own "
                          "('replies': whitened where the first ingest teaches long replies)")
     ap.add_argument("--answer-start", choices=("text", "newline"), default="text",
                     help="text: a newline ends an answer only after its first non-blank character (what "

@@ -1,5 +1,6 @@
 """Does the model's own reading of the vote's leading answers pick the taught intent more often
-than the anchor vote alone? The measurement behind the default preset's rerank (docs/method.md §15).
+than the anchor vote alone? The measurement behind the default preset's rerank (docs/method.md, "Rerank: the
+model reads the leading replies").
 
     python bench/rerank.py probe --data ../shared/data/banking77 --seed 11 --out bench-results/rerank
     python bench/rerank.py probe --data ../shared/data/banking77 --seed 11 --labels --intents 77 --asked 5 \\
@@ -24,7 +25,9 @@ Other readings than the shipped PMI are recorded beside it, to be gridded by ``c
 --baselines``: the PMI against each answer's log p after other stored answers' texts
 (``replies``) or after taught inputs of other intents (``inputs``, a reference: a memory does not
 store inputs), and with ``probe --channel`` the noisy-channel score log p(query | answer)
-(``channel``). docs/method.md §18 has what they gave.
+(``channel``). docs/method.md has what they gave ("Rerank: the model reads the leading replies" for the
+channel, "Tried and not adopted" for the other baselines); every baseline's table, the ``inputs``
+reference included, is in ``git show f98d7e6:docs/method.md``, §18.
 """
 from __future__ import annotations
 

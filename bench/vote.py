@@ -1,11 +1,13 @@
 """The anchor vote's two constants, k (anchors) and T (softmax temperature), chosen on dev rows.
 
 Why: version 1 of the default preset took k = 8 and T = 0.02 from Banking77's test rows
-(docs/method.md §4); every later version kept them. This re-derives them where tuning belongs:
+(CHANGELOG.md, v1; the measurement: ``git show f98d7e6:docs/method.md``, §4); versions 2-6 kept
+them. This re-derives them where tuning belongs (docs/method.md, "Retrieval: the anchor vote"):
 each benchmark's dev rows (``splits``: a hashed 10% of every stage's training rows, never learned),
 through the real harness (stages in order, byte budget resolved once, the real bank, repair and
 relevance gate), scored by the preset's own retrieval with the majority label of what it retrieves
-(``label-vote``: the ceiling that generation follows on Banking77 and DSC, docs/method.md §4).
+(``label-vote``: the ceiling that generation follows on Banking77 and DSC,
+``git show f98d7e6:docs/method.md``, §4 and §7).
 
 One run per (benchmark, budget) learns the stream once; at every cell OP and BWT read, every
 (k, T) of the grid votes over the same memory and the same query keys, so the grid costs one

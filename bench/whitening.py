@@ -1,5 +1,6 @@
 """Does whitening keys against paraphrase noise find a query's intent more often, and at which
-shrinkage? The measurement behind ``method/key_whitening.SHRINK`` (docs/method.md §17).
+shrinkage? The measurement behind ``method/key_whitening.SHRINK`` (docs/method.md, "Whitening, for a memory of
+replies").
 
     python bench/whitening.py [--model GGUF] [--data ../shared/data/banking77] [--split dev]
                               [--folds 5] [--k 8] [--out bench-results/whitening-gemma.json]

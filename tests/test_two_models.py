@@ -80,7 +80,8 @@ def test_demo_stream(real_model):
     name, path = real_model
     res = child(DEMO, path)
     assert res["frozen_accuracy"] <= 5.0
-    # measured 86.2 and 75.0 (SmolLM2 through its chat template; docs/method.md §12)
+    # measured 86.2 (Gemma, docs/RESULTS.md) and 75.0 (SmolLM2 through its chat template; docs/method.md,
+    # "Push: a logit margin measured on the model")
     assert res["adapted_accuracy"] >= {"gemma-3-270m": 82.5, "smollm2-135m": 65.0}[name], res
     # The frozen column shows what the model says: under the archived stop rule Gemma's answer
     # was "" on 69 of the 80 queries, because it opens them with a newline.

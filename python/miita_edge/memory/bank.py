@@ -232,7 +232,8 @@ class MemoryBank(QueryView):
         anchor stands for. Why not the closest pair: a lone example far from its siblings is never
         the closest pair, so the paper's rule folds the dense middle of an answer again and again
         and keeps its outliers as anchors of their own, which then win other answers' queries
-        (Banking77 at 20%: BWT -13.6 with the closest pair, -4.7 with Ward; docs/method.md §10.5).
+        (Banking77 at 20%: BWT -13.6 with the closest pair, -4.7 with Ward; docs/method.md, "Repair under a
+        byte budget").
         Ward's cost is small for a pair with a lone example, so outliers join a centroid first.
         The one standing for fewer keys folds into the other (ties: the later index); ties in
         cost go to the first prototype, then the first pair in row order."""

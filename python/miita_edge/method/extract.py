@@ -28,7 +28,8 @@ PROMPT_TAIL_TOKENS = 32
 #: over the head, llama.cpp's LM-head product skipped); longer ones from llama.cpp's logits and
 #: one pass with the position-averaged distribution. The one-pass kernel costs 2T row operations
 #: (a dot and an axpy per position), the logits path T batched dots plus one axpy, so the first
-#: wins on short answers only (``bench/extract.py``; docs/method.md §9).
+#: wins on short answers only (the retired ``bench/extract.py``; docs/method.md, "Extraction" and
+#: "Retired experiments").
 HIDDEN_R_MAX_TOKENS = 4
 
 #: Examples whose exact R share one online-softmax pass over the LM head during ingest

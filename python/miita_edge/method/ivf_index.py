@@ -5,7 +5,7 @@ Why not a usearch graph (``ann_index.AnnIndex``, the front of the paper preset's
 right after a prompt is decoded the caches are cold, and a graph walk is a chain
 of dependent reads through memory the prompt evicted, too slow at the breadth that keeps recall
 high. An inverted file reads a few contiguous blocks instead: the centroids, then the probed lists,
-each one native call (docs/method.md §11 and docs/benchmarks.md). It needs no
+each one native call (docs/method.md, "Retired experiments": ``ann_breadth.py``; docs/benchmarks.md). It needs no
 optional package.
 
 How it scores: the query is coded as the signs of its coordinates, and the stronger half of them
@@ -36,7 +36,7 @@ from .index_files import HEADER, DuplicateGroups, duplicate_rows, map_container,
 __all__ = ["IvfIndex", "SCAN_ROWS", "list_count", "probe_count"]
 
 #: rows a probe aims to read in its lists: recall >= 0.99 of the exact top 8 at 100,000 and
-#: 1,000,000 clustered real-like rows (docs/method.md §11, docs/benchmarks.md)
+#: 1,000,000 clustered real-like rows (docs/method.md, "Retired experiments": ``ann_breadth.py``; docs/benchmarks.md)
 SCAN_ROWS = 8192
 #: candidates a probe proposes, by the rows indexed (the last threshold reached applies), and at
 #: least 16 per wanted row: as many as the graph front proposes (ann_index.SEARCH), so the two

@@ -32,7 +32,7 @@ from .templates import Template
 __all__ = ["GROUPS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "whiten_replies", "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
 
 #: The shrinkage s toward the identity: the best mean sign-bit vote of 0.1 / 0.3 / 0.6 on
-#: Banking77's dev rows over both models (bench/whitening.py, docs/method.md §17).
+#: Banking77's dev rows over both models (bench/whitening.py; docs/method.md, "Whitening, for a memory of replies").
 SHRINK = 0.3
 
 #: More everyday requests, four phrasings each, written for the whitening (no benchmark's intents).
@@ -216,7 +216,8 @@ def whiten_replies(answer_tokens: list[int], min_tokens: int) -> bool | None:
 
     Why by the answers: whitening weighs down how a thing is said in favour of what is asked. A
     canned reply is chosen by what is asked, and whitening finds it more often; a label such as a
-    review's sentiment is partly how the thing is said, and whitening lost it (docs/method.md §17).
+    review's sentiment is partly how the thing is said, and whitening lost it (docs/method.md, "Whitening, for a
+    memory of replies").
     The threshold is the rerank's (``Preset.rerank_min_tokens``): the length at which the method
     already treats an answer as a reply rather than a label. Decided once, while the memory is
     empty, because stored sign bits cannot be re-whitened later."""

@@ -84,7 +84,7 @@ NULL_Z = 3.09
 
 #: The tail of the per-answer null score when the nearest-question test (``nearest_margin``) also
 #: applies (version 9): one in 20, uncapped. Each test alone lets through what the other stops
-#: (docs/method.md §16 has the trade-off on two models and two off-topic sets).
+#: (docs/method.md, "The relevance gate", has the trade-off on two models and two off-topic sets).
 NEAREST_Z = 1.64
 
 
@@ -110,7 +110,7 @@ def nearest_margin(query_bits: np.ndarray, generic_bits: np.ndarray, key_dim: in
     (SmolLM2-135M) that threshold is high enough to decline a quarter of the on-topic paraphrases.
     Asking instead whether *this* query is nearer to the answer than to the question it most
     resembles separates the two per query: an off-topic question usually has a near generic
-    sibling, an on-topic one does not (docs/method.md §16). Brute force over the packed rows:
+    sibling, an on-topic one does not (docs/method.md, "The relevance gate"). Brute force over the packed rows:
     ``query_bits`` (ceil(K/8),) and ``generic_bits`` (G, ceil(K/8)) as np.packbits writes them."""
     g = np.unpackbits(np.asarray(generic_bits, np.uint8), axis=1)[:, :key_dim]
     q = np.unpackbits(np.asarray(query_bits, np.uint8))[:key_dim]

@@ -12,7 +12,8 @@ Costs: one batched decode of each candidate's stored tokens after the query's pr
 KV cache is reused and restored), and once per answer and memory the same tokens after the empty
 prompt (kept in the retrieval index, never stored: no budget bytes). A short answer (a label)
 carries little evidence and the vote alone decides: rerank only where every candidate stores at
-least ``min_tokens`` tokens (docs/method.md §15 measures both).
+least ``min_tokens`` tokens (docs/method.md, "Rerank: the model reads the leading replies", measures the
+rerank; its constants table, at ``rerank_min_tokens``, the one probe of labels).
 """
 from __future__ import annotations
 

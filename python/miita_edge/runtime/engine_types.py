@@ -13,8 +13,9 @@ __all__ = ["DEFAULT_KEY_DEPTHS", "EngineConfig", "Generation", "QueryState", "Ho
            "stop_position"]
 
 
-#: The default preset's key layers as shares of the depth (method/presets.py; docs/method.md §10.1):
-#: 12 and 9 on Gemma-3-270M's 18 layers. Here so that check-model can check them on any model.
+#: The default preset's fixed key layers as shares of the depth (method/presets.py): 12 and 9 on Gemma-3-270M's
+#: 18 layers. The default measures its layers on the model and falls back to these on a model of fewer than 4
+#: layers (docs/method.md, "Which layers"). Here so that check-model can check them on any model.
 DEFAULT_KEY_DEPTHS = (2 / 3, 1 / 2)
 
 
