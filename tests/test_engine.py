@@ -535,3 +535,41 @@ def test_hold_makes_the_memory_token_win_and_keeps_the_cache(engine):
     plain = engine.generate(engine.query(prompt), max_tokens=1, stop=(), plan=lambda s, gen: zero, eta=1.0,
                             mode="ungated")
     assert plain.tokens[0] == int(np.argmax(state.logits)) != second and plain.raised == []
+
+
+def test_generate_owns_the_cache_another_prompt_decoded_since_the_query_changes_nothing(engine):
+    """Whoever decodes other prompts between ``query`` and ``generate`` (a rerank, a derived cache)
+    need not put the query's prompt back: the engine knows what its cache holds and decodes the
+    prompt again. Reference: the same generation with nothing decoded in between."""
+    toks = engine.tokenize("Question: what is the capital of France?\nAnswer:", add_bos=True)
+    other = engine.tokenize("Tell me a short story about a lighthouse keeper.", add_bos=True)
+    state = engine.query(toks)
+    assert engine.holds(toks) and not engine.holds(other)
+    ref = engine.generate(state, max_tokens=8, stop=())
+    assert not engine.holds(toks)  # generating appended to the cache
+    state = engine.query(toks)
+    engine.query(other)  # another prompt in the cache
+    assert not engine.holds(toks)
+    again = engine.generate(state, max_tokens=8, stop=())
+    assert again.tokens == ref.tokens and again.text == ref.text
+    engine.query(toks)
+    engine.truncate(len(toks) - 1)  # a partial cache is not the prompt either
+    assert not engine.holds(toks)
+
+
+def test_holds_tracks_the_prompt_through_appends_truncates_and_raw_batches(engine):
+    """``holds`` is exact: appending after the prompt and cutting back to it keeps it held (what a
+    rerank's teacher-forced continuation does); cutting into it, or decoding anything from a reset,
+    does not."""
+    toks = engine.tokenize("Question: name a colour.\nAnswer:", add_bos=True)
+    engine.query(toks)
+    engine.decode(engine.tokenize(" blue and green", add_bos=False), "all")
+    assert not engine.holds(toks)
+    engine.truncate(len(toks))
+    assert engine.holds(toks)
+    engine.truncate(len(toks) - 1)
+    engine.decode([toks[-1]], "last")  # the same token again: rows intact? not knowable, so not held
+    assert not engine.holds(toks)
+    engine.reset()
+    engine.decode(toks, "last")  # the same tokens, but not through query: not a held prompt
+    assert not engine.holds(toks)

@@ -112,7 +112,9 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         off = m.plan(state)
         m.preset.rerank_lambda = 0.2
         on = m.plan(state)
-        assert eng.n_past == len(toks)
+        # the rerank decoded other prompts; generate decodes the query's prompt again itself
+        assert eng.generate(state, max_tokens=3, stop=()).tokens == \
+            eng.generate(eng.query(toks, skip_bos_in_key=m.preset.skip_bos), max_tokens=3, stop=()).tokens
         seqs = m.retrieval_index().seqs
         null = m.prompt_tokens("")
 
@@ -163,7 +165,9 @@ def test_a_channel_rerank_plans_the_weights_a_plain_recomputation_gives(engine, 
         off = m.plan(state)
         m.preset.rerank_lambda, m.preset.rerank_score = 0.3, "channel"
         on = m.plan(state, query_text=query)
-        assert eng.n_past == len(toks)  # the query's prompt is back in the cache
+        # the rerank decoded other prompts; generate decodes the query's prompt again itself
+        assert eng.generate(state, max_tokens=3, stop=()).tokens == \
+            eng.generate(eng.query(toks, skip_bos_in_key=m.preset.skip_bos), max_tokens=3, stop=()).tokens
         np.testing.assert_allclose(m.plan(state).weights, m.plan(state, query_text=None).weights)
         seqs = m.retrieval_index().seqs
 
@@ -180,8 +184,9 @@ def test_a_channel_rerank_plans_the_weights_a_plain_recomputation_gives(engine, 
         assert not np.allclose(on.weights, off.weights, rtol=2e-2)
         # ask() hands its text to the plan
         seen = []
-        real = m.plan
-        monkeypatch.setattr(m, "plan", lambda st, **kw: seen.append(kw.get("query_text")) or real(st, **kw))
+        real = m.pipeline.plan
+        monkeypatch.setattr(m.pipeline, "plan", lambda bank, entries, st, **kw:
+                            seen.append(kw.get("query_text")) or real(bank, entries, st, **kw))
         m.ask(query, max_tokens=2)
         assert seen == [query]
         eng.reset()
@@ -338,14 +343,25 @@ def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_
                   enumerate(["budget", "garden", "holiday", "meeting"])], budget=None, progress=False)
         m.preset.relevance_gate = False
         m.preset.rerank_lambda = 0.1
-        real = m.prompt_tokens
-        monkeypatch.setattr(m, "prompt_tokens", lambda text: [] if text == "" else real(text))
-        toks = real("Summarise: note 9 about the garden. Output: ")
+        import miita_edge.method.pipeline as pipeline_mod
+
+        real = pipeline_mod.prompt_tokens
+        asked = []
+
+        def no_empty_prompt(eng, tpl, text, cut):
+            asked.append(text)
+            return [] if text == "" else real(eng, tpl, text, cut)
+
+        monkeypatch.setattr(pipeline_mod, "prompt_tokens", no_empty_prompt)
+        toks = m.prompt_tokens("Summarise: note 9 about the garden. Output: ")
         eng = m.keyed_engine()
         state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         qp = m.plan(state)
         assert len(qp.ids) >= 2 and len(m.retrieval_index().prior) >= 2  # reranked, priors read
-        assert eng.n_past == len(toks)
+        assert asked == ["", "\n"]  # the empty prompt was no tokens: the newline stood in
+        # the rerank decoded other prompts; generate decodes the query's prompt again itself
+        assert eng.generate(state, max_tokens=3, stop=()).tokens == \
+            eng.generate(eng.query(toks, skip_bos_in_key=m.preset.skip_bos), max_tokens=3, stop=()).tokens
         eng.reset()
 
 

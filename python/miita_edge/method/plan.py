@@ -117,6 +117,7 @@ class RetrievalIndex:
     radius: np.ndarray | None = None  # (J,) each prototype's radius
     null: np.ndarray | None = None  # (J,) each prototype's null score (relevance.null_scores), if used
     generic_packed: np.ndarray | None = None  # (G, ceil(K/8)) generic questions' bits: the nearest-question test
+    reach: float | None = None  # how near a paraphrase comes (relevance.paraphrase_reach); None: exact repeats only
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
@@ -160,8 +161,8 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     ``null_prompt``: the template's prompt for an empty input, which a preset with the rerank
     (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
     ``query_text``: the user's text, which the ``"channel"`` rerank scores after each answer
-    (without it, that preset reads the PMI instead).
-    The engine's cache must hold the query's prompt, and holds it again on return."""
+    (without it, that preset reads the PMI instead). The rerank decodes other prompts through the
+    engine; ``Engine.generate`` decodes the query's prompt again where its cache no longer holds it."""
     pr = preset
     k_q = query_key(pr, bank, index, state)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
@@ -193,7 +194,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                         unit_anchors=True, scores=scores)
     decision = None
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
-        decision = _relevance(index, k_q, ids)
+        decision = _relevance(index, k_q, ids, pr.abstain)
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
@@ -244,7 +245,7 @@ def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.nd
             null_prompt: list[int], query_text: str | None = None) -> np.ndarray:
     """The vote's weights after the model read its leading answers (method/rerank.py). Priors not
     yet known are decoded after the empty prompt first (or, for the channel score, each answer is
-    decoded before the query's text), then the query's prompt is put back."""
+    decoded before the query's text)."""
     lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
     if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
         return weights
@@ -253,7 +254,6 @@ def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.nd
         if any(len(index.seqs[j]) + q_len + 8 > engine.config.n_ctx for j in lead):
             return weights  # an answer and the query do not fit in the context: the vote decides
         scores = {j: channel_logprob(engine, index.seqs[j], query_text) for j in lead}
-        engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
         new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
                              min_tokens=pr.rerank_min_tokens, query_logprob=None,
                              prior_logprob=lambda j: 0.0, score=scores.__getitem__)
@@ -267,6 +267,7 @@ def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.nd
         first = engine.decode(list(null_prompt), "last")[0]
         for j in missing:
             index.prior[j] = continuation_logprob(engine, first, index.seqs[j])
+    if not engine.holds(state.tokens):  # the query's continuation is read from the query's own prompt
         engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
     new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
                          min_tokens=pr.rerank_min_tokens,
@@ -294,7 +295,7 @@ def anchor_best(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> np.n
     return np.array([(K - 2 * x) / K if x >= 0 else -math.inf for x in d], np.float64)
 
 
-def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateDecision:
+def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain: bool = False) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
     form (its sign bits) against each one's anchors, as the radius was measured.
 
@@ -307,7 +308,8 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> GateD
     if index.generic_packed is not None:
         K = index.key_dim
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
-    return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor)
+    return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
+                reach=index.reach, abstain=abstain)
 
 
 def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:

@@ -127,6 +127,10 @@ class Engine:
         self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
         self.n_past = 0
         self._key_prefix: KeyPrefix | None = None
+        # what the KV cache holds of the last query's prompt (holds()): the prompt, and how many of
+        # its positions are still intact (a truncate below them, or a raw batch, cuts or drops it)
+        self._prompt: tuple | None = None
+        self._intact = 0
         self.key_rows_reused = 0  # prompt rows key-only passes took from the previous pass (benches, tests)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.parse_special = False  # set by whoever renders prompts with a chat template
@@ -304,6 +308,7 @@ class Engine:
         self._L.llama_memory_clear(self._mem, zero)
         self.n_past = 0
         self._key_prefix = None
+        self._prompt = None
 
     def reset(self) -> None:
         """Forget the sequence: KV cache, key sum, captured rows, alphas, steering."""
@@ -325,6 +330,7 @@ class Engine:
             raise ValueError("n_keep out of range")
         self._L.llama_memory_seq_rm(self._mem, 0, n_keep, -1)
         self.n_past = n_keep
+        self._intact = min(self._intact, n_keep)
         if self._key_prefix is not None:
             self._forget_positions()
 
@@ -362,6 +368,7 @@ class Engine:
         # Ask the callback for the key layer only while a key is being collected:
         # every watched tensor splits the graph computation once more.
         self.native.set_key_tensors(self._key_names if key_mask is not None else [])
+        kept = (self._prompt, min(self._intact, self.n_past))  # appending leaves the rows before n_past
         for start in range(0, n, nb):
             chunk = range(start, min(n, start + nb))
             for i, j in enumerate(chunk):
@@ -386,10 +393,12 @@ class Engine:
                     out[n_out] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
                     n_out += 1
             self.n_past += len(chunk)
+        self._prompt, self._intact = kept
         return out
 
     def decode_batch(self) -> None:
         """``llama_decode`` of the batch as filled; ModelError if llama.cpp or the callback failed."""
+        self._prompt = None  # a raw batch: which positions it wrote is not known here (decode restores it)
         rc = self._L.llama_decode(self._ctx, self._batch)
         if rc != 0:
             raise ModelError(f"llama_decode failed with code {rc}")
@@ -444,13 +453,22 @@ class Engine:
         h_q = self.native.captured()[0].copy()
         self.native.set_capture(False, 0)
         key_sum, pooled = self.key_sum()
+        self._prompt, self._intact = tuple(prompt_tokens), len(prompt_tokens)
         return QueryState(list(prompt_tokens), key_sum, int(sum(mask)), h_q, logits, pooled)
+
+    def holds(self, prompt_tokens: Sequence[int]) -> bool:
+        """Whether the KV cache holds exactly this prompt, as ``query`` left it (any decode, truncate or
+        reset since then means it does not)."""
+        n = len(prompt_tokens)
+        return self._prompt == tuple(prompt_tokens) and self._intact >= n and self.n_past == n
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None,
                  on_logits=None, hold: HoldFn | None = None) -> Generation:
-        """Generate after ``query(state.tokens)``; the KV cache must still hold that prompt.
+        """Generate after ``query(state.tokens)``. The engine owns its KV cache: where other prompts
+        were decoded since that query (a derived cache, the rerank), the prompt is decoded again
+        first, so no caller has to put it back.
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
         it decodes; step 0 re-decodes the last prompt token so that the first
@@ -462,6 +480,12 @@ class Engine:
         A stop string ends the text where ``stop_position`` finds it (``EngineConfig.stop_after_text``
         says whether blank lines before any text can end it).
         """
+        n = len(state.tokens)
+        if self._prompt == tuple(state.tokens) and self._intact >= n and self.n_past > n:
+            self.truncate(n)  # what was decoded after the prompt goes; the prompt's rows stay
+        if not self.holds(state.tokens):
+            self.reset()
+            self.decode(state.tokens, "last", read_logits=False)
         rng = np.random.default_rng(seed)
         after_text = self.config.stop_after_text
         generated: list[int] = []
