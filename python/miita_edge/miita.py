@@ -110,7 +110,7 @@ class Miita:
             self.engine.parse_special = self.template.special
             sha = model_sha256(self.engine.info.path)
             self.key_layers: list[int] = Pipeline.new_key_layers(self.preset, self.engine, self.template, sha)
-            self.pipeline = Pipeline(self.preset, self.engine, self.template, sha, self.key_layers)
+            self.pipeline = Pipeline(self.preset, self.engine, self.template, self.fingerprint())
             self.key_whitened = False  # a "replies" preset decides at the first ingest
             self.bank = self.pipeline.empty_bank(self.engine.n_embd, self._key_frame())
             self.budget = parse_budget(DEFAULT_BUDGET)
@@ -138,7 +138,7 @@ class Miita:
         self.preset = stored
         self.template = resolve_template(meta["template"], self.engine.chat_template())
         self.engine.parse_special = self.template.special
-        self.pipeline = Pipeline(stored, self.engine, self.template, fp["sha256"], self.key_layers)
+        self.pipeline = Pipeline(stored, self.engine, self.template, fp)
         self.key_whitened = bool(meta.get("key_whitened", False))
         self.pipeline.check_whitened(self.key_whitened, f"memory {self.memory_dir}")
         try:
@@ -217,7 +217,7 @@ class Miita:
         return self.pipeline.keyed_engine()
 
     def _key_frame(self) -> KeyFrame:
-        return self.pipeline.key_frame(self.key_whitened, self.fingerprint())
+        return self.pipeline.key_frame(self.key_whitened)
 
     def fast_key_engine(self) -> Engine:
         """The engine fast keys are extracted on: the model's Q8_0 twin for this memory's key layers

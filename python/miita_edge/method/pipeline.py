@@ -8,12 +8,11 @@ paraphrase keys, the generic questions' keys) is computed on first need and cach
 template; what it derives from the memory (the retrieval index) is cached per bank version and
 dropped by ``forget_index`` whenever the bank changes.
 
-The KV cache. The engine holds one sequence. Deriving a cache (calibration prompts, the head
-geometry, the generic questions) and the rerank decode other prompts through it, so the rule is:
-``prepare`` derives everything a query may need *before* the query's prompt pass, and the one
-step that must decode after it (the rerank) puts the query's prompt back itself (plan.py). A
-caller that runs its own prompt pass first (``plan`` on a state it made) gets it put back when
-``plan`` had to derive something.
+The KV cache. The engine holds one sequence and owns it: deriving a cache (calibration prompts, the
+head geometry, the generic questions) and the rerank decode other prompts through it, and
+``Engine.generate`` decodes the query's prompt again where its cache no longer holds it
+(``Engine.holds``). ``prepare`` derives what a query needs *before* the query's prompt pass, so
+that a first query does not pay its prompt twice.
 """
 from __future__ import annotations
 
@@ -28,10 +27,10 @@ from .calibration import calibration_keys, key_order, raw_key
 from .extract import prompt_tokens
 from .head_geometry import HeadGeometry, head_geometry
 from .key_layers import choose_key_layers
-from .key_whitening import cached_whitening_for, paraphrase_keys, whiten_replies
+from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
 from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .presets import Preset
-from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores
+from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach
 from .templates import Template
 
 __all__ = ["KeyFrame", "Pipeline", "Steered"]
@@ -60,13 +59,15 @@ class Steered(NamedTuple):
 class Pipeline:
     """One memory's method over one engine (see the module docstring)."""
 
-    def __init__(self, preset: Preset, engine: Engine, template: Template, model_sha: str, key_layers: list[int]):
+    def __init__(self, preset: Preset, engine: Engine, template: Template, fingerprint: dict):
+        """``fingerprint``: the memory's model fingerprint (its sha256 and key layers), what the
+        caches derived from the model are keyed on."""
         self.preset = preset
         self.engine = engine
         self.template = template
-        self.model_sha = model_sha
-        self.key_layers = list(key_layers)
-        self._cache_key = {"sha256": model_sha}  # what the model-derived caches are keyed on
+        self.fingerprint = fingerprint
+        self.model_sha = fingerprint["sha256"]
+        self.key_layers = list(fingerprint.get("key_layers") or [fingerprint["key_layer"]])
         self._geometry: HeadGeometry | None = None
         self._generic_raw: np.ndarray | None = None
         self._index: RetrievalIndex | None = None
@@ -99,17 +100,17 @@ class Pipeline:
             eng.set_key_layers(self.key_layers, pooling)
         return eng
 
-    def key_frame(self, whitened: bool, fingerprint: dict) -> KeyFrame:
+    def key_frame(self, whitened: bool) -> KeyFrame:
         """This memory's key frame (``KeyFrame``); ``whitened``: its keys were whitened at its first
         ingest (a "replies" preset decides then)."""
         pr = self.preset
         if not pr.center_keys and pr.key_order == "index":
             return KeyFrame(None, None, None)
-        keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, fingerprint)
+        keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
         whiten = None
         if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and whitened):
-            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, fingerprint)
+            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
         order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
@@ -166,8 +167,18 @@ class Pipeline:
                     index.generic_packed = bits
                 else:
                     index.null = null_scores(generic_best(index, bits))
+            if pr.single_reach == "paraphrase" and index.packed is not None and bank.n_prototypes:
+                index.reach = self._reach(bank)
             self._index = index
         return self._index
+
+    def _reach(self, bank: MemoryBank) -> float:
+        """How near the model's paraphrases come in this memory's stored form (its centring,
+        whitening, order and width, which repair may narrow): ``relevance.paraphrase_reach``."""
+        raw = paraphrase_keys(self.keyed_engine(), self.template, self.preset.skip_bos, self.fingerprint)
+        K = bank.key_dim
+        bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
+        return paraphrase_reach(bits, group_ids(), K)
 
     def _generic_bits(self, bank: MemoryBank) -> np.ndarray:
         """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
@@ -180,9 +191,6 @@ class Pipeline:
         K = bank.key_dim
         return np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
 
-    def prepared(self) -> bool:
-        return self._index is not None and (self.preset.direction != "head" or self._geometry is not None)
-
     def prepare(self, bank: MemoryBank, entries: dict | None) -> None:
         """Derive what a query of this memory needs (these decode other prompts: call before the
         query's prompt pass)."""
@@ -194,10 +202,8 @@ class Pipeline:
     def plan(self, bank: MemoryBank, entries: dict | None, state: QueryState, mode: str | None = None,
              oracle_dir=None, query_text: str | None = None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (ids, scores, weights, steering
-        plan, relevance decision). On return the engine's cache holds the query's prompt."""
-        if not self.prepared():
-            self.prepare(bank, entries)
-            self.engine.query(list(state.tokens), skip_bos_in_key=self.preset.skip_bos)  # put back
+        plan, relevance decision)."""
+        self.prepare(bank, entries)
         pr = self.preset
         # the reply's prior is read after the template's prompt for an empty input; a template that is
         # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
