@@ -48,7 +48,7 @@ def run(args) -> int:
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge.evaluation.ablation import MECHANISMS
 
-    chosen = args.mechanisms.split(",") if args.mechanisms else list(MECHANISMS)
+    chosen = [m for m in args.mechanisms.split(",") if m] if args.mechanisms is not None else list(MECHANISMS)
     unknown = [m for m in chosen if m not in MECHANISMS]
     if unknown:
         raise SystemExit(f"unknown mechanism(s) {', '.join(unknown)}; known: {', '.join(MECHANISMS)}")
@@ -58,6 +58,7 @@ def run(args) -> int:
     shared = Path(args.out) / args.tag / args.benchmark
     methods = ["miita-default"] + [f"miita-default-without-{m}" for m in chosen
                                    if acts(MECHANISMS[m].acts_on, args.benchmark, args.budget)]
+    methods += [f"miita-default-with-{c}" for c in (args.candidates.split(",") if args.candidates else [])]
     for method in methods:
         out = base / method
         if (out / "result.json").exists():
@@ -110,13 +111,14 @@ def table(args) -> int:
         t_a = _seconds_per_query(default.parent, T)
         rows.append(f"| {tag} | {bench} | {budget} | (default: OP {rd['op']:.1f}, BWT {rd['bwt']:+.1f}) | | | "
                     f"{t_a:.2f} | {a.size} |")
-        for res in sorted(budget_dir.glob("miita-default-without-*/result.json")):
+        for res in sorted([*budget_dir.glob("miita-default-without-*/result.json"),
+                           *budget_dir.glob("miita-default-with-*/result.json")]):
             rv = json.loads(res.read_text("utf-8"))
             b = _final(rv)
             if b.size != a.size:
                 raise SystemExit(f"{res}: {b.size} final-row queries, the default has {a.size}")
             mean, lo, hi = paired_interval(a, b, args.boot)
-            name = res.parent.name.removeprefix("miita-default-without-")
+            name = res.parent.name.removeprefix("miita-default-")
             rows.append(f"| {tag} | {bench} | {budget} | {name} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
                         f"{rv['bwt'] - rd['bwt']:+.1f} | {t_a:.2f} → {_seconds_per_query(res.parent, T):.2f} | "
                         f"{b.size} |")
@@ -132,7 +134,9 @@ def main(argv=None) -> int:
     r.add_argument("--budget", default="5%")
     r.add_argument("--model")
     r.add_argument("--tag", default="gemma", help="a name for the model in the output tree")
-    r.add_argument("--mechanisms", help="comma-separated subset (default: all that act here)")
+    r.add_argument("--mechanisms", help="comma-separated subset (default: all that act here; '' for none)")
+    r.add_argument("--candidates", help="comma-separated mechanisms not in the default to run switched on "
+                   "(evaluation/ablation.py CANDIDATES)")
     r.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     r.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     r.add_argument("--threads", type=int, default=1)

@@ -17,7 +17,7 @@ that has imported usearch (docs/models.md), and each child holds one model.
 
     python bench/offtopic.py [--model GGUF]... [--benchmarks banking77,dsc,xquad,superni]
                              [--rows 200] [--data ../shared/data] [--show 5] [--key-whitening default|none|paraphrase|replies]
-                             [--answer-start text|newline] [--threads N]
+                             [--answer-start text|newline] [--threads N] [--without MECHANISM]
 """
 from __future__ import annotations
 
@@ -43,8 +43,12 @@ from miita_edge.runtime.engine_types import stop_position
 def at_newline(t):  # the answer the newline rule would have ended here
     p = stop_position(t, ["\n"], False)
     return t if p < 0 else t[:p]
-model, bench, data, rows_n, off, mem, whitening, after_text, threads = (json.loads(a) for a in sys.argv[1:])
-preset = default_preset()
+model, bench, data, rows_n, off, mem, whitening, after_text, threads, without = (json.loads(a) for a in sys.argv[1:])
+if without:
+    from miita_edge.evaluation.ablation import without as switched_off
+    preset = switched_off(without)
+else:
+    preset = default_preset()
 if whitening != "default":
     preset.key_whitening = whitening
 spec = get_benchmark(bench)
@@ -87,6 +91,8 @@ def main() -> int:
                     help="text: a newline ends an answer only after its first non-blank character (what "
                          "ask and serve do); newline: anywhere (the rule of runs before 2026-11-30)")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--without", metavar="MECHANISM", help="the default with one mechanism switched off "
+                    "(evaluation/ablation.py; the ablation's off-topic column)")
     wanted = [Target("untouched", ">=", 95.0, "%", "off-topic prompts answered as the frozen model, worst run")]
     args, targets = parse_with_targets(ap, wanted)
     import tempfile
@@ -98,7 +104,7 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 argv = [json.dumps(a) for a in (model, bench, str(args.data / DATA_DIRS[bench]), args.rows,
                                                  str(OFFTOPIC), str(Path(tmp) / "mem"), args.key_whitening,
-                                                 args.answer_start == "text", args.threads)]
+                                                 args.answer_start == "text", args.threads, args.without)]
                 proc = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{name} {bench}: failed\n{proc.stderr[-2000:]}")

@@ -45,3 +45,13 @@ def test_every_mechanism_has_an_expectation_and_a_bench_method():
 def test_an_unknown_mechanism_is_one_line():
     with pytest.raises(InputError, match="unknown mechanism 'gate'"):
         without("gate")
+
+
+def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
+    from miita_edge.evaluation.ablation import CANDIDATES, with_candidate
+
+    want = {"paraphrase-reach": {"single_reach"}, "abstain": {"abstain"}, "reach-abstain": {"single_reach", "abstain"}}
+    assert set(CANDIDATES) == set(want)
+    for name, fields in want.items():
+        assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields
+        assert get_method(f"miita-default-with-{name}").factory()._preset() is not None

@@ -9,7 +9,7 @@ from typing import Callable
 
 from ..errors import InputError
 from . import baselines
-from .ablation import MECHANISMS, without
+from .ablation import CANDIDATES, MECHANISMS, with_candidate, without
 from .baselines import ExampleMem
 from .methods import Frozen, LabelVote, Method, MiitaMethod
 from .prompted import FrozenLabels, SummaryMem
@@ -115,6 +115,9 @@ def _register_builtins() -> None:
     for mech in MECHANISMS.values():
         reg(f"miita-default-without-{mech.name}", (lambda n=mech.name: MiitaMethod(lambda: without(n))),
             f"ablation: the default preset without {mech.name} ({mech.what}; acts on {mech.acts_on})")
+    for cand in CANDIDATES.values():
+        reg(f"miita-default-with-{cand.name}", (lambda n=cand.name: MiitaMethod(lambda: with_candidate(n))),
+            f"candidate: the default preset with {cand.name} ({cand.what})")
     reg("label-vote", LabelVote, "classification only: the weighted majority label of what a default memory "
         "retrieves for the query (its anchor vote, centroids and relevance gate), no LM")
     reg("example-mem", ExampleMem, "top-4 retrieved (x, y) examples as demonstrations; byte-budgeted, a uniform "

@@ -97,6 +97,13 @@ class Preset:
     # (their median is at least rerank_min_tokens tokens), "none" for one of labels, decided at its
     # first ingest and kept in its manifest (method/key_whitening.whiten_replies).
     key_whitening: str = "none"
+    # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
+    # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
+    # (relevance.paraphrase_reach over key_whitening.GROUPS in the memory's key frame).
+    single_reach: str = "repeat"
+    # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
+    # model answers) instead of steering with the answers that remain.
+    abstain: bool = False
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -178,6 +185,10 @@ class Preset:
             raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none', 'paraphrase' or 'replies'")
         if self.key_whitening != "none" and not self.center_keys:
             raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
+        if self.single_reach not in ("repeat", "paraphrase"):
+            raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat' or 'paraphrase'")
+        if not isinstance(self.abstain, bool):
+            raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "NEAREST_Z", "NULL_Z", "GateDecision", "best_per_prototype", "gate", "nearest_margin",
-           "null_scores"]
+__all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "NEAREST_Z", "NULL_Z", "GateDecision", "best_per_prototype", "gate",
+           "nearest_margin", "null_scores", "paraphrase_reach"]
 
 #: Questions and small talk that no taught answer is meant for: the gate's reference for how close
 #: text the memory has nothing to say about comes to each answer's examples (``null_scores``).
@@ -120,8 +120,39 @@ def nearest_margin(query_bits: np.ndarray, generic_bits: np.ndarray, key_dim: in
     return (key_dim - 2 * d) / key_dim + 1.0 / np.sqrt(key_dim)
 
 
+def paraphrase_reach(bits: np.ndarray, groups: np.ndarray, key_dim: int) -> float:
+    """How near a paraphrase comes, on this model, in stored form: the cosine that best separates
+    each phrasing's nearest sibling from its nearest non-sibling (the threshold that maximises the
+    share of siblings at or above it minus the share of non-siblings at or above it), over
+    ``bits`` (N, ceil(K/8)), the packed sign bits of paraphrase groups (``groups`` (N,), each
+    phrasing's group) prepared as the memory prepares keys.
+
+    Why: one taught example is evidence for its own neighbourhood, and how far a neighbourhood
+    reaches is what the model says about paraphrase, not how often an answer was taught. Derived
+    from the model and the memory's key frame alone; no constant is chosen. Brute force over the
+    pairs (a few hundred phrasings)."""
+    b = np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(np.int32)
+    groups = np.asarray(groups)
+    d = (b[:, None, :] != b[None, :, :]).sum(axis=2)
+    cos = (key_dim - 2.0 * d) / key_dim
+    np.fill_diagonal(cos, -np.inf)
+    same = groups[:, None] == groups[None, :]
+    sib = np.where(same, cos, -np.inf).max(axis=1)
+    non = np.where(~same, cos, -np.inf).max(axis=1)
+    sib, non = sib[np.isfinite(sib)], non[np.isfinite(non)]
+    if not len(sib) or not len(non):
+        return np.inf
+    best, best_j = np.inf, -np.inf
+    for t in np.unique(np.concatenate([sib, non])):
+        j = (sib >= t).mean() - (non >= t).mean()
+        if j > best_j:  # ascending thresholds: ties keep the lowest
+            best, best_j = float(t), j
+    return best
+
+
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
-         null: np.ndarray | None = None, floor: float = -np.inf) -> GateDecision:
+         null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
+         abstain: bool = False) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -129,7 +160,13 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     if given: every prototype's null score (``null_scores``): a query must also come nearer than
     any generic question does, so a memory whose examples share a template's instruction, where
     radii are wide, still leaves questions it has nothing to say about alone; ``floor``, the
-    query's own bar (``nearest_margin``): every answer must also beat it."""
+    query's own bar (``nearest_margin``): every answer must also beat it.
+
+    ``reach`` (``paraphrase_reach``), if given: an answer taught once is trusted where the query
+    is at least that near to its example (and beats the same null and floor), not only on an
+    exact repeat. ``abstain``: where the retrieved answer nearest to the query (its best cosine;
+    ties: the first) is not trusted, nothing steers: the vote never hands a query to another
+    answer because the one it resembles most was declined."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -144,9 +181,21 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
         z = [max(zj, floor) for zj in z]
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
+    if reach is not None:
+        keep = [k or (not rec and bj >= reach and bj > zj) for k, bj, rec, zj in zip(keep, b, recurring, z)]
+    if abstain and any(keep):
+        lead = max(range(len(b)), key=lambda i: (b[i], -i))
+        if not keep[lead]:
+            return GateDecision(np.zeros(len(b), bool),
+                                f"the answer nearest to the query (best cosine {b[lead]:.3f}) is not trusted, "
+                                f"so no other answer steers in its place")
     if any(keep):
         return GateDecision(np.array(keep, bool), None)
-    if not any(recurring):
+    if not any(recurring) and reach is not None:
+        j = max(range(len(b)), key=lambda i: (b[i], -i))
+        why = (f"not relevant: the query is no nearer to the retrieved answers' examples (best cosine {b[j]:.3f}) "
+               f"than a paraphrase reaches on this model ({reach:.3f}), or general questions come as near")
+    elif not any(recurring):
         why = "no recurring answer: each retrieved answer was taught by one example only"
     elif all(bj <= zj for bj, rec, zj in zip(b, recurring, z) if rec):
         j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - z[i], -i))
