@@ -76,7 +76,9 @@ async def run_teach(r, job: TeachJob, rows: list[Example], budget: str | None) -
         else:
             job.end("cancelled")
     except Exception as exc:  # noqa: BLE001 -- kept on the job, answered to whoever polls or waits
-        job.end("cancelled" if r.closing.is_set() and not job.committing else "failed", exc)
+        # the server stopping refuses a batch or the commit before it starts: nothing was committed
+        stopped = isinstance(exc, APIError) and exc.code == "shutting_down"
+        job.end("cancelled" if stopped else "failed", None if stopped else exc)
 
 
 class Jobs:
@@ -92,7 +94,7 @@ class Jobs:
     def start(self, r, name: str, rows: list[Example], budget: str | None) -> TeachJob:
         if len(self.active()) >= self.max_active:
             raise APIError(429, f"{self.max_active} teach jobs are already queued or running, the most this server "
-                           f"runs at once (--max-teach-jobs): wait for one to finish", "too_many_jobs")
+                           f"runs at once: wait for one to finish", "too_many_jobs")
         job = TeachJob(name, len(rows))
         job.task = asyncio.get_running_loop().create_task(run_teach(r, job, rows, budget))
         self._jobs[job.id] = job
