@@ -4,11 +4,11 @@ Concurrency: every piece of model work (answering, teaching, forgetting, opening
 on one worker thread (``worker.Worker``), so the one llama.cpp context serves requests one at a time
 in arrival order (background tasks after the queued foreground jobs). A job first brings its memory
 up to the committed version on disk (another process may have written), then runs start to end on
-that version: a teach is itself a job, so it can never land in the middle of an answer, and each
+that version: a teach's commit is itself a job, so it can never land in the middle of an answer, and each
 response names the version it used. Writes go through the facade (``Miita.ingest``/``forget``),
 under the store's lock, committed atomically; a write that finds the memory changed (or locked) by
-another process reopens it and retries. A large teach is a job of many small worker jobs
-(``jobs.py``), so answers run between its batches.
+another process reopens it and retries. A teach decodes its rows in small worker jobs before that
+commit (``jobs.py``), so answers run between its batches.
 """
 from __future__ import annotations
 
