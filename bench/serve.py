@@ -10,9 +10,13 @@
    request (without the openai client). CPU seconds per request of the server process and of this
    (client) process say whose CPU the difference is;
 3. time to the first streamed token against the non-streamed wall time;
-4. requests/s with 1 and with 4 concurrent clients (the server answers one at a time).
+4. requests/s with 1 and with 4 concurrent clients (the server answers one at a time);
+5. chat latency while a teach job of --teach-rows rows (default 2000) is in flight: --teach-chats
+   answers one after another against the idle wall time of 3. (an answer waits for at most one
+   batch of the job, docs/serving.md "Teach jobs"), the rows/s the job decoded meanwhile, and how
+   long its cancel took (the job is cancelled, so the memory is left as it was: checked).
 
-    python bench/serve.py [--threads 2] [--rounds 7] [--requests 16] [--seed 0]
+    python bench/serve.py [--threads 2] [--rounds 7] [--requests 16] [--seed 0] [--teach-rows 2000]
 
 Both sides run with the server's OpenMP wait policy (serve/openmp.py: OMP_WAIT_POLICY=PASSIVE unless
 OMP_WAIT_POLICY or GOMP_SPINCOUNT is set in the environment; the bench re-runs itself with it, as
@@ -80,14 +84,15 @@ def parse_cost(reps: int = 200) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def start_server(mem: Path, threads: int, tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_server(mem: Path, threads: int, tmp: Path, teach_rows: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__import__("miita_edge").__file__).resolve().parent.parent)] + [os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-m", "miita_edge.cli", "serve", "--memory", f"mem={mem}", "--port",
-                             str(port), "--threads", str(threads), "--ctx", "1024"], env=env,
+                             str(port), "--threads", str(threads), "--ctx", "1024", "--max-body", "8MiB",
+                             "--max-teach-rows", str(max(2000, teach_rows))], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "wb"))
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -136,6 +141,43 @@ def raw_post(url: str, body: dict) -> dict:
     return out
 
 
+def http_json(url: str, method: str, path: str, body=None) -> tuple[int, dict]:
+    host, port = url.removeprefix("http://").split(":")
+    c = http.client.HTTPConnection(host, int(port), timeout=600)
+    try:
+        c.request(method, path, None if body is None else json.dumps(body), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        c.close()
+
+
+def teach_latency(url: str, client, kw: dict, rows: list[dict], n_rows: int, n_chats: int) -> dict:
+    """Chat wall times while a teach job of ``n_rows`` rows runs, then its cancel (nothing committed)."""
+    rows = [{"input": f"{rows[i % len(rows)]['input']} (#{i})", "output": rows[i % len(rows)]["output"]}
+            for i in range(n_rows)]
+    _, before = http_json(url, "GET", "/v1/memories/mem")
+    st, job = http_json(url, "POST", "/v1/memories/mem/examples?wait=false", rows)
+    assert st == 202, (st, job)
+    where = f"/v1/memories/mem/jobs/{job['id']}"
+    while http_json(url, "GET", where)[1]["done"] == 0:  # the job is decoding
+        time.sleep(0.1)
+    t_start, d_start = time.perf_counter(), http_json(url, "GET", where)[1]["done"]
+    walls = []
+    for _ in range(n_chats):
+        t0 = time.perf_counter()
+        client.chat.completions.create(**kw)
+        walls.append(time.perf_counter() - t0)
+    polled = http_json(url, "GET", where)[1]
+    rate = (polled["done"] - d_start) / (time.perf_counter() - t_start)
+    t0 = time.perf_counter()
+    st, end = http_json(url, "DELETE", where)
+    cancel = time.perf_counter() - t0
+    _, after = http_json(url, "GET", "/v1/memories/mem")
+    assert st == 200 and end["state"] == "cancelled" and after["version"] == before["version"], (st, end, after)
+    return {"walls": walls, "rate": rate, "cancel": cancel, "done": end["done"], "state": polled["state"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -144,6 +186,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--target", type=float, default=1.10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--teach-rows", type=int, default=2000, help="rows of the teach job of 5.")
+    ap.add_argument("--teach-chats", type=int, default=8, help="answers timed while it runs")
     args = ap.parse_args()
     from miita_edge.serve.openmp import reexec_passive
 
@@ -166,7 +210,7 @@ def main() -> int:
     mem = tmp / "mem"
     m = Miita(memory=mem, engine_config=EngineConfig(n_threads=args.threads, n_ctx=1024))
     m.ingest([Example(r["input"], r["output"]) for r in train])
-    proc, url = start_server(mem, args.threads, tmp)
+    proc, url = start_server(mem, args.threads, tmp, args.teach_rows)
     inproc = InProcessServe(mem, args.threads)
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
     msgs = [{"role": "user", "content": query}]
@@ -220,6 +264,7 @@ def main() -> int:
             return per * n_clients / (time.perf_counter() - t0)
 
         r1, r4 = rps(1), rps(4)
+        tl = teach_latency(url, client, kw, train, args.teach_rows, args.teach_chats)
     finally:
         proc.terminate()
         proc.wait(20)
@@ -239,6 +284,13 @@ def main() -> int:
     print(f"first streamed token           {med['ttft']:8.1f} ms   ratio TTFT/non-streamed "
           f"{med['ttft'] / med['served']:.3f}")
     print(f"requests/s (8-token answers): 1 client {r1:.2f}, 4 clients {r4:.2f}   ratio 4/1 {r4 / r1:.2f}")
+    w = sorted(x * 1000 for x in tl["walls"])
+    print(f"while a {args.teach_rows}-row teach job runs ({tl['rate']:.2f} rows/s decoded meanwhile, still "
+          f"{tl['state']}): {len(w)} answers one after another, median {statistics.median(w):8.1f} ms, max "
+          f"{w[-1]:8.1f} ms   ratio median/idle {statistics.median(w) / med['served']:.2f}, max wait beyond "
+          f"idle {(w[-1] - med['served']) / 1000:.1f} s (target <= 10 s)")
+    print(f"cancel (DELETE) after {tl['done']} of {args.teach_rows} rows: answered in {tl['cancel'] * 1000:.0f} ms, "
+          f"nothing committed")
     return 0 if ratio <= args.target else 1
 
 

@@ -208,7 +208,7 @@ def test_openapi_declares_bodies_and_responses(client):
             ok = op["responses"]["200"]["content"]
             schema = ok.get("application/json", {}).get("schema") or ok.get("text/html", {}).get("schema")
             assert schema is not None and (schema.get("$ref") or path == "/"), (method, path)
-            if method in ("post", "delete"):
+            if method in ("post", "delete") and not path.endswith("/jobs/{job_id}"):  # cancelling takes no body
                 assert "requestBody" in op, (method, path)
             for status in ("400", "401", "403", "415", "421") if path != "/" else ():
                 assert op["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith(

@@ -147,6 +147,10 @@ def _add_serve_info_demo(sub) -> None:
                    "answer besides 127.0.0.1, localhost, [::1] and --host; repeatable (default: none)")
     p.add_argument("--max-memories", type=int, default=64, metavar="N", help="most memories POST /v1/memories "
                    "keeps under --memory-root (default: 64)")
+    p.add_argument("--max-teach-rows", type=int, default=2000, metavar="N", help="most examples one teach request "
+                   "may carry (413 beyond; default: 2000)")
+    p.add_argument("--teach-wait-rows", type=int, default=64, metavar="N", help="a teach of at most N examples "
+                   "answers its report; a larger one answers 202 and a job to poll (default: 64)")
 
     p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",
                        description="Show a memory without loading the model.")
@@ -417,14 +421,16 @@ def cmd_serve(args) -> int:
     try:  # the server stack is an optional extra: imported only when serving
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
-    from .serve.app import create_app  # needs the server extra (checked above)
+    from .serve.app import create_app, run_server  # needs the server extra (checked above)
     from .serve.settings import Settings, check_origin_arg, parse_memory_arg
 
     if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64 or args.max_memories < 0:
         raise InputError("--threads must be >= 0, --port in 1..65535, --ctx >= 64, --max-memories >= 0")
+    if args.max_teach_rows < 1 or args.teach_wait_rows < 0:
+        raise InputError("--max-teach-rows must be >= 1, --teach-wait-rows >= 0")
     mems = {}
     for spec in args.memory:
         name, path = parse_memory_arg(spec)
@@ -438,14 +444,15 @@ def cmd_serve(args) -> int:
                   threads=args.threads, n_ctx=args.ctx, max_body_bytes=limit.resolve(0),
                   memory_root=Path(args.memory_root).expanduser() if args.memory_root else None,
                   allow_origins=tuple(check_origin_arg(o) for o in args.allow_origin),
-                  allow_hosts=tuple(args.allow_host), max_memories=args.max_memories)
+                  allow_hosts=tuple(args.allow_host), max_memories=args.max_memories,
+                  max_teach_rows=args.max_teach_rows, teach_wait_rows=args.teach_wait_rows)
     from .serve.memories import Registry
     from .serve.openmp import reexec_passive
 
     # the arguments are good: run again with OMP_WAIT_POLICY=PASSIVE unless set (main(argv): its argv)
     reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
     registry = Registry(st)  # load the model here: a bad model is a one-line error, not a startup traceback
-    uvicorn.run(create_app(st, registry), host=args.host, port=args.port, log_level="warning")
+    run_server(create_app(st, registry), registry, args.host, args.port)
     return 0
 
 

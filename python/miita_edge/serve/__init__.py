@@ -5,7 +5,8 @@ A layer above the facade (``miita.py``), beside ``evaluation``. Modules, one job
 ``errors`` (OpenAI-style error JSON), ``guard`` (Host, Origin, content type, body size, strict
 JSON), ``security`` (the API key), ``worker`` (the thread that owns the llama.cpp context),
 ``memories`` (the registry: one engine, the memories it serves), ``chat`` (messages -> the key
-text), ``tasks`` (background task recognition), ``params`` (OpenAI conventions, refused options),
+text), ``tasks`` (background task recognition), ``jobs`` and ``teach`` (a teach as a job that
+decodes between answers, polled and cancelled over HTTP), ``params`` (OpenAI conventions, refused options),
 ``answer`` (the answer job), ``stream`` (server-sent events), ``page`` (the page at ``/``), one
 router per concern (``routes_chat``, ``routes_memories``, ``routes_models``, ``routes_page``) and
 ``app`` (``create_app()``). See docs/serving.md.

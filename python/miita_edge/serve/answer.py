@@ -1,5 +1,7 @@
 """The answer job, run on the worker: pin the memory's committed version, build the prompt, answer
-``n`` times, and describe what steered the answer (the ``miita`` object) and each token's logprob."""
+``n`` times, and describe what steered the answer (the ``miita`` object) and each token's logprob.
+An answer stops at its next token when the server starts to stop or its streamed client has gone
+(``Stopped``), so neither waits for ``max_tokens`` tokens nobody will read."""
 from __future__ import annotations
 
 import codecs
@@ -12,6 +14,14 @@ from ..method.templates import strip_lead
 from . import chat as chat_mod
 from .errors import APIError
 from .params import GenParams
+
+
+class Stopped(APIError):
+    """An answer given up mid-way: ``tokens`` were generated before it stopped."""
+
+    def __init__(self, message: str, code: str, tokens: int = 0):
+        super().__init__(503, message, code)
+        self.tokens = tokens
 
 
 @dataclass
@@ -63,13 +73,17 @@ class TokenTap:
     before temperature and top_p). The template's leading separator (``lead``) is not streamed,
     as ``Miita.ask`` does not return it."""
 
-    def __init__(self, eng, k: int | None, on_text=None, lead: str = ""):
-        self.eng, self.k, self.on_text, self.lead = eng, k, on_text, lead
+    def __init__(self, eng, k: int | None, on_text=None, lead: str = "", halt=None):
+        self.eng, self.k, self.on_text, self.lead, self.halt = eng, k, on_text, lead, halt
         self.n, self.rows, self.text = 0, [], ""
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, tok: int, logits: np.ndarray) -> None:
         self.n += 1
+        if self.halt is not None:
+            why = self.halt()
+            if why is not None:
+                raise Stopped(why[0], why[1], self.n)
         b = self.eng.token_bytes(tok)
         if self.on_text is not None:
             piece = self._dec.decode(b)
@@ -108,8 +122,9 @@ class TokenTap:
         return out
 
 
-def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=None) -> Result:
-    """On the worker. ``on_token(choice_index, text_so_far)`` streams; ``messages`` None: a completion."""
+def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=None, gone=None) -> Result:
+    """On the worker. ``on_token(choice_index, text_so_far)`` streams; ``messages`` None: a completion;
+    ``gone``: a ``threading.Event`` set when the stream's client has left."""
     m = r.memory(name)
     adapt = p.adapt and name is not None
     eng = m.engine
@@ -117,12 +132,23 @@ def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=
     if len(toks) + p.max_tokens > eng.config.n_ctx:
         raise APIError(400, f"prompt ({len(toks)} tokens) + max_tokens ({p.max_tokens}) exceeds the context of "
                        f"{eng.config.n_ctx} tokens", "context_length_exceeded", "max_tokens")
+    def halt():
+        if r.closing.is_set():
+            return "the server is shutting down", "shutting_down"
+        if gone is not None and gone.is_set():
+            return "the client went away", "client_gone"
+        return None
+
     choices, first = [], None
     for i in range(p.n):
         tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far, i=i: on_token(i, so_far)),
-                       lead=m.template.lead)
-        ans = m.ask(text, max_tokens=p.max_tokens, adapt=adapt, stop=p.stop, temperature=p.temperature,
-                    seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks, on_logits=tap)
+                       lead=m.template.lead, halt=halt)
+        try:
+            ans = m.ask(text, max_tokens=p.max_tokens, adapt=adapt, stop=p.stop, temperature=p.temperature,
+                        seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks, on_logits=tap)
+        except Stopped:
+            eng.reset()  # stopped inside generate: its steering and rows must not reach the next job
+            raise
         first = first or ans
         finish = "length" if ans.stop_reason == "length" else "stop"
         choices.append(Choice(ans.text, finish, tap.n, tap.cut(ans.lead + ans.text)))

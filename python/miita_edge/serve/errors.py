@@ -9,7 +9,7 @@ from ..errors import BudgetError, ContextOverflow, InputError, MiitaError, Model
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
          413: "invalid_request_error", 415: "invalid_request_error", 421: "permission_error",
-         422: "invalid_request_error", 500: "server_error", 503: "server_error"}
+         422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 _TAG = re.compile(r"str|int|float|bool|dict|none|[a-z_-]+\[.*\]")
 MAX_ECHO = 64  # characters of client input an error message may quote
 

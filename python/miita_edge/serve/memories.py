@@ -4,13 +4,15 @@ Concurrency: every piece of model work (answering, teaching, forgetting, opening
 on one worker thread (``worker.Worker``), so the one llama.cpp context serves requests one at a time
 in arrival order (background tasks after the queued foreground jobs). A job first brings its memory
 up to the committed version on disk (another process may have written), then runs start to end on
-that version: a teach is itself a job, so it can never land in the middle of an answer, and each
+that version: a teach's commit is itself a job, so it can never land in the middle of an answer, and each
 response names the version it used. Writes go through the facade (``Miita.ingest``/``forget``),
 under the store's lock, committed atomically; a write that finds the memory changed (or locked) by
-another process reopens it and retries.
+another process reopens it and retries. A teach decodes its rows in small worker jobs before that
+commit (``jobs.py``), so answers run between its batches.
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from ..errors import InputError, StoreConflict
@@ -18,6 +20,7 @@ from ..memory import store as store_mod
 from ..miita import Miita
 from ..runtime.engine import Engine, EngineConfig
 from .errors import APIError, bounded, bounded_list
+from .jobs import Jobs
 from .settings import Settings
 from .worker import FOREGROUND, Worker
 
@@ -42,13 +45,28 @@ class Registry:
         self.dirs: dict[str, Path] = dict(settings.memories)
         self.open: dict[str, Miita] = {}
         self.frozen: Miita | None = None  # no memory: the plain template, nothing stored
+        self.jobs = Jobs(settings.max_teach_jobs)
+        # set when the server starts to stop: answers stop at their next token, queued work is
+        # refused, teach jobs are cancelled at their next batch (nothing committed)
+        self.closing = threading.Event()
+
+    def begin_shutdown(self) -> None:
+        """On the event loop, at the stop signal: so that the server stops in seconds, not after its queue."""
+        self.closing.set()
+        self.worker.fail_pending(shutting_down)
+        for job in self.jobs.active():
+            self.jobs.cancel(job)
 
     def close(self) -> None:
+        self.closing.set()
+        self.worker.fail_pending(shutting_down)
         self.worker.close()
         self.engine.close()
 
     async def run(self, fn, *args, priority: int = FOREGROUND):
         """Queue ``fn`` on the worker that owns the context; await its result."""
+        if self.closing.is_set():
+            raise shutting_down()
         return await self.worker.run(fn, *args, priority=priority)
 
     # -------------------------------------------------------------- naming
@@ -129,6 +147,10 @@ class Registry:
         self.dirs[name] = path
         self.open[name] = m
         return info(name, m)
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", "shutting_down")
 
 
 def info(name: str, m: Miita) -> dict:

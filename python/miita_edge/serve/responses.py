@@ -20,8 +20,9 @@ class ErrorBody(BaseModel):
 ERRORS = {s: {"model": ErrorBody, "description": d} for s, d in (
     (400, "bad request (malformed JSON, an unsupported parameter, bad input)"), (401, "missing or wrong API key"),
     (403, "Origin not allowed"), (404, "unknown model or memory"), (409, "conflict"),
-    (413, "body over --max-body"), (415, "body not application/json"), (421, "Host not allowed"),
-    (422, "wrong schema"), (500, "server error"))}
+    (413, "body over --max-body, or a teach over --max-teach-rows"), (415, "body not application/json"),
+    (421, "Host not allowed"), (422, "wrong schema"), (429, "too many teach jobs at once"), (500, "server error"),
+    (503, "the server is shutting down"))}
 SSE = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
              "description": "with stream: true, chunks as server-sent events, then [DONE]"}}
 
@@ -150,6 +151,27 @@ class TeachReport(BaseModel):
     memory: str
     version: int
     examples: int
+
+
+class TeachJobOut(BaseModel):
+    """A teach job (docs/serving.md, "Teach jobs"): ``done`` of ``total`` examples decoded; ``result``
+    is the teach report once ``state`` is ``done``, ``error`` the error once it is ``failed``."""
+    id: str
+    object: Literal["memory.teach_job"] = "memory.teach_job"
+    memory: str
+    state: Literal["queued", "running", "done", "failed", "cancelled"]
+    done: int
+    total: int
+    created: float
+    started: Optional[float] = None
+    finished: Optional[float] = None
+    result: Optional[TeachReport] = None
+    error: Optional[ErrorDetail] = None
+
+
+class TeachJobList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[TeachJobOut]
 
 
 class ForgetReport(BaseModel):

@@ -30,6 +30,14 @@ class Settings:
     # resolves to this machine is refused).
     allow_hosts: tuple[str, ...] = ()
     max_memories: int = 64  # memories POST /v1/memories may hold under --memory-root
+    # Teaching (docs/serving.md, "Teach jobs"): the most rows one POST .../examples may carry (413
+    # beyond); up to teach_wait_rows the request waits for its job and answers the ingest report,
+    # above it answers 202 and the job at once (?wait=true|false decides instead); a job decodes
+    # teach_batch examples per worker job, so an answer waits for at most one batch.
+    max_teach_rows: int = 2000
+    teach_wait_rows: int = 64
+    teach_batch: int = 8
+    max_teach_jobs: int = 16  # queued or running at once (429 beyond)
 
     def host_names(self) -> frozenset[str]:
         """The Host header names (port stripped, lower case) this server answers to."""

@@ -1,19 +1,25 @@
 """Server-sent events for ``stream: true``: tokens handed from the worker to the event loop as they
 are sampled, with no stop string ever sent (a possible stop's prefix is held back until it is
 known not to be one). The first event is awaited before the response starts, so an error before
-any token (a context overflow, a bad memory) is a plain JSON error with its status."""
+any token (a context overflow, a bad memory) is a plain JSON error with its status. A client that
+goes away ends the answer at its next token (``answer.Stopped``): the worker is free for the next
+request instead of generating ``max_tokens`` tokens nobody reads."""
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 
 from sse_starlette.sse import EventSourceResponse
 
 from ..runtime.engine_types import stop_position
-from .answer import answer_job
+from .answer import Stopped, answer_job
 from .errors import as_api_error
 from .params import GenParams
 from .worker import BACKGROUND, FOREGROUND
+
+log = logging.getLogger("miita_edge.serve")
 
 
 class _Cutter:
@@ -45,7 +51,8 @@ async def stream_answer(r, name, text, messages, p: GenParams, shape) -> EventSo
             loop.call_soon_threadsafe(q.put_nowait, ("delta", i, d))
 
     prio = BACKGROUND if p.task else FOREGROUND
-    fut = asyncio.ensure_future(r.run(answer_job, r, name, text, messages, p, on_token, priority=prio))
+    gone = threading.Event()
+    fut = asyncio.ensure_future(r.run(answer_job, r, name, text, messages, p, on_token, gone, priority=prio))
     fut.add_done_callback(lambda f: q.put_nowait(("done", None, None)))
     first = await q.get()
     if first[0] == "done" and fut.exception() is not None:
@@ -54,21 +61,32 @@ async def stream_answer(r, name, text, messages, p: GenParams, shape) -> EventSo
     async def events():
         started = set()
         ev = first
-        while True:
-            kind, i, d = ev
-            if kind == "delta":
-                if i not in started and shape.chat:
-                    started.add(i)
-                    yield {"data": shape.chunk(i, {"role": "assistant", "content": ""})}
-                yield {"data": shape.chunk(i, {"content": d})}
-            else:
-                for out in _finish(fut, cutters, shape, started):
-                    yield {"data": out}
-                yield {"data": "[DONE]"}
-                return
-            ev = await q.get()
+        try:
+            while True:
+                kind, i, d = ev
+                if kind == "delta":
+                    if i not in started and shape.chat:
+                        started.add(i)
+                        yield {"data": shape.chunk(i, {"role": "assistant", "content": ""})}
+                    yield {"data": shape.chunk(i, {"content": d})}
+                else:
+                    for out in _finish(fut, cutters, shape, started):
+                        yield {"data": out}
+                    yield {"data": "[DONE]"}
+                    return
+                ev = await q.get()
+        finally:  # the client went away (sse-starlette cancels this generator) or the server is stopping
+            if not fut.done():
+                gone.set()
+                fut.add_done_callback(_log_stopped)
 
     return EventSourceResponse(events(), ping=600)
+
+
+def _log_stopped(fut) -> None:
+    exc = None if fut.cancelled() else fut.exception()
+    if isinstance(exc, Stopped):
+        log.info("streamed answer stopped after %d tokens: %s", exc.tokens, exc.message)
 
 
 def _finish(fut, cutters, shape, started):

@@ -52,6 +52,18 @@ class Worker:
             except BaseException as exc:  # noqa: BLE001 -- handed to the awaiting request
                 fut.set_exception(exc)
 
+    def fail_pending(self, exc_factory) -> int:
+        """Fail every queued job that has not started with ``exc_factory()`` (the server is stopping:
+        whoever awaits one gets an answer now instead of after the queue); returns how many."""
+        with self._cv:
+            items, self._heap = self._heap, []
+        n = 0
+        for _, _, fut, _, _ in items:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(exc_factory())
+                n += 1
+        return n
+
     def close(self) -> None:
         """Finish the queued jobs, then stop."""
         with self._cv:
