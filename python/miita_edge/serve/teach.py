@@ -65,12 +65,12 @@ class Progress:
 
 def decode_batch(r, job, cache: RowCache, rows: list[Example]) -> None:
     """On the worker: decode ``rows`` into ``cache`` for the memory at its committed version, with
-    the keys that version's ``ingest`` would ask for (``Miita._use_keys``: the layers and the
+    the keys that version's ``ingest`` would ask for (``Miita.keyed_engine``: the layers and the
     special-token rule of this memory, which an answer on another memory may have changed)."""
     if job.state == "queued":
         job.mark_running()
     m = r.memory(job.memory)
-    eng = m._use_keys()
+    eng = m.keyed_engine()
     extract_examples(eng, m.template, m.preset, rows, max_prompt_tokens=m.max_prompt_tokens, cache=cache,
                      bar=Progress(job))
 
