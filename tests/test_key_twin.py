@@ -157,12 +157,12 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
         fast.ingest(rows, budget="none", progress=False)
         twin = runtime_contexts.q8_twin(eng)
         assert twin is not None and twin.info.path != eng.info.path
-        extractor = choose_extractor(fast._use_keys(), fast.template, fast.preset, fast.keys)
+        extractor = choose_extractor(fast.keyed_engine(), fast.template, fast.preset, fast.keys)
         assert extractor.engine is twin and extractor.contexts == 2
         assert fast.fingerprint()["sha256"] == Miita(engine=eng, memory=str(tmp_path / "x"),
                                                      template="plain").fingerprint()["sha256"]
         got = list(extractor(rows))
-        one = extract_examples(fast._use_keys(), fast.template, fast.preset, rows)
+        one = extract_examples(fast.keyed_engine(), fast.template, fast.preset, rows)
         S = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in one])
         B = np.array([np.signbit(fast.bank.prepare_key(e.key)) for e in got])
         width = S.shape[1]
@@ -173,7 +173,7 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
         assert (S != B).any()  # batched: not bitwise, which is why it is opt-in
         ans = fast.ask(test[0].input, max_tokens=4)
         assert ans.text is not None
-    assert twin._closed  # closed with its engine
+    assert twin.closed  # closed with its engine
 
 
 @pytest.mark.model
