@@ -331,7 +331,7 @@ def open_memory(eng, path: Path, toks) -> tuple:
     m.retrieval_index()
     t2 = time.perf_counter()
     if m.preset.aggregation == "paper":
-        st0 = m._use_keys().query(toks, skip_bos_in_key=m.preset.skip_bos)
+        st0 = m.keyed_engine().query(toks, skip_bos_in_key=m.preset.skip_bos)
         t2b = time.perf_counter()
         m.plan(st0)  # builds the scan index and its graph fronts
         t2 += time.perf_counter() - t2b
@@ -340,7 +340,7 @@ def open_memory(eng, path: Path, toks) -> tuple:
 
 def retrieval_share(m, eng, prompts: list, reps: int) -> dict:
     """Medians of prompt pass and Miita.plan (ANN and exact alternated, each after its own pass)."""
-    m._use_keys()  # the memory's key layers (an engine shared by memories of both presets)
+    m.keyed_engine()  # the memory's key layers (an engine shared by memories of both presets)
     times = {"prompt": [], "ann": [], "exact": []}
     for r in range(reps):
         toks = prompts[r % len(prompts)]
@@ -448,7 +448,7 @@ def paper_quality(m, eng, prompts: list) -> dict:
     from miita_edge.method.vectors import normalize
     from miita_edge.method.uncertainty import direction_from_r
 
-    m._use_keys()
+    m.keyed_engine()
     scan = m.retrieval_index().scan
     cfg = m.preset.retrieval
     hits = {"keys": 0, "dirs": 0}
@@ -548,7 +548,7 @@ toks = eng.tokenize("Classify the banking customer query into an intent.\\nQuery
 try:
     t0 = time.perf_counter()
     m = Miita(engine=eng, memory=sys.argv[1])
-    st = m._use_keys().query(toks, skip_bos_in_key=m.preset.skip_bos)
+    st = m.keyed_engine().query(toks, skip_bos_in_key=m.preset.skip_bos)
     m.plan(st)
     t1 = time.perf_counter()
     m.plan(eng.query(toks, skip_bos_in_key=m.preset.skip_bos))

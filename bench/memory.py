@@ -69,7 +69,7 @@ def synthetic_bank(m, n_protos: int, rng) -> None:
 
 
 def ask_split(m, text: str, max_tokens: int, reps: int) -> dict:
-    eng = m._use_keys()  # the engine pools this memory's key layers (presets differ; the engine is shared)
+    eng = m.keyed_engine()  # the engine pools this memory's key layers (presets differ; the engine is shared)
     rows = []
     for _ in range(reps):
         toks = eng.tokenize(m.template.render_prompt(text))

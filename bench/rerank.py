@@ -76,7 +76,7 @@ def probe(args) -> Path:
     m = Miita(model=args.model, memory=mem, template="banking77" if args.labels else "plain")
     m.preset.rerank_lambda = 0.0
     m.ingest(taught, budget=None, progress=False)
-    eng = m._use_keys()
+    eng = m.keyed_engine()
     seqs = m.retrieval_index().seqs
     owner = {}
     for j, s in enumerate(seqs):

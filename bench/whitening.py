@@ -55,7 +55,7 @@ def measure(model: str | None, data: Path, split: str, folds: int, k: int) -> di
     names = sorted({e.output for e in rows})
     labels = np.array([names.index(e.output) for e in rows])
     with tempfile.TemporaryDirectory() as tmp, Miita(model, Path(tmp) / "mem", template=spec.template) as m:
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         raw = np.stack([raw_key(eng, m.template, e.input, m.preset.skip_bos) for e in rows])
         para = kw.paraphrase_keys(eng, m.template, m.preset.skip_bos, m.fingerprint())
         mean, parts = m.bank.key_mean, len(m.key_layers)

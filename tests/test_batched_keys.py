@@ -135,7 +135,7 @@ def test_batched_default_keys_in_stored_form_stay_nearest_their_own_input(engine
     assert (m.preset.name, m.preset.version) == ("default", 12)
     rows = [r for r in ROWS if r[0]]
     m.ingest([Example(x, y, i + 1) for i, (x, y) in enumerate(rows[:2])], budget="none", progress=False)
-    eng = m._use_keys()  # the memory's key layers and pooling, as its ingest and ask use them
+    eng = m.keyed_engine()  # the memory's key layers and pooling, as its ingest and ask use them
     one = extract_examples(eng, m.template, m.preset, [Example(x, y, i + 1) for i, (x, y) in enumerate(rows)])
     got = extract_keys(eng, m.template, rows, skip_bos=m.preset.skip_bos)
     S = np.array([np.signbit(m.bank.prepare_key(e.key)) for e in one])

@@ -38,7 +38,7 @@ def test_the_plan_holds_a_reply_and_lets_a_label_go(engine, tmp_path):
         m.preset.relevance_gate = False
         m.preset.rerank_lambda = 0.0
         m.preset.hold_min_tokens = 16
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         seqs = m.retrieval_index().seqs
         state = eng.query(m.prompt_tokens("how can I change my PIN?"), skip_bos_in_key=m.preset.skip_bos)
         qp = m.plan(state)

@@ -107,7 +107,7 @@ def test_a_memory_with_the_rerank_plans_the_weights_a_plain_recomputation_gives(
         m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
         m.preset.relevance_gate = False  # every answer a candidate: the rerank is what is checked
         toks = m.prompt_tokens("Somebody took my card, what now?")
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         off = m.plan(state)
         m.preset.rerank_lambda = 0.2
@@ -158,7 +158,7 @@ def test_a_channel_rerank_plans_the_weights_a_plain_recomputation_gives(engine, 
         m.preset.rerank_lambda, m.preset.rerank_top, m.preset.rerank_min_tokens = 0.0, 3, 8
         m.preset.relevance_gate = False
         toks = m.prompt_tokens(query)
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         off = m.plan(state)
         m.preset.rerank_lambda, m.preset.rerank_score = 0.3, "channel"
@@ -341,7 +341,7 @@ def test_a_template_with_no_prompt_for_an_empty_input_still_reranks(engine, tmp_
         real = m.prompt_tokens
         monkeypatch.setattr(m, "prompt_tokens", lambda text: [] if text == "" else real(text))
         toks = real("Summarise: note 9 about the garden. Output: ")
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         state = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
         qp = m.plan(state)
         assert len(qp.ids) >= 2 and len(m.retrieval_index().prior) >= 2  # reranked, priors read

@@ -416,7 +416,7 @@ class ExampleMem(Method):
     def _key(self, x: str) -> np.ndarray:
         from ..method.extract import prompt_tokens
 
-        eng, c = self._keyer._use_keys(), self.ctx  # the keyer's layer, whoever used the engine last
+        eng, c = self._keyer.keyed_engine(), self.ctx  # the keyer's layer, whoever used the engine last
 
         def compute():
             st = eng.query(prompt_tokens(eng, c.template, x, c.max_prompt_tokens), skip_bos_in_key=True)

@@ -288,7 +288,7 @@ class LabelVote(MiitaMethod):
 
     def labels(self) -> list[str]:
         """Each stored prototype's answer as text, the vote's candidates."""
-        eng = self.m._use_keys()
+        eng = self.m.keyed_engine()
         return [eng.detokenize(t).strip() for t in self.m.bank.answer_tokens()]
 
     def query_state(self, ex):
@@ -296,7 +296,7 @@ class LabelVote(MiitaMethod):
         from ..method.extract import prompt_tokens
 
         m = self.m
-        eng = m._use_keys()
+        eng = m.keyed_engine()
         return eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
                          skip_bos_in_key=m.preset.skip_bos)
 
