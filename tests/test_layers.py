@@ -328,11 +328,19 @@ def private_miita_calls(root: Path) -> list[str]:
             for hit in private_uses(f.read_text("utf-8"), names, calls_only=True)]
 
 
-def test_the_private_names_are_read_from_the_classes():
-    root = package_dir()
+def test_the_private_names_are_read_from_the_classes(tmp_path):
     assert {"_model", "_ctx", "_key_prefix", "_owner", "_siblings", "_closed", "_probe_graph",
-            "_key_prefix_verdict"} <= engine_private_names(root)
-    assert "_open" in miita_private_methods(root)
+            "_key_prefix_verdict"} <= engine_private_names(package_dir())
+    root = tmp_path / "miita_edge"
+    (root / "runtime").mkdir(parents=True)
+    (root / "runtime" / "engine.py").write_text(
+        "class Other:\n    def _no(self):\n        self._nor = 1\n"
+        "class Engine:\n    def __init__(self):\n        self._a = 1\n    def _b(self):\n        return self._a\n")
+    (root / "runtime" / "contexts.py").write_text("def f(sib, owner):\n    sib._c = 1\n    owner.x._d += 1\n")
+    (root / "miita.py").write_text("class Miita:\n    def __init__(self): pass\n    def _e(self): pass\n"
+                                   "    def f(self):\n        def _inner(): pass\n")
+    assert engine_private_names(root) == {"_a", "_b", "_c", "_d"}
+    assert miita_private_methods(root) == {"_e"}
 
 
 def test_nothing_outside_runtime_touches_engine_internals():
