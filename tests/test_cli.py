@@ -133,11 +133,14 @@ HELP_OPTIONS = {
     None: ["ingest", "ask", "info", "demo", "MIITA_EDGE_MODEL", "MIITA_EDGE_MEMORY"],
     "ingest": ["DATA.jsonl", "--budget", "--template", "--preset", "--progress", "--no-progress",
                "--ray", "--ray-workers", "--memory", "--model", "--threads", "--json", "--help"],
-    "ask": ["text", "--no-adapt", "--max-tokens", "--eta", "--gate", "--memory", "--model", "--threads",
-            "--json", "--help"],
+    "ask": ["text", "--no-adapt", "--trace", "--max-tokens", "--memory", "--model", "--threads", "--json", "--help"],
     "info": ["--memory", "--json", "--help"],
+    "forget": ["--output", "--memory", "--model", "--threads", "--json", "--help"],
     "demo": ["--budget", "--memory", "--preset", "--model", "--threads", "--json", "--help"],
+    "check-model": ["GGUF", "--no-self-test", "--no-functional", "--model", "--threads", "--json", "--help"],
 }
+#: Experiment knobs the user commands no longer offer (the benches set them through a preset).
+NOT_OFFERED = {"ask": ["--eta", "--gate"], "check-model": ["--key-layer"]}
 
 
 @pytest.mark.parametrize("command", list(HELP_OPTIONS), ids=lambda c: c or "top")
@@ -150,6 +153,38 @@ def test_help_exits_0_and_mentions_every_option(command, capsys):
     assert err == ""
     missing = [o for o in HELP_OPTIONS[command] if o not in out]
     assert not missing, f"{command} --help does not mention {missing}:\n{out}"
+    offered = [o for o in NOT_OFFERED.get(command, []) if o in out]
+    assert not offered, f"{command} --help offers {offered}"
+
+
+@pytest.mark.parametrize("argv", [["ask", "q", "--eta", "2"], ["ask", "q", "--gate", "gated"],
+                                  ["check-model", "--key-layer", "3"], ["ingest", "x.jsonl", "--preset", "default@11"],
+                                  ["demo", "--preset", "paper@1"]])
+def test_experiment_options_are_not_user_options(argv, capsys):
+    """Users pick the preset by name only (a memory keeps the version it was built with); eta, the
+    gate and the key layer are the preset's."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err or "invalid choice" in err, err
+
+
+def test_info_says_what_eta_multiplies_and_the_gate():
+    """The ``info`` adaptation line is true for each preset: written from hand-made fields, and for
+    today's presets the default's eta is in units of the model's logit push, ungated, relevance-gated."""
+    from miita_edge.cli import adaptation_text
+    from miita_edge.method.presets import default_preset, paper_preset
+
+    push = {"aggregation": "prefix", "eta": 1.5, "eta_unit": "push", "gate": "ungated", "relevance_gate": True}
+    assert adaptation_text(push) == ("prefix aggregation, eta=1.5 x the model's measured logit push, "
+                                     "ungated (alpha = 1); steers only queries near what it was taught")
+    hidden = {"aggregation": "paper", "eta": 0.2, "eta_unit": "hidden", "gate": "gated", "relevance_gate": False}
+    assert adaptation_text(hidden) == "paper aggregation, eta=0.2 x ||h_q||, gated (alpha = max(0, cos(h_t, h_q)))"
+    line = adaptation_text(default_preset().describe())
+    assert "logit push" in line and "||h_q||" not in line and "ungated" in line and "steers only" in line, line
+    line = adaptation_text(paper_preset().describe())
+    assert "x ||h_q||" in line and "gated (alpha = max" in line and "steers only" not in line, line
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -374,7 +409,7 @@ def test_ask_json_fields_and_one_alpha_per_generated_token(memory, engine, capsy
     # and every step was steered: one alpha per generated token.
     n_tokens = len(engine.tokenize(" " + row["output"] + "\n", add_bos=False))
     assert len(ans["alphas"]) == n_tokens
-    assert all(a >= 0 for a in ans["alphas"])  # gated: alpha = max(0, cos)
+    assert all(a >= 0 for a in ans["alphas"])  # the default is ungated (alpha = 1); gated: max(0, cos)
 
     one = cli_json(capsys, "ask", row["input"], "--memory", memory, "--max-tokens", "1", *THREADS)
     assert one["stop_reason"] == "length" and len(one["alphas"]) == 1

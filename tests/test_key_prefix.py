@@ -137,7 +137,7 @@ def test_snapshot_is_the_key_of_the_first_rows(engine):
     toks = engine.tokenize("Classify the banking customer query into an intent.\nQuery: where is my card\nIntent:")
     mask = engine.key_mask(toks, True)
     key_pass.prompt_key(engine, toks, mask)
-    states = engine._key_prefix.states
+    states = engine.key_prefix.states
     assert sorted(states) == kp.mark_rows(0, len(toks))
     for q in (8, 16):
         sums, pooled, rows = states[q]
@@ -163,7 +163,7 @@ def test_the_kept_rows_leave_no_trace(engine):
     engine.reset()
     for then in ("query", "decode", "truncate"):
         key_pass.prompt_key(engine, t1, engine.key_mask(t1, True))
-        assert engine._key_prefix is not None and engine.n_past == 0
+        assert engine.key_prefix is not None and engine.n_past == 0
         if then == "query":
             got = engine.query(t2)
             assert np.array_equal(got.logits, clean.logits) and np.array_equal(got.key_sum, clean.key_sum)
@@ -171,7 +171,7 @@ def test_the_kept_rows_leave_no_trace(engine):
             assert np.array_equal(engine.decode(t1), logits)
         else:
             engine.truncate(0)
-            assert engine._key_prefix is None
+            assert engine.key_prefix is None
             assert np.array_equal(engine.decode(t1), logits)
         engine.reset()
 
@@ -196,15 +196,18 @@ def test_the_probe_rejects_looser_rules(engine, monkeypatch, rule, value):
 
 
 @pytest.mark.model
-def test_a_failed_probe_means_whole_passes(engine, monkeypatch):
-    monkeypatch.setattr(engine, "_key_prefix_verdict", False, raising=False)
-    engine.set_key_layers((9,))
-    engine.reset()
-    before = engine.key_rows_reused
-    for t in _texts()[:3]:
-        toks = engine.tokenize(t)
-        key_pass.prompt_key(engine, toks, engine.key_mask(toks, True))
-    assert engine.key_rows_reused == before and engine._key_prefix is None
+def test_a_failed_probe_means_whole_passes(engine):
+    was = key_pass.set_key_prefix_ok(engine, False)
+    try:
+        engine.set_key_layers((9,))
+        engine.reset()
+        before = engine.key_rows_reused
+        for t in _texts()[:3]:
+            toks = engine.tokenize(t)
+            key_pass.prompt_key(engine, toks, engine.key_mask(toks, True))
+        assert engine.key_rows_reused == before and engine.key_prefix is None
+    finally:
+        assert key_pass.set_key_prefix_ok(engine, was) is False
 
 
 @pytest.mark.model

@@ -173,7 +173,7 @@ def test_fast_ingest_keys_stay_within_the_batched_tolerance(twin_cache, tmp_path
         assert (S != B).any()  # batched: not bitwise, which is why it is opt-in
         ans = fast.ask(test[0].input, max_tokens=4)
         assert ans.text is not None
-    assert twin._closed  # closed with its engine
+    assert twin.closed  # closed with its engine
 
 
 @pytest.mark.model

@@ -20,6 +20,7 @@ importer (the top-level ``__init__`` re-exports the public names from every laye
 from __future__ import annotations
 
 import ast
+import re
 import importlib.util
 from pathlib import Path
 
@@ -237,3 +238,130 @@ def test_the_size_check_counts_lines_and_functions(tmp_path):
     assert oversized(root, "miita_edge") == [
         f"function miita_edge.big.f (line 1): {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})",
         f"module miita_edge.long: {MAX_MODULE_LINES + 1} lines (at most {MAX_MODULE_LINES})"]
+
+
+# ---------------------------------------------------------------- private insides: Engine and Miita keep theirs
+# Outside runtime/, code uses an Engine only through its public methods and properties; outside
+# miita.py, nobody calls a private Miita method. Checked on the source text (strings included: the
+# benches run child scripts written as strings), with names read from the two classes themselves.
+
+#: A receiver named like an engine: any private attribute read on it is an Engine internal, even one
+#: the Engine does not define (patching a new attribute onto an engine is touching its insides too).
+ENGINE_RECEIVER = re.compile(r"^(eng|engine|\w+_engine|twin|sibling)$")
+PRIVATE = re.compile(r"\.(_[A-Za-z]\w*)\b")
+
+
+def engine_private_names(root: Path) -> set[str]:
+    """The private names an engine carries: every ``self._x`` of class Engine (attributes, methods,
+    properties) in runtime/engine.py, and every private attribute a runtime module assigns on
+    another object (a sibling's owner, a key pass's kept rows)."""
+    names: set[str] = set()
+    for f in sorted((root / "runtime").glob("*.py")):
+        tree = ast.parse(f.read_text("utf-8"), filename=str(f))
+        for node in ast.walk(tree):
+            if f.name == "engine.py" and isinstance(node, ast.ClassDef) and node.name == "Engine":
+                for sub in ast.walk(node):
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_private(sub.name):
+                        names.add(sub.name)
+                    elif (isinstance(sub, ast.Attribute) and is_private(sub.attr)
+                          and isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+                        names.add(sub.attr)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    for sub in ast.walk(t):
+                        if (isinstance(sub, ast.Attribute) and is_private(sub.attr)
+                                and not (isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls"))):
+                            names.add(sub.attr)
+    return names
+
+
+def miita_private_methods(root: Path) -> set[str]:
+    """The private methods (and properties) of class Miita in miita.py."""
+    tree = ast.parse((root / "miita.py").read_text("utf-8"))
+    return {sub.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "Miita"
+            for sub in node.body if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and is_private(sub.name)}
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(text: str, names: set[str], calls_only: bool = False,
+                 receiver: re.Pattern | None = None) -> list[str]:
+    """``line: expression`` for each ``X._name`` in ``text`` whose name is in ``names`` (with
+    ``calls_only``, only ``X._name(``), or whose receiver's last identifier matches ``receiver``;
+    a bare ``self`` or ``cls`` receiver is a class's own business and never counts."""
+    found = []
+    for m in PRIVATE.finditer(text):
+        before = re.search(r"(\.?)(\w*)\s*$", text[:m.start()])
+        recv = before.group(2)
+        if recv in ("self", "cls") and not before.group(1):
+            continue
+        if calls_only and not re.match(r"\s*\(", text[m.end():]):
+            continue
+        if m.group(1) in names or (receiver is not None and receiver.match(recv)):
+            shown = recv or text[max(0, m.start() - 1):m.start()]  # ``f(x)._name``: ")._name"
+            found.append(f"{text.count(chr(10), 0, m.start()) + 1}: {shown}.{m.group(1)}")
+    return found
+
+
+def sources_outside(root: Path, skip) -> list[Path]:
+    """The package's modules (less ``skip``), the benches and the tests (less this file): what
+    must keep off the two classes' insides. The benches and tests are there only in a checkout."""
+    here = Path(__file__).resolve()
+    files = [f for f in sorted(root.rglob("*.py")) if not skip(f.relative_to(root))]
+    for d in (here.parent.parent / "bench", here.parent):
+        files += [f for f in sorted(d.rglob("*.py")) if f.resolve() != here]
+    return files
+
+
+def private_engine_uses(root: Path) -> list[str]:
+    names = engine_private_names(root)
+    return [f"{f}:{hit}" for f in sources_outside(root, lambda rel: rel.parts[0] == "runtime")
+            for hit in private_uses(f.read_text("utf-8"), names, receiver=ENGINE_RECEIVER)]
+
+
+def private_miita_calls(root: Path) -> list[str]:
+    names = miita_private_methods(root)
+    return [f"{f}:{hit}" for f in sources_outside(root, lambda rel: rel == Path("miita.py"))
+            for hit in private_uses(f.read_text("utf-8"), names, calls_only=True)]
+
+
+def test_the_private_names_are_read_from_the_classes(tmp_path):
+    assert {"_model", "_ctx", "_key_prefix", "_owner", "_siblings", "_closed", "_probe_graph",
+            "_key_prefix_verdict"} <= engine_private_names(package_dir())
+    root = tmp_path / "miita_edge"
+    (root / "runtime").mkdir(parents=True)
+    (root / "runtime" / "engine.py").write_text(
+        "class Other:\n    def _no(self):\n        self._nor = 1\n"
+        "class Engine:\n    def __init__(self):\n        self._a = 1\n    def _b(self):\n        return self._a\n")
+    (root / "runtime" / "contexts.py").write_text("def f(sib, owner):\n    sib._c = 1\n    owner.x._d += 1\n")
+    (root / "miita.py").write_text("class Miita:\n    def __init__(self): pass\n    def _e(self): pass\n"
+                                   "    def f(self):\n        def _inner(): pass\n")
+    assert engine_private_names(root) == {"_a", "_b", "_c", "_d"}
+    assert miita_private_methods(root) == {"_e"}
+
+
+def test_nothing_outside_runtime_touches_engine_internals():
+    bad = private_engine_uses(package_dir())
+    assert not bad, ("private Engine attributes used outside runtime/ (add a public Engine method or "
+                     "property instead):\n" + "\n".join(bad))
+
+
+def test_nothing_outside_miita_calls_a_private_miita_method():
+    bad = private_miita_calls(package_dir())
+    assert not bad, "private Miita methods called outside miita.py (make them public):\n" + "\n".join(bad)
+
+
+def test_the_private_checks_catch_a_violation():
+    src = ("def f(eng, m, store):\n"
+           "    self._model = 1; cls._ctx = 2; store._read_current()\n"  # its own, and another class's
+           "    x = m.engine._model + eng._anything\n"  # a known name; an engine-named receiver
+           "    code = 'm._use_keys().query(t)'\n"  # a child script in a string
+           "    m._use_keys\n"  # not a call
+           "    return self.m._use_keys()\n")
+    assert private_uses(src, {"_model", "_ctx"}, receiver=ENGINE_RECEIVER) == [
+        "3: engine._model", "3: eng._anything"]
+    assert private_uses(src, {"_use_keys"}, calls_only=True) == ["4: m._use_keys", "6: m._use_keys"]
+    assert private_uses(src, {"_read_current"}) == ["2: store._read_current"]

@@ -80,16 +80,16 @@ def test_siblings_share_the_model_and_close_with_it():
 
     eng = Engine(None, EngineConfig(n_ctx=512, n_batch=256, n_threads=2))
     a, b = runtime_contexts.siblings(eng, 2, 1, 4)
-    assert a is not b and a._model is eng._model and a.config.n_threads == 1 and a.config.n_seq_max == 4
+    assert a is not b and a.owner is b.owner is eng and a.config.n_threads == 1 and a.config.n_seq_max == 4
     assert runtime_contexts.siblings(eng, 2, 1, 4) == [a, b]  # kept, not made again
-    assert runtime_contexts.sibling(eng, 1, 4)._owner is eng
+    assert runtime_contexts.sibling(eng, 1, 4).owner is eng
     a.close()  # a sibling frees its context only: the engine and the other sibling still decode
-    assert a not in eng._siblings
+    assert a not in eng.siblings
     k1 = key_pass.prompt_key(b, eng.tokenize("where is my card"), [False] + [True] * 4)
     k2 = key_pass.prompt_key(eng, eng.tokenize("where is my card"), [False] + [True] * 4)
     assert np.array_equal(k1[0], k2[0]) and k1[1] == k2[1] == 4  # one prompt per decode: bitwise
     eng.close()
-    assert b._closed and not eng._siblings
+    assert b.closed and not eng.siblings
 
 
 def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engine, tmp_path, monkeypatch):

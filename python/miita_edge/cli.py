@@ -101,10 +101,11 @@ def _add_ingest(sub) -> None:
 
 def _add_ask_and_forget(sub) -> None:
     p = sub.add_parser("ask", help="answer a query with the memory applied",
-                       description="Answer TEXT (or standard input). The retrieved memory is added to the final "
-                                   "hidden state at every decoding step and discarded afterwards. The answer ends "
-                                   "at its first newline after some text (blank lines before it are skipped), or "
-                                   "after --max-tokens.",
+                       description="Answer TEXT (or standard input). Where the memory holds answers relevant to "
+                                   "the query, they are added to the model's final hidden state at each decoding "
+                                   "step and discarded afterwards; elsewhere the frozen model answers. The answer "
+                                   "ends at its first newline after some text (blank lines before it are skipped), "
+                                   "or after --max-tokens.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", nargs="?", help="the query (default: read standard input)")
     p.add_argument("--no-adapt", action="store_true", help="answer with the frozen model alone")
@@ -113,8 +114,6 @@ def _add_ask_and_forget(sub) -> None:
                         "retrieved answer's weight and stored token, kept or dropped by the prefix rule "
                         "(where a taught reply drifts)")
     p.add_argument("--max-tokens", type=int, default=32, help="maximum new tokens (default: 32)")
-    p.add_argument("--eta", type=float, help="adaptation scale relative to the hidden-state norm (default: the preset's)")
-    p.add_argument("--gate", choices=["gated", "ungated"], help="activation gate (default: the preset's, gated)")
     _add_common(p)
 
     p = sub.add_parser("forget", help="remove everything in a memory that teaches one answer",
@@ -165,7 +164,7 @@ def _add_serve_info_demo(sub) -> None:
     p.add_argument("--preset", choices=preset_names(), metavar="PRESET", default="default",
                    help="default or paper")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: the embedded Gemma-3-270M)")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -184,7 +183,6 @@ def _add_check_model(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_path", nargs="?", metavar="GGUF", help="the GGUF to check (default: --model, "
                    "$MIITA_EDGE_MODEL or the embedded Gemma-3-270M)")
-    p.add_argument("--key-layer", type=int, help="the key layer to check (default: n_layer // 2)")
     p.add_argument("--no-self-test", action="store_true", help="only the header and graph checks")
     p.add_argument("--no-functional", action="store_true",
                    help="skip the functional test (teach and ask a synthetic memory; ~1 min on 2 cores)")
@@ -324,7 +322,7 @@ def cmd_ask(args) -> int:
             ans, steps = m.trace(text, max_tokens=args.max_tokens)
             print(format_trace(m.engine, ans, steps))
             return 0
-        ans = m.ask(text, max_tokens=args.max_tokens, adapt=not args.no_adapt, eta=args.eta, gate=args.gate)
+        ans = m.ask(text, max_tokens=args.max_tokens, adapt=not args.no_adapt)
     if args.json:
         print(json.dumps(ans.to_json()))
     else:
@@ -397,9 +395,20 @@ def cmd_info(args) -> int:
         print(f"payload     {hp['bank']['payload']}, directions {hp['bank']['dir_precision']}, keys "
               f"{hp['bank']['key_precision']}; tau_d={hp['bank']['tau_d']} tau_k={hp['bank']['tau_k']}; anchors fold "
               f"{'by Ward distortion' if hp['bank'].get('anchor_fold') == 'ward' else 'closest pair first'}")
-        print(f"adaptation  {hp['aggregation']} aggregation, eta={hp['eta']} (x ||h_q||), {hp['gate']}")
+        print(f"adaptation  {adaptation_text(hp)}")
         print(f"recall      {out['recall']}")
     return 0
+
+
+def adaptation_text(hp: dict) -> str:
+    """How a memory steers, from its preset's fields (``Preset.describe``), for ``info``: what eta
+    multiplies (``Miita.ask_tokens``: the model's measured logit push, or the query's hidden-state
+    norm), the per-step gate (alpha = 1, or the paper's max(0, cos(h_t, h_q))), the relevance gate."""
+    unit = "the model's measured logit push" if hp.get("eta_unit") == "push" else "||h_q||"
+    gates = {"ungated": "ungated (alpha = 1)", "gated": "gated (alpha = max(0, cos(h_t, h_q)))"}
+    gate = gates.get(hp["gate"], hp["gate"])
+    relevance = "; steers only queries near what it was taught" if hp.get("relevance_gate") else ""
+    return f"{hp['aggregation']} aggregation, eta={hp['eta']} x {unit}, {gate}{relevance}"
 
 
 def cmd_forget(args) -> int:
@@ -514,8 +523,7 @@ def cmd_check_model(args) -> int:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print
     path = args.model_path or args.model
-    rep = check_model_isolated(path, threads=args.threads, key_layer=args.key_layer,
-                               run_self_test=not args.no_self_test)
+    rep = check_model_isolated(path, threads=args.threads, run_self_test=not args.no_self_test)
     checks = []
     if rep.supported and not (args.no_self_test or args.no_functional):
         with Engine(path, _engine_config(args)) as eng:

@@ -44,6 +44,11 @@ STEER_MODES = {"off": 0, "ungated": 1, "gated": 2}
 MAX_RAISES = 4
 
 
+def key_tensor_name(layer: int) -> str:
+    """The name llama.cpp's graph gives layer ``layer``'s output, the tensor a key pools."""
+    return f"l_out-{layer}"
+
+
 class Engine:
     """Owns the llama.cpp model/context and the native callback state.
 
@@ -103,7 +108,7 @@ class Engine:
         self.key_layers: tuple[int, ...] = (self.key_layer,)
         self.key_pooling: tuple[str, ...] = ("mean",)
         self._key_outputs: list[bool] = [False]  # per key layer: its tensor holds only output rows
-        self._key_names = [f"l_out-{self.key_layer}"]
+        self._key_names = [key_tensor_name(self.key_layer)]
         cparams = L.llama_context_default_params()
         cparams.n_ctx = self.config.n_ctx
         cparams.n_batch = self.config.n_batch
@@ -174,7 +179,7 @@ class Engine:
         self.key_layers = layers
         self.key_pooling = pooling
         self.key_layer = layers[0]
-        self._key_names = [f"l_out-{k}" for k in layers]
+        self._key_names = [key_tensor_name(k) for k in layers]
         self.native.set_key_tensors(self._key_names)
         self.native.set_key_pooling([p == "last" for p in pooling])
         self.native.set_key_outputs(self._key_outputs)
@@ -199,7 +204,7 @@ class Engine:
                 self.reset()
                 self.decode([self.bos if self.bos >= 0 else 0, 0], "last", key_mask=[True, True], read_logits=False)
                 if self.native.hits(0) == before:
-                    missing.append(f"l_out-{k}")
+                    missing.append(key_tensor_name(k))
         finally:
             self.reset()
             self.set_key_layers(*saved)
@@ -255,6 +260,23 @@ class Engine:
         self._closed = True
         self.native = None  # freed after the context that pointed at it
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` has run (on this engine, or on the engine whose model it shares)."""
+        return self._closed
+
+    @property
+    def owner(self) -> "Engine | None":
+        """The engine whose loaded model this one shares (a sibling context's, ``runtime.contexts``),
+        or None for an engine that loaded its own model."""
+        return self._owner
+
+    @property
+    def siblings(self) -> tuple["Engine", ...]:
+        """The sibling contexts open on this engine's model (``runtime.contexts``), oldest first;
+        ``close()`` closes them before it frees the model."""
+        return tuple(self._siblings)
+
     def __enter__(self) -> "Engine":
         return self
 
@@ -283,7 +305,8 @@ class Engine:
         return list(buf[:n])
 
     def chat_template(self) -> str | None:
-        """The model's own Jinja chat template (GGUF ``tokenizer.chat_template``), or None."""
+        """The model's own Jinja chat template (GGUF ``tokenizer.chat_template``), or None. Read from
+        the loaded model's metadata on each call (a pointer into it: no cache needed)."""
         raw = self._L.llama_model_chat_template(self._model, None)
         return raw.decode("utf-8", "replace") if raw else None
 
@@ -302,6 +325,13 @@ class Engine:
         return bool(self._L.llama_vocab_is_eog(self._vocab, token))
 
     # ------------------------------------------------------------ decoding
+    @property
+    def key_prefix(self) -> KeyPrefix | None:
+        """The rows the last key-only pass left in the KV cache for the next one to continue
+        (``runtime.key_pass``; what they hold is ``runtime.key_prefix.KeyPrefix``), or None: any
+        other decode, a reset or a truncation clears them first."""
+        return self._key_prefix
+
     def _forget_positions(self, zero: bool = False) -> None:
         """Clear the KV cache but keep the key sum (a key-only pass left deeper layers unwritten);
         ``zero``: also zero the buffers (``EngineConfig.clear_kv_data``)."""

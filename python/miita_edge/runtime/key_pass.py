@@ -126,6 +126,14 @@ def key_prefix_ok(eng: Engine) -> bool:
         owner._key_prefix_verdict = probe_key_prefix(eng)
     return owner._key_prefix_verdict
 
+def set_key_prefix_ok(eng: Engine, ok: bool | None) -> bool | None:
+    """Set the loaded model's verdict on continued passes instead of probing (False: whole passes,
+    what a failed probe gives; None: probe again when a row is next shared); returns the verdict
+    it replaces, so a caller can put it back."""
+    owner = eng.owner or eng
+    before, owner._key_prefix_verdict = owner._key_prefix_verdict, ok
+    return before
+
 def probe_key_prefix(eng: Engine) -> bool:
     """Decode a few prompts that share prefixes (short ones, and ones past flash attention's
     64-row tile) both whole and continued, and compare the keys bit for bit. The rules in

@@ -45,21 +45,11 @@ class Result:
                 "total_tokens": self.prompt_tokens + done}
 
 
-def chat_template(eng) -> str | None:
-    """The GGUF's own chat template (``tokenizer.chat_template``), read once per engine."""
-    if not hasattr(eng, "_miita_chat_template"):
-        import llama_cpp.llama_cpp as L
-
-        raw = L.llama_model_chat_template(eng._model, None)
-        eng._miita_chat_template = raw.decode("utf-8", "replace") if raw else None
-    return eng._miita_chat_template
-
-
 def prompt_for(m, text: str, messages, adapt: bool) -> list[int]:
     """The memory template on the key text; unadapted chats use the GGUF's chat template if it has one."""
     eng = m.engine
     if messages is not None and not adapt:
-        tmpl = chat_template(eng)
+        tmpl = eng.chat_template()
         if tmpl:
             return eng.tokenize(chat_mod.render_chat_template(tmpl, messages), add_bos=True)
     return prompt_tokens(eng, m.template, text, m.max_prompt_tokens)
