@@ -417,7 +417,7 @@ def cmd_serve(args) -> int:
     try:  # the server stack is an optional extra: imported only when serving
         import fastapi  # noqa: F401
         import sse_starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
     from .serve.app import create_app  # needs the server extra (checked above)
@@ -445,7 +445,9 @@ def cmd_serve(args) -> int:
     # the arguments are good: run again with OMP_WAIT_POLICY=PASSIVE unless set (main(argv): its argv)
     reexec_passive(["-m", "miita_edge.cli", *(sys.argv[1:] if args.argv is None else args.argv)])
     registry = Registry(st)  # load the model here: a bad model is a one-line error, not a startup traceback
-    uvicorn.run(create_app(st, registry), host=args.host, port=args.port, log_level="warning")
+    from .serve.run import run
+
+    run(create_app(st, registry), args.host, args.port)  # prints "miita-edge serve: ready on ..." once listening
     return 0
 
 
