@@ -18,7 +18,7 @@ import re
 
 from .chat import message_text
 
-TITLE_WORDS, TITLE_CHARS = 6, 50
+TITLE_WORDS, TITLE_CHARS = 8, 50
 # the reply each rule-answered task gets, as its template asks for it (open_webui/config.py);
 # "title_generation" is made from the chat (``title_of``)
 FIXED = {
@@ -58,15 +58,21 @@ def first_user_message(messages) -> str:
 
 
 def title_of(text: str) -> str:
-    """A short title: the first words of ``text``, first letter upper-case, at most TITLE_WORDS
-    words and TITLE_CHARS characters (cut at a word), without trailing punctuation."""
-    words = " ".join(text.split()).split(" ")[:TITLE_WORDS]
+    """A short title from a message: its first sentence, first letter upper-case, at most
+    TITLE_WORDS words and TITLE_CHARS characters; a longer sentence is cut at a comma (or ; :)
+    when two words or more come before it, else after its first words. Pure."""
+    flat = " ".join(text.split())
+    sentence = re.split(r"(?<=[.?!])\s", flat, maxsplit=1)[0].rstrip(".?!") if flat else ""
+    words = sentence.split(" ") if sentence else []
+    if len(words) > TITLE_WORDS or len(sentence) > TITLE_CHARS:
+        head = re.split(r"[,;:]", sentence, maxsplit=1)[0].split(" ")
+        words = head if 2 <= len(head) < len(words) else words
     title = ""
-    for w in words:
+    for w in words[:TITLE_WORDS]:
         if len(title) + len(w) + (1 if title else 0) > TITLE_CHARS:
             break
         title = f"{title} {w}" if title else w
-    if not title and words and words[0]:
+    if not title and words:
         title = words[0][:TITLE_CHARS]
     title = title.rstrip(" .,;:!?-")
     return title[:1].upper() + title[1:] if title else "New chat"
