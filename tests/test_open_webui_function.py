@@ -28,7 +28,8 @@ from _serve_server import API_KEY, Server, tiny_model  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS = ROOT / "integrations" / "open_webui"
 DATA = Path(__file__).parent / "data" / "open_webui"
-MEMORIES = ("plain", "edit", "outlet", "tasks", "action", "fail", "support")  # support: the recording's
+MEMORIES = ("plain", "edit", "outlet", "tasks", "action", "fail", "support",  # support: the recording's
+            "cont", "button", "qedit", "restart", "forget")
 # the tiny model answers these with something else until taught; "billing" is one token for it,
 # so a steered answer reproduces it whole (longer corrections drift after a few tokens)
 QUESTION, CORRECTION = "Can I get a refund?", "billing"
@@ -60,6 +61,13 @@ def frontmatter(text: str) -> dict:
 
 def template(name: str) -> dict:
     return json.loads((DATA / name).read_text("utf-8"))
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """Open WebUI's data directory: where both functions keep their shared state file by default."""
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "owui-data"))
+    return tmp_path / "owui-data"
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +119,7 @@ class Chat:
                             "session_id": self.session_id,
                             "messages": [{"role": m["role"], "content": m["content"]} for m in self.history]}
         md = t["metadata"] | {"chat_id": self.chat_id, "message_id": answer_id, "session_id": self.session_id}
+        seen = len(self.events)
         if inlet:
             body = asyncio.run(self.flt.inlet(body, __user__=t["user"], __metadata__=md,
                                               __event_emitter__=self.emitter("inlet")))
@@ -120,12 +129,36 @@ class Chat:
         out = template("outlet.json")["body"] | {"model": self.model, "chat_id": self.chat_id, "id": answer_id,
                                                   "session_id": self.session_id,
                                                   "messages": copy.deepcopy(self.history)}
-        seen = len(self.events)
         asyncio.run(self.flt.outlet(out, __user__=t["user"], __metadata__=md, __event_emitter__=self.emitter("outlet")))
-        sources = [e["data"] for _, e in self.events[seen:] if e["type"] == "source"]
-        if sources:  # Open WebUI appends a source event's data to the message's sources
-            message["sources"] = sources
+        self.attach_sources(message, seen)
         return {"id": answer_id, "content": text, "miita": miita}
+
+    def attach_sources(self, message: dict, seen: int) -> None:
+        """Open WebUI appends a source event's data to the sources of the message being made."""
+        sources = [e["data"] for _, e in self.events[seen:] if e["type"] == "source"]
+        if sources:
+            message["sources"] = message.get("sources", []) + sources
+
+    def continue_response(self, message_id: str) -> str:
+        """"Continue Response" on an answer: the request carries the chat up to that answer (the
+        answer last), Open WebUI appends what the server streams to the answer, under its id."""
+        t = template("inlet.json")
+        upto = next(i for i, m in enumerate(self.history) if m["id"] == message_id)
+        body = t["body"] | {"model": self.model, "chat_id": self.chat_id, "id": message_id,
+                            "session_id": self.session_id,
+                            "messages": [{"role": m["role"], "content": m["content"]} for m in self.history[:upto + 1]]}
+        md = t["metadata"] | {"chat_id": self.chat_id, "message_id": message_id, "session_id": self.session_id}
+        seen = len(self.events)
+        body = asyncio.run(self.flt.inlet(body, __user__=t["user"], __metadata__=md,
+                                          __event_emitter__=self.emitter("inlet")))
+        more, _ = self.complete(body["messages"], md)
+        self.history[upto]["content"] += more
+        out = template("outlet.json")["body"] | {"model": self.model, "chat_id": self.chat_id, "id": message_id,
+                                                  "session_id": self.session_id,
+                                                  "messages": copy.deepcopy(self.history[:upto + 1])}
+        asyncio.run(self.flt.outlet(out, __user__=t["user"], __metadata__=md, __event_emitter__=self.emitter("outlet")))
+        self.attach_sources(self.history[upto], seen)
+        return self.history[upto]["content"]
 
     def complete(self, messages: list[dict], md: dict) -> tuple[str, dict]:
         """Open WebUI's OpenAI connection: a streamed chat completion; each parsed `data:` line
@@ -153,6 +186,11 @@ class Chat:
 
     def statuses(self, hook: str | None = None) -> list[str]:
         return [e["data"]["description"] for h, e in self.events if e["type"] == "status" and hook in (None, h)]
+
+    def last_status(self) -> str:
+        """The status line an answer shows: the last one emitted (Open WebUI shows the last of a
+        message's status history and keeps the history with the message)."""
+        return self.statuses()[-1]
 
 
 # ---------------------------------------------------------------------------------------- the files
@@ -201,14 +239,20 @@ def test_edited_answer_teaches_once_and_is_the_next_answer(srv, model_id):
     assert info["version"] == 1 and info["examples"] == 1, info
     assert [r["version"] for r in flt.reports] == [1]
     taught = [s for s in chat.statuses("inlet") if s.startswith("Taught")]
-    assert taught == [f"Taught memory edit (version 1): \u201c{QUESTION}\u201d \u2192 \u201c{CORRECTION}\u201d"]
+    line = f"Taught memory edit (version 1): \u201c{QUESTION}\u201d \u2192 \u201c{CORRECTION}\u201d"
+    assert taught == [line]
+    # the line stays the answer's last status (its steering line after it, not instead of it)
+    assert chat.last_status().startswith(line + " \u00b7 ") and "steered by memory edit v1" in chat.last_status().lower()
+    taught_sources = [e["data"]["miita_taught"] for h, e in chat.events if e["type"] == "source"
+                      and "miita_taught" in e["data"]]
+    assert [(t["input"], t["output"], t["version"]) for t in taught_sources] == [(QUESTION, CORRECTION, 1)]
     again = chat.send(QUESTION)
     assert again["content"].strip() == CORRECTION, again
     assert again["miita"]["adapted"] and again["miita"]["steered_by"][0]["answer"].strip() == CORRECTION
     top = again["miita"]["steered_by"][0]
     assert chat.statuses("outlet")[-1].startswith(
         f"Steered by memory edit v1: \u201c{CORRECTION}\u201d (weight {top['weight']:.2f}, 1 example)")
-    sources = [e for h, e in chat.events if e["type"] == "source"]
+    sources = [e for h, e in chat.events if e["type"] == "source" and "miita" in e["data"]]
     assert len(sources) == 1 and CORRECTION in sources[0]["data"]["document"][0]
     chat.send("One more question?")  # the edited answer is still in the history: not taught again
     assert memory(srv, "edit")["version"] == 1 and len(flt.reports) == 1
@@ -294,13 +338,139 @@ def test_edit_matching_without_ids():
         return out + [{"role": "user", "content": "next"}]
 
     def edited(messages, chat="c"):
-        return [(rec.message_id, text) for rec, text in flt.edits(messages, chat)]
+        return [(e.rec.message_id, e.text, e.question_edited) for e in flt.edits(messages, chat)]
 
     assert edited(inlet_view(["one", "two"])) == [] and edited(inlet_view([" uno\n", "two"])) == []
-    assert edited(inlet_view(["fixed", "two"])) == [("a1b", "fixed")]
-    assert edited(inlet_view(["one", "better two"])) == [("a3", "better two")]
+    assert edited(inlet_view(["fixed", "two"])) == [("a1b", "fixed", False)]
+    assert edited(inlet_view(["one", "better two"])) == [("a3", "better two", False)]
     assert edited(inlet_view(["fixed", "two"]), chat="other") == []
-    assert edited(inlet_view(["fixed", "two"], questions=("changed question", q2))) == []
+    # the question edited too: found, and flagged (reported, not taught)
+    assert edited(inlet_view(["fixed", "two"], questions=("changed question", q2))) == [("a1b", "fixed", True)]
+    assert edited(inlet_view(["uno", "two"], questions=("changed question", q2))) == []  # the answer as given
+
+
+def test_continue_response_is_not_taught(srv, model_id):
+    """"Continue Response" appends a second answer to the first under the same id (the server
+    answers the question again): the doubled text is recorded as the model's, the next message
+    teaches nothing, and the answer says why."""
+    flt = make_filter(srv)
+    chat = Chat(srv, flt, f"{model_id}:cont")
+    first = chat.send(QUESTION)
+    doubled = chat.continue_response(first["id"])
+    assert doubled.startswith(first["content"]) and len(doubled) > len(first["content"])
+    assert chat.last_status().startswith("Continued answer: recorded as the model's own text, not taught")
+    chat.send("Thanks.")
+    assert memory(srv, "cont")["version"] == 0 and not flt.reports
+    # the same doubled text seen by a Filter that never saw the continuation (its outlet lost):
+    # taken for what it is by its shape, and said once
+    other = Chat(srv, make_filter(srv, state_file=""), f"{model_id}:cont")
+    again = other.send(QUESTION)
+    other.edit(again["id"], again["content"] + " " + again["content"])
+    other.send("Thanks.")
+    other.send("And?")
+    assert memory(srv, "cont")["version"] == 0
+    why = "Not taught: the answer is its own text repeated (\u201cContinue Response\u201d), not an edit"
+    assert other.statuses("inlet") == [why]
+
+
+def test_is_continuation_shapes():
+    f = load_function("miita_feedback")
+    assert f.is_continuation("You need a pass", "You need a pass You need a passport and a visa.")
+    assert f.is_continuation("billing", "billing\nbilling")
+    assert f.is_continuation("abc def", "abc def abc")  # a cut second copy
+    assert not f.is_continuation("billing", "billing")
+    assert not f.is_continuation("billing", "the billing desk")
+    assert not f.is_continuation("", "anything")
+
+
+def test_an_edit_with_its_question_edited_is_reported_not_taught(srv, model_id):
+    flt = make_filter(srv)
+    chat = Chat(srv, flt, f"{model_id}:qedit")
+    first = chat.send(QUESTION)
+    chat.edit(first["id"], CORRECTION)
+    chat.history[0]["content"] = "Can I get my money back?"  # the user edits the question too ("Save")
+    chat.send("Thanks.")
+    chat.send("Hello?")
+    assert memory(srv, "qedit")["version"] == 0 and not flt.reports
+    said = [s for s in chat.statuses("inlet") if s.startswith("Edit not taught")]
+    assert said == ["Edit not taught: the question before it was edited too (now \u201cCan I get my money "
+                    "back?\u201d); press \u201cTeach this answer\u201d to teach the pair as it reads"]
+    assert chat.statuses("outlet")[-2].startswith(said[0])  # the "Thanks." answer's last status
+
+
+def test_an_edit_survives_a_restart_of_open_webui(srv, model_id, state_dir):
+    """The recorded answers live in the state file: a new Filter instance (Open WebUI restarted,
+    or another worker process) still tells the edit from the model's answer and teaches it."""
+    chat = Chat(srv, make_filter(srv), f"{model_id}:restart")
+    first = chat.send(QUESTION)
+    chat.edit(first["id"], CORRECTION)
+    assert (state_dir / "miita-edge-open-webui.json").exists()
+    chat.flt = make_filter(srv)  # restarted: nothing in memory
+    chat.send("Thanks.")
+    assert memory(srv, "restart")["version"] == 1 and len(chat.flt.reports) == 1
+    chat.flt = make_filter(srv)  # and once taught, not again
+    chat.send("Still there?")
+    assert memory(srv, "restart")["version"] == 1 and not chat.flt.reports
+
+
+def test_teach_button_then_next_message_teaches_once(srv, model_id):
+    """"Teach this answer" on an edited answer, then the next message: one example, not two
+    (the Action writes what it taught to the state file the Filter reads); a second click says so."""
+    chat = Chat(srv, make_filter(srv), f"{model_id}:button")
+    first = chat.send(QUESTION)
+    chat.edit(first["id"], CORRECTION)
+    version, emitted, _ = run_action(srv, chat, first["id"], "teach")
+    assert version == 1 and emitted[-1]["data"]["description"].startswith("Taught memory button (version 1)")
+    assert [e["data"]["miita_taught"]["output"] for e in emitted if e["type"] == "source"] == [CORRECTION]
+    chat.send("Thanks.")
+    chat.send("Bye.")
+    info = memory(srv, "button")
+    assert info["version"] == 1 and info["examples"] == 1 and not chat.flt.reports
+    assert not [s for s in chat.statuses() if s.startswith("Taught")]
+    version, emitted, _ = run_action(srv, chat, first["id"], "teach")
+    assert version == 1 and emitted[-1]["data"]["description"].startswith(
+        f"Not taught again: memory button already holds \u201c{QUESTION}\u201d")
+
+
+def test_forget_button_lists_and_forgets(srv, model_id):
+    """"Forget" lists what was taught in the chat and what steered the answer; the picked answer
+    is forgotten with the server's DELETE, and the Filter does not teach it again from the edit
+    still in the chat."""
+    chat = Chat(srv, make_filter(srv), f"{model_id}:forget")
+    first = chat.send(QUESTION)
+    chat.edit(first["id"], CORRECTION)
+    second = chat.send("Thanks.")  # teaches the edit
+    assert memory(srv, "forget")["examples"] == 1
+    version, emitted, asked = run_action(srv, chat, second["id"], "forget", typed=None)  # cancelled
+    assert version == 1 and emitted[-1]["data"]["description"] == "Nothing forgotten"
+    listing = asked[0]["data"]["message"]
+    assert listing.startswith(f"1. memory forget: \u201c{QUESTION}\u201d \u2192 \u201c{CORRECTION}\u201d "
+                              "(taught in this chat)")
+    version, emitted, _ = run_action(srv, chat, second["id"], "forget", typed="7")
+    assert version == 1 and "names no entry" in emitted[-1]["data"]["description"]
+    version, emitted, _ = run_action(srv, chat, second["id"], "forget", typed="1")
+    info = memory(srv, "forget")
+    assert version == 2 and info["examples"] == 0
+    assert emitted[-1]["data"]["description"].startswith(f"Forgot \u201c{CORRECTION}\u201d in memory forget "
+                                                         "(version 2, 1 examples removed)")
+    chat.send("Anything else?")  # the edited answer is still in the chat: not taught again
+    assert memory(srv, "forget")["version"] == 2
+    assert any("forgotten" in s for s in chat.statuses("outlet"))
+    version, emitted, asked = run_action(srv, chat, second["id"], "forget", typed="1")
+    assert not asked and emitted[-1]["data"]["description"].startswith("Nothing to forget")
+
+
+def test_forget_offers_the_answers_that_steered():
+    """Without anything taught in the chat, the answers that steered the clicked answer (the
+    Filter's source on it) are offered; pure, no server."""
+    t = load_function("miita_teach")
+    msgs = [{"id": "u", "role": "user", "content": "q"},
+            {"id": "a", "role": "assistant", "content": "x", "sources": [
+                {"miita": {"memory": "m", "steered_by": [{"answer": "shipping desk"}, {"answer": " "}]}}]}]
+    assert t.forget_choices(msgs, 1, "c", {}) == [{"memory": "m", "output": "shipping desk", "input": None,
+                                                   "why": "steered this answer"}]
+    assert t.parse_picks("1, 2", 2) == [0, 1] and t.parse_picks("all", 3) == [0, 1, 2]
+    assert t.parse_picks("0", 2) is None and t.parse_picks("x", 2) is None and t.parse_picks(None, 2) is None
 
 
 # ---------------------------------------------------------------------------------------- the Action
@@ -387,9 +557,11 @@ def test_a_recorded_open_webui_run_replays(srv):
                                    __event_emitter__=emitter(i)))
         versions.append(memory(srv, "support")["version"])
     assert versions[:4] == [0] * 4 and versions[4:] == [1] * (len(steps) - 5), versions
+    line = f"Taught memory support (version 1): \u201c{question}\u201d \u2192 \u201c{edited}\u201d"
     taught = [(i, e["data"]["description"]) for i, e in emitted
               if e["type"] == "status" and e["data"]["description"].startswith("Taught")]
-    assert taught == [(4, f"Taught memory support (version 1): \u201c{question}\u201d \u2192 \u201c{edited}\u201d")]
+    assert taught[0] == (4, line)  # at the second inlet, then again as that answer's last status line
+    assert taught[1:] == [(7, line)]  # no steering line: the recorded stream calls carry no metadata
     info = memory(srv, "support")
     assert info["examples"] == 1 and info["prototypes"] == 1
     # this server now steers the same question with the taught reply
@@ -454,3 +626,26 @@ def test_in_a_running_open_webui(tmp_path):
     assert e2e.main(["--webui", env["MIITA_OPEN_WEBUI_URL"], "--server", env["MIITA_SERVE_URL"],
                      "--api-key", env["MIITA_SERVE_KEY"], "--memory", env["MIITA_SERVE_MEMORY"],
                      "--shots", str(tmp_path / "shots")]) == 0
+
+
+# ---------------------------------------------------------------------------------------- the server
+
+
+def test_serve_says_when_it_is_ready(srv):
+    """docs/serving.md tells users to start Open WebUI once the server prints its ready line:
+    printed once the socket listens (the fixture's server already answered a request)."""
+    import time
+
+    want = f"miita-edge serve: ready on {srv.url}\n"
+    for _ in range(50):  # printed just after the socket is bound: a request may be answered a moment sooner
+        if want in srv.log.read_text():
+            break
+        time.sleep(0.1)
+    assert srv.log.read_text().count("miita-edge serve: ready on") == 1 and want in srv.log.read_text()
+
+
+def test_ready_line_names_the_address():
+    from miita_edge.serve.run import ready_line
+
+    assert ready_line("127.0.0.1", 8080) == "miita-edge serve: ready on http://127.0.0.1:8080"
+    assert ready_line("::1", 9000) == "miita-edge serve: ready on http://[::1]:9000"

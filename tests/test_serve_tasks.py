@@ -72,17 +72,88 @@ def client(tmp_path_factory):
         yield c
 
 
-@pytest.mark.parametrize("name,task", [("title.json", "title_generation"), ("tags.json", "tags_generation"),
-                                       ("follow_up.json", "follow_up_generation")])
-def test_task_answered_unadapted(client, name, task):
+@pytest.mark.parametrize("name,task,reply", [
+    ("title.json", "title_generation", {"title": "My parcel never arrived, where is it"}),
+    ("tags.json", "tags_generation", {"tags": []}),
+    ("follow_up.json", "follow_up_generation", {"follow_ups": []})])
+def test_task_answered_by_rule(client, name, task, reply):
+    """Title, tags and follow-ups get the rule's reply (the title from the chat's first user
+    message), unadapted, with the reason in the miita object; streamed the same."""
     body = payload(name)
     body["model"] = "x:support"
     body.pop("max_completion_tokens", None)
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
-    x = r.json()["miita"]
-    assert x == {**x, "adapted": False, "reason": "background_task", "task": task, "memory": "support"}
-    assert "steered_by" not in x and "alphas" not in x  # only the keys that apply
+    out = r.json()
+    assert json.loads(out["choices"][0]["message"]["content"]) == reply
+    assert out["choices"][0]["finish_reason"] == "stop" and out["usage"]["completion_tokens"] == 0
+    x = out["miita"]
+    assert x == {"memory": "support", "version": None, "adapted": False, "reason": "background_task", "task": task}
+    body["stream"] = True
+    r = client.post("/v1/chat/completions", json=body)
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert r.text.rstrip().endswith("data: [DONE]")
+    assert json.loads("".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)) == reply
+    assert chunks[-1]["miita"] == x and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_task_does_not_occupy_the_worker(client):
+    """While the model worker is held by a job (a user's long answer), a title, tags and
+    follow-up request are still answered: they never queue on the worker. A request that did
+    would wait for the held job and the thread below would not finish (the gate opens only after)."""
+    r = client.app.state.registry
+    gate, answered = threading.Event(), []
+    held = r.worker.submit(gate.wait)
+
+    def tasks():
+        for name in ("title.json", "tags.json", "follow_up.json"):
+            body = dict(payload(name), model="x:support", stream=name == "tags.json")
+            answered.append(client.post("/v1/chat/completions", json=body).status_code)
+
+    t = threading.Thread(target=tasks)
+    try:
+        t.start()
+        t.join(120)
+        assert not t.is_alive(), "a background task waited for the model worker"
+        assert answered == [200, 200, 200]
+    finally:
+        gate.set()
+        held.result(30)
+        t.join(30)
+
+
+def test_a_forced_or_custom_task_still_uses_the_model(client):
+    """``miita.background: true`` and a custom "### Task:" template have no rule reply: the model
+    answers them, unadapted, behind the user's questions."""
+    body = {"model": "x:support", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+            "miita": {"background": True}}
+    out = client.post("/v1/chat/completions", json=body).json()
+    assert out["miita"]["task"] == "task" and isinstance(out["miita"]["version"], int)
+
+
+@pytest.mark.parametrize("text,title", [
+    ("my parcel never arrived", "My parcel never arrived"),
+    ("My parcel never arrived, where is it? It was due Monday.", "My parcel never arrived, where is it"),
+    ("Hello there, I ordered a blue jacket two weeks ago and it never came", "Hello there"),
+    ("  ", "New chat"),
+    ("What do I need to travel to Japan and Korea next summer", "What do I need to travel to Japan"),
+    ("x" * 80, "X" + "x" * 49),
+])
+def test_title_rule(text, title):
+    from miita_edge.serve.task_reply import title_of
+
+    assert title_of(text) == title
+
+
+def test_title_is_made_from_the_first_user_message():
+    from miita_edge.serve.task_reply import first_user_message
+
+    prompt = ("### Task:\nGenerate a concise title summarizing the chat history.\n<chat_history>\n"
+              "USER: first line\nsecond line\nASSISTANT: an answer\nUSER: later\n</chat_history>")
+    assert first_user_message(msgs({"model": "m", "messages": [{"role": "user", "content": prompt}]}).messages) \
+        == "first line\nsecond line"
+    assert first_user_message(msgs({"model": "m", "messages": [{"role": "user", "content": "plain"}]}).messages) \
+        == "plain"
 
 
 def test_chat_with_26kb_of_tools_is_answered(client):

@@ -7,10 +7,15 @@ It installs (or updates) both functions through Open WebUI's API, switches them 
 model, sets their Valves, then drives the page as a user would:
 
 1. a new chat asks QUESTION; 2. the answer is edited to CORRECTION and saved, and ``thanks!`` is
-sent: the memory's version must move by one, and only then; 3. a new chat asks QUESTION again:
-the answer must be CORRECTION; 4. "Wrong answer" on it, a second correction typed in the
-dialog: the version must move by one more. The chat must have a title. Screenshots go to
-``--shots``. Exit status 0 when every check passes.
+sent: the memory's version must move by one, and only then, and the "Taught" line must still be
+on the page after a reload; the chat's title must be the server's (made from the first message,
+TITLE), not Open WebUI's fallback; 3. "Continue Response" on the last answer, then another
+message: nothing taught (the doubled text is the model's); 4. a new chat asks QUESTION again: the
+answer must be CORRECTION; 5. "Wrong answer" on it, a second correction typed in the dialog: the
+version must move by one more; 6. "Teach this answer" on it: already taught, the version must not
+move; 7. "Forget", entry 1 picked: the version must move. Each step waits for the answer's last
+status line (the Filter's outlet: the answer is complete) before its screenshot and check.
+Screenshots go to ``--shots``. Exit status 0 when every check passes.
 
     python integrations/open_webui/e2e.py --server http://127.0.0.1:8080 --api-key KEY \\
         --webui http://127.0.0.1:3000 --memory support --shots /tmp/owui-shots
@@ -28,6 +33,8 @@ HERE = Path(__file__).resolve().parent
 QUESTION = "my parcel never arrived"
 CORRECTION = "Sorry about that! Please write to the shipping desk: shipping@example.com."
 SECOND = "Please contact the shipping desk; a lost parcel is refunded after 14 days."
+TITLE = "My parcel never arrived"  # the server's title rule (serve/task_reply.py) on QUESTION
+STATUS = "text=/(Not s|S)teered by memory/"  # the Filter's outlet line: the answer is complete
 
 
 def http(url: str, body=None, token: str | None = None) -> dict | list | None:
@@ -78,11 +85,14 @@ def main(argv=None) -> int:
         print(f"Open WebUI lists no model for memory {args.memory!r}: {models}", file=sys.stderr)
         return 2
 
-    def version() -> int:
+    def memory_info() -> dict:
         req = urllib.request.Request(f"{args.server}/v1/memories/{args.memory}",
                                      headers={"Authorization": f"Bearer {args.api_key}"})
         with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())["version"]
+            return json.loads(r.read())
+
+    def version() -> int:
+        return memory_info()["version"]
 
     checks: list[tuple[str, bool, str]] = []
 
@@ -102,29 +112,47 @@ def main(argv=None) -> int:
                 ok.click()
                 time.sleep(1)
 
+        def settle(n_done: int) -> None:
+            """Wait until ``n_done`` answers of this chat show the Filter's last status line (its
+            outlet ran: the answer is complete), then until the page stops changing."""
+            t0 = time.time()
+            while time.time() - t0 < 300:
+                if page.locator(STATUS).count() >= n_done:
+                    break
+                time.sleep(1)
+            else:
+                raise TimeoutError(f"{n_done} answers did not complete within 300 s")
+            last = None
+            for _ in range(30):
+                now = page.locator("#response-content-container").all_inner_texts()
+                if now == last:
+                    return
+                last = now
+                time.sleep(1)
+
         def send(text: str, n_answers: int) -> str:
             box = page.locator("#chat-input")
             box.click()
             box.fill(text)
             page.keyboard.press("Enter")
-            t0 = time.time()
-            while time.time() - t0 < 300:  # done: the last answer has its Regenerate button
-                answers = page.locator("#response-content-container")
-                if answers.count() >= n_answers and page.locator("button[aria-label='Regenerate']:visible").count():
-                    time.sleep(4)  # the outlet's status lines
-                    return answers.nth(n_answers - 1).inner_text()
-                time.sleep(1)
-            raise TimeoutError(f"no answer to {text!r} within 300 s")
+            settle(n_answers)
+            return page.locator("#response-content-container").nth(n_answers - 1).inner_text()
+
+        def click_under_answer(button: str) -> None:
+            page.locator(f"button[aria-label='{button}']:visible").last.click()
+            time.sleep(1.5)
 
         def type_into(button: str, field: str, text: str, shot: str, done: str) -> None:
             """Click the last visible button labelled ``button`` under an answer, type ``text`` into
             the field it opens, take ``shot``, and press ``done``."""
-            page.locator(f"button[aria-label='{button}']:visible").last.click()
-            time.sleep(1.5)
+            click_under_answer(button)
             page.locator(field).last.fill(text)
             page.screenshot(path=str(args.shots / shot))
             page.locator(done).last.click()
-            time.sleep(2)
+            time.sleep(4)  # the Action's call to the server and its status line
+
+        def chat_titles() -> list[str]:
+            return [c.get("title") for c in http(f"{args.webui}/api/v1/chats/", token=token) or []]
 
         v0 = version()
         if v0 != 0:
@@ -139,19 +167,38 @@ def main(argv=None) -> int:
         send("thanks!", 2)
         page.screenshot(path=str(args.shots / "03-taught-on-next-message.png"))
         check("the next message teaches the edit", version() == v0 + 1, f"version {version()}")
-        title = page.title()
-        check("the chat has a title", bool(title) and not title.startswith("Open WebUI"), title)
+        page.reload(wait_until="load")
+        page.wait_for_selector("#chat-input", timeout=60_000)
+        settle(2)
+        check("the Taught line stays on the page", page.locator("text=/Taught memory/").count() >= 1)
+        titles = chat_titles()
+        check("the chat's title is the server's, not Open WebUI's fallback", TITLE in titles, repr(titles[:3]))
+
+        click_under_answer("Continue Response")
+        settle(2)
+        send("ok", 3)
+        page.screenshot(path=str(args.shots / "04-continued-not-taught.png"))
+        check("a continued answer is not taught", version() == v0 + 1, f"version {version()}")
 
         new_chat()
         again = send(QUESTION, 1)
-        page.screenshot(path=str(args.shots / "04-new-chat-corrected.png"))
+        page.screenshot(path=str(args.shots / "05-new-chat-corrected.png"))
         check("the same question is answered with the correction", again.startswith(CORRECTION), repr(again))
         check("asking teaches nothing", version() == v0 + 1)
-        type_into("Wrong answer", "input:visible, textarea:visible", SECOND, "05-wrong-answer-dialog.png",
+        type_into("Wrong answer", "input:visible, textarea:visible", SECOND, "06-wrong-answer-dialog.png",
                   "button:has-text('Confirm'):visible")
-        time.sleep(4)  # the Action's teach and its status line
-        page.screenshot(path=str(args.shots / "06-taught-by-action.png"))
+        page.screenshot(path=str(args.shots / "07-taught-by-action.png"))
         check("the Wrong answer dialog teaches", version() == v0 + 2, f"version {version()}")
+        click_under_answer("Teach this answer")
+        time.sleep(4)
+        check("an example already taught is not taught again", version() == v0 + 2, f"version {version()}")
+        examples = memory_info()["examples"]
+        type_into("Forget", "input:visible, textarea:visible", "1", "08-forget-dialog.png",
+                  "button:has-text('Confirm'):visible")
+        page.screenshot(path=str(args.shots / "09-forgotten.png"))
+        info = memory_info()
+        check("Forget removes the picked answer", info["version"] == v0 + 3 and info["examples"] < examples,
+              f"version {info['version']}, examples {examples} -> {info['examples']}")
         browser.close()
     failed = [c for c in checks if not c[1]]
     print(f"{len(checks) - len(failed)}/{len(checks)} checks passed; screenshots in {args.shots}")

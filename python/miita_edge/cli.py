@@ -433,7 +433,8 @@ def cmd_serve(args) -> int:
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise InputError(f"serve needs the server extra ({exc.name} is missing): pip install \"miita-edge[server]\"")
-    from .serve.app import create_app, run_server  # needs the server extra (checked above)
+    from .serve.app import create_app  # needs the server extra (checked above)
+    from .serve.run import run_server
     from .serve.settings import Settings, check_origin_arg, parse_memory_arg
 
     if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64 or args.max_memories < 0:

@@ -13,7 +13,7 @@ from ..method.extract import prompt_tokens
 from ..method.templates import strip_lead
 from . import chat as chat_mod
 from .errors import APIError
-from .params import GenParams
+from .params import NEWLINE_STOP, GenParams
 
 
 class Stopped(APIError):
@@ -65,7 +65,7 @@ class TokenTap:
 
     def __init__(self, eng, k: int | None, on_text=None, lead: str = "", halt=None):
         self.eng, self.k, self.on_text, self.lead, self.halt = eng, k, on_text, lead, halt
-        self.n, self.rows, self.text = 0, [], ""
+        self.n, self.rows, self.text, self.sizes = 0, [], "", []
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, tok: int, logits: np.ndarray) -> None:
@@ -75,6 +75,7 @@ class TokenTap:
             if why is not None:
                 raise Stopped(why[0], why[1], self.n)
         b = self.eng.token_bytes(tok)
+        self.sizes.append(len(b))
         if self.on_text is not None:
             piece = self._dec.decode(b)
             if piece:
@@ -98,6 +99,15 @@ class TokenTap:
     def _entry(b: bytes, lp: float) -> dict:
         return {"token": b.decode("utf-8", "replace"), "logprob": float(lp), "bytes": list(b)}
 
+    def tokens_in(self, text: str) -> int:
+        """How many of the tokens start inside ``text`` (the generated text's prefix)."""
+        limit, at, n = len(text.encode("utf-8")), 0, 0
+        for size in self.sizes:
+            if at >= limit:
+                break
+            n, at = n + 1, at + size
+        return n
+
     def cut(self, text: str) -> list[dict] | None:
         """The logprob entries of the tokens that start inside ``text`` (the generated text up to its
         stop, the leading separator included)."""
@@ -112,6 +122,66 @@ class TokenTap:
         return out
 
 
+REPLY_MARGIN = 8  # tokens past the longest taught answer: its end newline, a differing tokenisation
+
+
+def longest_answer(m) -> int:
+    """Tokens in the memory's longest taught answer (0: empty), cached per memory version."""
+    cached = getattr(m, "_serve_longest", None)
+    if cached is None or cached[0] != m.version:
+        seqs = m.bank.answer_tokens() if m.bank.n_prototypes else []
+        cached = (m.version, max((len(s) for s in seqs), default=0))
+        m._serve_longest = cached
+    return cached[1]
+
+
+def reply_budget(m, adapt: bool, p: GenParams, prompt_len: int) -> int:
+    """The answer's max_tokens: the request's; without one, the default, or for an adapted answer
+    as many as the memory's longest taught answer needs (a taught reply is not cut at the
+    default), within the context."""
+    n_ctx = m.engine.config.n_ctx
+    if prompt_len + p.max_tokens > n_ctx:
+        raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({p.max_tokens}) exceeds the context of "
+                       f"{n_ctx} tokens", "context_length_exceeded", "max_tokens")
+    if not (p.default_max and adapt):
+        return p.max_tokens
+    return min(max(p.max_tokens, longest_answer(m) + REPLY_MARGIN), n_ctx - prompt_len)
+
+
+def taught_text(m, pid: int) -> str | None:
+    """A prototype's taught answer as a reply reads it (no leading separator, no end newline)."""
+    toks = m.bank.answer_tokens()[pid]
+    if not len(toks):
+        return None
+    return strip_lead(m.engine.detokenize([int(t) for t in toks]).rstrip("\n"), m.template.lead)[1]
+
+
+def newline_end(text: str, answers: list[str]) -> int:
+    """Where the newline stop ends ``text`` when a newline inside a taught answer that ``text``
+    follows so far is not an end (-1: nowhere). As the engine's rule, a newline before any text
+    is no end. Pure: the answer job cuts a reply with it."""
+    body = text.lstrip()
+    start = len(text) - len(body)
+    if not body:
+        return -1
+    i = text.find(NEWLINE_STOP, start)
+    while i >= 0:
+        head = text[start:i]
+        if not any(a.startswith(head + NEWLINE_STOP) for a in answers):
+            return i
+        i = text.find(NEWLINE_STOP, i + 1)
+    return -1
+
+
+def _multiline_steering(m, ans, p: GenParams) -> list[str]:
+    """The taught multi-line answers a steered reply stopped inside (at an inner newline), if any."""
+    if not (p.newline_added and ans.adapted and ans.stop_reason == "stop"):
+        return []
+    texts = [t for t in (taught_text(m, pid) for pid in ans.prototypes) if t and NEWLINE_STOP in t]
+    head = ans.text.lstrip()
+    return texts if any(t.startswith(head + NEWLINE_STOP) for t in texts) else []
+
+
 def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=None, gone=None) -> Result:
     """On the worker. ``on_token(choice_index, text_so_far)`` streams; ``messages`` None: a completion;
     ``gone``: a ``threading.Event`` set when the stream's client has left."""
@@ -119,9 +189,8 @@ def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=
     adapt = p.adapt and name is not None
     eng = m.engine
     toks = prompt_for(m, text, messages, adapt)
-    if len(toks) + p.max_tokens > eng.config.n_ctx:
-        raise APIError(400, f"prompt ({len(toks)} tokens) + max_tokens ({p.max_tokens}) exceeds the context of "
-                       f"{eng.config.n_ctx} tokens", "context_length_exceeded", "max_tokens")
+    budget = reply_budget(m, adapt, p, len(toks))
+
     def halt():
         if r.closing.is_set():
             return "the server is shutting down", "shutting_down"
@@ -131,17 +200,30 @@ def answer_job(r, name: str | None, text: str, messages, p: GenParams, on_token=
 
     choices, first = [], None
     for i in range(p.n):
-        tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far, i=i: on_token(i, so_far)),
-                       lead=m.template.lead, halt=halt)
-        try:
-            ans = m.ask(text, max_tokens=p.max_tokens, adapt=adapt, stop=p.stop, temperature=p.temperature,
-                        seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks, on_logits=tap)
-        except Stopped:
-            eng.reset()  # stopped inside generate: its steering and rows must not reach the next job
-            raise
+        def ask(stop, max_tokens, i=i):
+            tap = TokenTap(eng, p.top_logprobs, None if on_token is None else (lambda so_far: on_token(i, so_far)),
+                           lead=m.template.lead, halt=halt)
+            try:
+                return tap, m.ask(text, max_tokens=max_tokens, adapt=adapt, stop=stop, temperature=p.temperature,
+                                  seed=(p.seed + i) % (1 << 63), top_p=p.top_p, prompt_tokens_override=toks,
+                                  on_logits=tap)
+            except Stopped:
+                eng.reset()  # stopped inside generate: its steering and rows must not reach the next job
+                raise
+
+        tap, ans = ask(p.stop, budget)
+        n_tokens, finish = tap.n, "length" if ans.stop_reason == "length" else "stop"
+        answers = _multiline_steering(m, ans, p)
+        if answers:  # the newline stop cut a taught multi-line answer: answer again, ending where it ends
+            longest = max(len(eng.tokenize(a, add_bos=False)) for a in answers)
+            tap, ans = ask([s for s in p.stop if s != NEWLINE_STOP], min(budget, longest + REPLY_MARGIN))
+            cut = newline_end(ans.text, answers)
+            if cut >= 0:
+                ans.text, ans.stop_reason = ans.text[:cut], "stop"
+            n_tokens = min(tap.n, tap.tokens_in(ans.lead + ans.text) + (cut >= 0))
+            finish = "length" if ans.stop_reason == "length" else "stop"
         first = first or ans
-        finish = "length" if ans.stop_reason == "length" else "stop"
-        choices.append(Choice(ans.text, finish, tap.n, tap.cut(ans.lead + ans.text)))
+        choices.append(Choice(ans.text, finish, n_tokens, tap.cut(ans.lead + ans.text)))
     return Result(choices, len(toks), describe(m, name, first, p))
 
 

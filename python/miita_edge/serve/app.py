@@ -74,31 +74,3 @@ def create_app(settings: Settings | None = None, registry: Registry | None = Non
     for mod in (routes_page, routes_models, routes_chat, routes_memories):
         app.include_router(mod.router)
     return app
-
-
-def run_server(app: FastAPI, registry: Registry, host: str, port: int) -> None:
-    """uvicorn, told to stop the registry's work the moment a stop signal arrives.
-
-    uvicorn's graceful shutdown first waits for every open request to end and only then runs the
-    lifespan's shutdown; a streamed answer or a request waiting for a teach would hold it up for as
-    long as they run. ``Registry.begin_shutdown`` (on the event loop, not in the signal handler, which
-    may have interrupted the loop inside the worker's lock) stops answers at their next token, fails
-    queued work with 503 and cancels teach jobs, so those requests end within a batch."""
-    import asyncio
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        loop: asyncio.AbstractEventLoop | None = None
-
-        async def serve(self, sockets=None):
-            self.loop = asyncio.get_running_loop()
-            await super().serve(sockets)
-
-        def handle_exit(self, sig, frame):
-            if self.loop is not None and not registry.closing.is_set():
-                self.loop.call_soon_threadsafe(registry.begin_shutdown)
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10)
-    Server(config).run()

@@ -27,6 +27,12 @@ class GenParams:
     adapt: bool
     top_logprobs: int | None  # None: no logprobs; k >= 0: the chosen token's and the k most likely
     task: str | None  # a background task (Open WebUI's title, tags, ...): answered unadapted
+    # the request set no max_tokens (Open WebUI sends none): an adapted answer may run as long as
+    # the memory's longest taught answer (answer.reply_budget) instead of stopping at the default
+    default_max: bool = False
+    # the newline stop is the server's own (not a stop the request asked for): a steered answer
+    # that follows a taught multi-line answer passes that answer's inner newlines (answer.py)
+    newline_added: bool = False
 
 
 def refuse(param: str, why: str) -> APIError:
@@ -34,11 +40,10 @@ def refuse(param: str, why: str) -> APIError:
 
 
 def gen_params(body: ChatRequest | CompletionRequest, default_max_tokens: int, task: str | None) -> GenParams:
-    """seed < 0 (OpenAI clients send -1): random; max_tokens -1 or null: the default; top_p 0:
-    greedy; the request's ``stop`` strings are added to the newline stop unless
-    ``miita.newline_stop`` is false."""
-    mt = next((v for v in (body.max_tokens, body.max_completion_tokens) if v is not None and v != -1),
-              default_max_tokens)
+    """seed < 0 (OpenAI clients send -1): random; max_tokens -1 or null: the default (which an
+    adapted answer may pass, up to its memory's longest taught answer); top_p 0: greedy; the
+    request's ``stop`` strings are added to the newline stop unless ``miita.newline_stop`` is false."""
+    mt = next((v for v in (body.max_tokens, body.max_completion_tokens) if v is not None and v != -1), None)
     temperature = body.temperature or 0.0
     top_p = 1.0 if body.top_p is None else body.top_p
     if top_p == 0.0:
@@ -47,11 +52,12 @@ def gen_params(body: ChatRequest | CompletionRequest, default_max_tokens: int, t
     if seed < 0:
         seed = secrets.randbits(63)
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    if body.miita.newline_stop and NEWLINE_STOP not in stops:
+    added = body.miita.newline_stop and NEWLINE_STOP not in stops
+    if added:
         stops.insert(0, NEWLINE_STOP)
     stops = [s for s in stops if s]
-    return GenParams(mt, temperature, top_p, seed, stops, body.n or 1, body.miita.adapt and task is None,
-                     _top_logprobs(body), task)
+    return GenParams(default_max_tokens if mt is None else mt, temperature, top_p, seed, stops, body.n or 1,
+                     body.miita.adapt and task is None, _top_logprobs(body), task, mt is None, added)
 
 
 def _top_logprobs(body) -> int | None:

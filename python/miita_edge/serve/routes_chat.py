@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Depends, Request
 
-from .answer import Result, answer_job
+from .answer import Choice, Result, answer_job
 from .params import check_chat, check_completion, gen_params, refuse
 from .responses import ERRORS, SSE, ChatCompletion, Completion
 from .guard import StrictJSONRoute
 from .security import auth, registry
 from .stream import stream_answer
+from .task_reply import task_reply
 from .types import ChatRequest, CompletionRequest
 from .worker import BACKGROUND, FOREGROUND
 
@@ -77,11 +78,37 @@ async def _serve(request: Request, body, text: str, messages, task: str | None):
     if body.stream and p.top_logprobs is not None:
         raise refuse("logprobs", "not supported with stream: true")
     shape = Shape(chat=messages is not None, model=body.model)
+    reply = task_reply(task, messages)
+    if reply is not None:  # a background task answered by rule: the worker is not involved
+        return rule_response(reply, name, p, shape, body.stream)
     if body.stream:
         return await stream_answer(r, name, text, messages, p, shape)
     prio = BACKGROUND if task else FOREGROUND
     res = await r.run(answer_job, r, name, text, messages, p, None, priority=prio)
     return shape.full(res)
+
+
+def rule_response(reply: str, name: str | None, p, shape: Shape, stream: bool):
+    """A background task's rule-made reply (``task_reply``), as a response or a stream; no model
+    work, so ``version`` is null and usage counts no tokens."""
+    lp = None if p.top_logprobs is None else []
+    ext = {"memory": name, "version": None, "adapted": False, "reason": "background_task", "task": p.task}
+    res = Result([Choice(reply, "stop", 0, lp) for _ in range(p.n)], 0, ext)
+    if not stream:
+        return shape.full(res)
+    from sse_starlette.sse import EventSourceResponse
+
+    def events():
+        for i, c in enumerate(res.choices):
+            if shape.chat:
+                yield {"data": shape.chunk(i, {"role": "assistant", "content": ""})}
+            if c.text:
+                yield {"data": shape.chunk(i, {"content": c.text})}
+            last = i == len(res.choices) - 1
+            yield {"data": shape.chunk(i, {}, c.finish, {"usage": res.usage, "miita": ext} if last else None)}
+        yield {"data": "[DONE]"}
+
+    return EventSourceResponse(events(), ping=600)
 
 
 # exclude_unset: the miita object keeps only the keys that apply (no "steered_by": null when unsteered)
