@@ -87,7 +87,7 @@ def test_sample_never_gives_nan(temperature, top_p):
     """Every temperature and top_p the API accepts, on ordinary and extreme logits (the float32
     range, ties, -inf, NaN, +inf): a valid token id, no warning (warnings are errors here), and the
     most likely token wherever the limit is greedy (a temperature too small for logits / T to be finite)."""
-    from miita_edge.runtime.engine import sample
+    from miita_edge.runtime.sampling import sample
 
     big = np.finfo(np.float32).max
     cases = [np.array([1.0, 3.0, 2.0], np.float32), np.array([big, -big, big / 2, 0.0], np.float32),

@@ -35,6 +35,7 @@ from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS
 from .key_prefix import KeyPrefix
 from .lm_head import LMHeadRows
+from .sampling import sample  # noqa: F401  also reached as runtime.engine.sample
 from .llama_setup import cpu_has_amx, install_log_filter  # noqa: F401  cpu_has_amx re-exported for the benches
 from .support import missing_tensor_reason, refusal_after_load, refusal_reason, self_test
 
@@ -132,10 +133,8 @@ class Engine:
         self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
         self.n_past = 0
         self._key_prefix: KeyPrefix | None = None
-        # what the KV cache holds of the last query's prompt (holds()): the prompt, and how many of
-        # its positions are still intact (a truncate below them, or a raw batch, cuts or drops it)
-        self._prompt: tuple | None = None
-        self._intact = 0
+        self._prompt: tuple | None = None  # the last query's prompt, and how many of its rows the
+        self._intact = 0                   # cache still holds (holds(): a cut or a raw batch drops them)
         self.key_rows_reused = 0  # prompt rows key-only passes took from the previous pass (benches, tests)
         self.add_bos = bool(L.llama_vocab_get_add_bos(self._vocab))
         self.parse_special = False  # set by whoever renders prompts with a chat template
@@ -489,8 +488,7 @@ class Engine:
     def holds(self, prompt_tokens: Sequence[int]) -> bool:
         """Whether the KV cache holds exactly this prompt, as ``query`` left it (any decode, truncate or
         reset since then means it does not)."""
-        n = len(prompt_tokens)
-        return self._prompt == tuple(prompt_tokens) and self._intact >= n and self.n_past == n
+        return self._prompt == tuple(prompt_tokens) and self._intact >= len(prompt_tokens) == self.n_past
 
     def generate(self, state: QueryState, max_tokens: int = 32, stop: Sequence[str] = ("\n",),
                  plan: SteerPlan | None = None, eta: float = 0.0, mode: str = "gated",
@@ -510,9 +508,8 @@ class Engine:
         A stop string ends the text where ``stop_position`` finds it (``EngineConfig.stop_after_text``
         says whether blank lines before any text can end it).
         """
-        n = len(state.tokens)
-        if self._prompt == tuple(state.tokens) and self._intact >= n and self.n_past > n:
-            self.truncate(n)  # what was decoded after the prompt goes; the prompt's rows stay
+        if self._prompt == tuple(state.tokens) and self._intact >= len(state.tokens) < self.n_past:
+            self.truncate(len(state.tokens))  # what was decoded after the prompt goes; its rows stay
         if not self.holds(state.tokens):
             self.reset()
             self.decode(state.tokens, "last", read_logits=False)
@@ -599,31 +596,3 @@ class Engine:
         if self._lm is None:
             self._lm = LMHeadRows(self.info, self.n_threads)
         return self._lm
-
-
-def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
-    """Greedy at temperature 0 (ties: lowest id); otherwise nucleus sampling.
-
-    Every temperature > 0 and every top_p give a probability vector without NaN: the logits are
-    shifted by their maximum *before* dividing by the temperature, so ``z <= 0`` and the maximum
-    stays exactly 0 (``exp`` 1) however small the temperature (5e-324: every other logit becomes
-    -inf, which is greedy, as the limit is); a NaN logit counts as -inf, an +inf logit wins
-    outright, and the nucleus always keeps the most likely token (top_p 0 or 5e-324 too)."""
-    z = np.asarray(logits, dtype=np.float64)
-    z = np.where(np.isnan(z), -np.inf, z)
-    top = z.max()
-    if temperature <= 0 or not np.isfinite(top):
-        return int(np.argmax(z))
-    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
-        z = (z - top) / temperature
-        p = np.exp(z)
-    p /= p.sum()  # the maximum's exp(0) = 1: the sum is in [1, len]
-    if top_p < 1.0:
-        order = np.argsort(-p)
-        keep = np.cumsum(p[order]) - p[order] < top_p
-        keep[0] = True
-        mask = np.zeros_like(p, bool)
-        mask[order[keep]] = True
-        p = np.where(mask, p, 0.0)
-        p /= p.sum()
-    return int(rng.choice(len(p), p=p))
