@@ -81,6 +81,44 @@ def test_stop_adds_to_the_newline_stop(client):
     assert found >= 1, "no sampled answer held a newline: the test proved nothing"
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 2e-308, 1e-300, 1e-30, 0.5, 2.0])
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 0.0, 0.5, 1.0])
+def test_sample_never_gives_nan(temperature, top_p):
+    """Every temperature and top_p the API accepts, on ordinary and extreme logits (the float32
+    range, ties, -inf, NaN, +inf): a valid token id, no warning (warnings are errors here), and the
+    most likely token wherever the limit is greedy (a temperature too small for logits / T to be finite)."""
+    from miita_edge.runtime.engine import sample
+
+    big = np.finfo(np.float32).max
+    cases = [np.array([1.0, 3.0, 2.0], np.float32), np.array([big, -big, big / 2, 0.0], np.float32),
+             np.array([-big, -big, 5.0, 5.0], np.float32), np.array([0.0, -np.inf, 7.0, -np.inf], np.float32),
+             np.array([np.nan, 1.0, 2.0], np.float32), np.array([1.0, np.inf, 2.0], np.float32),
+             np.linspace(-30, 30, 1000).astype(np.float32)]
+    rng = np.random.default_rng(0)
+    for logits in cases:
+        for _ in range(5):
+            tok = sample(logits, temperature, top_p, rng)
+            assert 0 <= tok < len(logits) and not np.isnan(logits[tok])
+            if temperature < 1e-200 or top_p < 1e-200:
+                assert logits[tok] == np.nanmax(logits), (logits, temperature, top_p)  # a top token (ties: any)
+
+
+def test_extreme_temperature_and_top_p_are_answered(client):
+    """The smallest temperatures and top_p the schema allows (5e-324, 2e-308) are answered (they
+    were a 500: logits / temperature overflowed to inf and the probabilities to NaN) and, being
+    greedy in the limit, give the greedy answer; the largest (2.0, 1.0) are answered too."""
+    kw = dict(model="tiny-llama-untied-q8-0", max_tokens=8, miita={"newline_stop": False})
+    greedy = texts(ask(client, temperature=0, **kw)[1])
+    for extra in ({"temperature": 5e-324}, {"temperature": 2e-308}, {"temperature": 1e-300, "top_p": 0.5},
+                  {"temperature": 1.0, "top_p": 5e-324}, {"temperature": 2.0, "top_p": 2e-308}):
+        st, out = ask(client, seed=5, **extra, **kw)
+        assert st == 200, (extra, out)
+        assert texts(out) == greedy, extra
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        st, out = ask(client, path=path, temperature=2.0, top_p=1.0, seed=-1, **kw)
+        assert st == 200, out
+
+
 def test_n_choices(client):
     st, out = ask(client, n=3, temperature=0, max_tokens=6)
     assert st == 200 and [c["index"] for c in out["choices"]] == [0, 1, 2] and len(set(texts(out))) == 1
