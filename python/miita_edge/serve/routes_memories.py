@@ -11,6 +11,8 @@ from .security import auth, registry
 from .types import CreateMemory, ExampleIn, Forget, TeachBody, TeachObject
 
 router = APIRouter(dependencies=[Depends(auth)], responses=ERRORS, route_class=StrictJSONRoute)
+FORGET_COUNTS = ("version", "removed_prototypes", "removed_anchors", "removed_examples", "prototypes", "anchors",
+                 "bytes")
 MemoryName = Path(max_length=256, description="a served memory's name")
 
 
@@ -41,6 +43,8 @@ async def teach(request: Request, body: TeachBody, name: str = MemoryName):
     r.known(name)
     rows: list[ExampleIn] = body.examples if isinstance(body, TeachObject) else body
     budget = body.budget if isinstance(body, TeachObject) else None
+    if budget is not None:
+        r.check_budget(budget)
     examples = [Example(row.input, row.output, line=i) for i, row in enumerate(rows)]
     m, rep = await r.run(r.write, name, lambda m: m.ingest(examples, budget=budget, progress=False))
     out = rep.to_json()
@@ -54,5 +58,4 @@ async def forget(request: Request, body: Forget, name: str = MemoryName):
     r = registry(request)
     r.known(name)
     m, out = await r.run(r.write, name, lambda m: m.forget(body.output))
-    out["memory"] = name
-    return out
+    return {"memory": name, **{k: int(out[k]) for k in FORGET_COUNTS}}
