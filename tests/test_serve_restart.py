@@ -53,7 +53,7 @@ def test_created_memories_survive_a_restart(tmp_path):
         ids = [m["id"] for m in call("GET", "/v1/models")[1]["data"]]
     finally:
         s.stop()
-    s = start(tmp_path, "second", "--allow-unlimited-budget")
+    s = start(tmp_path, "second")  # the same flags
     call.srv = s
     try:
         assert [m["id"] for m in call("GET", "/v1/models")[1]["data"]] == ids and ids[1].endswith(":r1")
@@ -66,13 +66,9 @@ def test_created_memories_survive_a_restart(tmp_path):
         # --max-memories 3 counts the two on disk: one more, then 409
         st, out = call("POST", "/v1/memories", {"name": "r1"})
         assert st == 409 and out["error"]["code"] == "memory_exists" and error_shape(out)
-        st, out = call("POST", "/v1/memories", {"name": "r3", "budget": "none"})  # allowed by the flag
-        assert st == 200 and out["budget"] == "none", out
+        assert call("POST", "/v1/memories", {"name": "r3"})[0] == 200
         st, out = call("POST", "/v1/memories", {"name": "r4"})
         assert st == 409 and out["error"]["code"] == "too_many_memories" and "3" in out["error"]["message"], out
-        st, out = call("POST", "/v1/memories/r1/examples", {"examples": [{"input": "q", "output": "a"}],
-                                                            "budget": "unlimited"})
-        assert st == 200 and call("GET", "/v1/memories/r1")[1]["budget"] == "unlimited"
         _forget_reports_counts(call)
     finally:
         s.stop()
@@ -93,3 +89,19 @@ def _forget_reports_counts(call) -> None:
     st, out = call("DELETE", "/v1/memories/r2/examples", {"output": "billing"})  # the paper preset cannot
     assert st == 400 and error_shape(out) and "cannot forget" in out["error"]["message"], out
     assert out["error"]["message"].startswith("memory r2:"), out
+
+
+def test_unlimited_budget_with_the_flag(tmp_path):
+    """``--allow-unlimited-budget``: a client may create a memory without a limit and lift one by
+    a teach (without the flag: 403, tests/test_serve_guard.py)."""
+    s = start(tmp_path, "flag", "--allow-unlimited-budget")
+    try:
+        st, out = s.request("POST", "/v1/memories", {"name": "u", "budget": "none"})
+        assert st == 200 and out["budget"] == "none", out
+        assert s.request("POST", "/v1/memories", {"name": "w", "budget": "1KiB"})[0] == 200
+        st, out = s.request("POST", "/v1/memories/w/examples", {"examples": [{"input": "q", "output": "a"}],
+                                                                "budget": "Unlimited"})
+        assert st == 200 and out["budget_bytes"] is None, out
+        assert s.get("/v1/memories/w")[1]["budget"] == "Unlimited"
+    finally:
+        s.stop()

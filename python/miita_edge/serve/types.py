@@ -12,17 +12,30 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WithJsonSchema, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, WithJsonSchema, field_validator
 
 from ..method.templates import TEMPLATES
 
 MAX_STOPS, MAX_STOP_CHARS = 16, 256
 Num = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def _integral(v):
+    """JSON's 6.0 is the integer 6 (JSON Schema says so); strings and booleans stay refused."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def integer(**limits):
+    """An int field with ``limits`` (ge, le) that takes JSON's integral floats too."""
+    return Annotated[int, Field(**limits), BeforeValidator(_integral)]
+
+
+Int = integer()
 StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TEXT = r"\S"  # a string with some non-blank character (JSON Schema patterns search, unanchored)
 # max_tokens: >= 1, or -1 / null for the server's default
-MaxTokens = Optional[Union[Annotated[int, Field(ge=1)], Literal[-1]]]
+MaxTokens = Annotated[Optional[Union[Annotated[int, Field(ge=1)], Literal[-1]]], BeforeValidator(_integral)]
 # what the option accepts (the handler refuses the rest with a 400 naming it)
 ZERO = WithJsonSchema({"anyOf": [{"type": "number", "const": 0}, {"type": "null"}]})
 NONE_AUTO = WithJsonSchema({"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {"type": "null"}]})
@@ -57,12 +70,12 @@ class _Common(BaseModel):
     max_completion_tokens: MaxTokens = Field(default=None, description="-1 or null: the server's default")
     temperature: Optional[Num] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[Num] = Field(default=None, ge=0.0, le=1.0, description="0: greedy")
-    seed: Optional[int] = Field(default=None, description="negative (-1): a random seed")
+    seed: Optional[Int] = Field(default=None, description="negative (-1): a random seed")
     stop: Optional[Union[StopText, Annotated[list[StopText], Field(max_length=MAX_STOPS)]]] = Field(
         default=None, description="added to the newline stop")
     stream: Optional[bool] = False
     stream_options: Optional[dict[str, Any]] = None
-    n: Optional[int] = Field(default=1, ge=1, le=8)
+    n: Optional[integer(ge=1, le=8)] = 1
     frequency_penalty: Annotated[Optional[Num], ZERO] = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: Annotated[Optional[Num], ZERO] = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: Annotated[Optional[dict[str, Num]],
@@ -80,7 +93,7 @@ class Message(BaseModel):
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    top_logprobs: Optional[integer(ge=0, le=20)] = None
     response_format: Annotated[Optional[dict[str, Any]], WithJsonSchema({"anyOf": [
         {"type": "object", "properties": {"type": {"type": "string", "const": "text"}}}, {"type": "null"}]})] = None
     tools: Optional[list[dict[str, Any]]] = None
@@ -94,11 +107,10 @@ class CompletionRequest(_Common):
     prompt: Union[Annotated[str, Field(pattern=TEXT)],
                   Annotated[list[Annotated[str, Field(pattern=TEXT)]], Field(min_length=1, max_length=1)]] = Field(
         description="one string with some text (or a list of exactly one)")
-    logprobs: Optional[int] = Field(default=None, ge=0, le=5)
+    logprobs: Optional[integer(ge=0, le=5)] = None
     echo: Annotated[Optional[bool], WithJsonSchema({"anyOf": [{"const": False}, {"type": "null"}]})] = False
     suffix: Annotated[Optional[str], WithJsonSchema({"anyOf": [{"const": ""}, {"type": "null"}]})] = None
-    best_of: Annotated[Optional[int], WithJsonSchema({"anyOf": [{"const": 1}, {"type": "null"}]})] = Field(
-        default=None, ge=1)
+    best_of: Annotated[Optional[integer(ge=1)], WithJsonSchema({"anyOf": [{"const": 1}, {"type": "null"}]})] = None
 
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
