@@ -105,3 +105,32 @@ def test_unlimited_budget_with_the_flag(tmp_path):
         assert s.get("/v1/memories/w")[1]["budget"] == "Unlimited"
     finally:
         s.stop()
+
+
+def test_memories_under_lists_committed_memories(tmp_path):
+    """What a restart serves from --memory-root: subdirectories with a memory's name and a committed
+    version (``CURRENT``); not files, odd names or directories without a commit."""
+    from miita_edge.serve.memories import memories_under
+
+    for name, current in (("b", True), ("a", True), ("empty", False), (".hidden", True), ("bad name", True)):
+        (tmp_path / name).mkdir()
+        if current:
+            (tmp_path / name / "CURRENT").write_text("v00000001\n")
+    (tmp_path / "file").write_text("x")
+    assert memories_under(tmp_path) == {"a": tmp_path / "a", "b": tmp_path / "b"}
+    assert memories_under(tmp_path / "missing") == {} and memories_under(None) == {}
+
+
+def test_scrub_paths():
+    """Known paths become their public names (longest first), any other absolute path its last
+    component; URLs and fractions are left alone. (Only library errors pass through it: the
+    server's own messages, such as a 404 naming the route, are not scrubbed.)"""
+    from miita_edge.serve.errors import scrub_paths
+
+    names = {"/srv/mem/root/r1": "r1", "/srv/mem/root": "--memory-root"}
+    msg = ("memory /srv/mem/root/r1 changed since it was opened; lock /srv/mem/root/r1/LOCK; no memory at "
+           "/home/u/other/x2: nothing; root /srv/mem/root")
+    assert scrub_paths(msg, names) == ("memory r1 changed since it was opened; lock r1/LOCK; no memory at x2: "
+                                       "nothing; root --memory-root")
+    for keep in ("see http://127.0.0.1:8080/v1/models", "1/2 of a/b", "ratio 3/4"):
+        assert scrub_paths(keep, {}) == keep
