@@ -38,6 +38,7 @@ class Server:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._logf.close()  # a server that would not start leaves no open file behind
                 raise RuntimeError(f"server exited {self.proc.returncode}: {log.read_text()[-2000:]}")
             try:
                 self.get("/v1/models")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
 import weakref
 
 import pytest
@@ -121,6 +123,7 @@ ACCEPTED = [
     chat(seed=-1, temperature=1.0), chat(seed=2**70, temperature=1.0), chat(seed=-(2**70), temperature=1.0),
     chat(max_tokens=-1), chat(max_tokens=None), chat(top_p=0, temperature=2.0), chat(temperature=0),
     chat("🦜 ‮rtl‬ zero​width \u0000 nul \U0010ffff 😀"), chat("é" * 100), chat(stop=["zz", "\u2028"]),
+    chat(temperature=5e-324), chat(temperature=2e-308), chat(temperature=2.0, top_p=5e-324),
 ]
 
 
@@ -170,3 +173,94 @@ def test_max_memories(srv):
     assert st == 409 and out["error"]["code"] == "too_many_memories" and error_shape(out)
     st, out, _ = conn.call("GET", "/v1/models")
     assert not any(m["id"].endswith(":a3") for m in out["data"])
+
+
+def test_no_response_points_to_another_host(srv):
+    """Offline by default: no page or schema of this server makes a browser fetch from elsewhere
+    (FastAPI's /docs and /redoc load Swagger UI and ReDoc from a CDN; they are not served)."""
+    conn = Conn(srv)
+    seen = 0
+    for path in ("/", "/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect", "/v1/models", "/v1/memories",
+                 "/v1/memories/m", "/no/such/route"):
+        st, out, r = conn.call("GET", path)
+        text = out.decode("utf-8", "replace") if isinstance(out, bytes) else json.dumps(out)
+        urls = re.findall(r"(?:https?:)?//[A-Za-z0-9.\-\[\]:]+", text)
+        assert not [u for u in urls if not re.match(r"(?:https?:)?//(127\.0\.0\.1|localhost|\[::1\])(:|$)", u)], (path, urls)
+        seen += len(text)
+        if path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+            assert st == 404 and error_shape(out), (path, st)
+    assert seen > 10000  # the page and the schema were read
+
+
+@pytest.mark.parametrize("method,path,allow", [
+    ("OPTIONS", "/v1/memories", "GET, POST"), ("PUT", "/v1/memories", "GET, POST"), ("PUT", "/v1/models", "GET"),
+    ("PATCH", "/v1/memories/m/examples", "DELETE, POST"), ("GET", "/v1/memories/m/examples", "DELETE, POST"),
+    ("DELETE", "/v1/memories/m", "GET"), ("POST", "/v1/models/m", "GET"), ("OPTIONS", "/v1/chat/completions", "POST"),
+    ("POST", "/", "GET")])
+def test_405_allow_lists_every_method_of_the_path(srv, method, path, allow):
+    conn = Conn(srv)
+    st, out, r = conn.call(method, path)
+    assert st == 405 and error_shape(out) and out["error"]["code"] == "method_not_allowed"
+    assert r.getheader("allow") == allow
+
+
+def test_models_retrieve(srv):
+    """``GET /v1/models/{id}``: what the openai client's ``models.retrieve`` calls."""
+    openai = pytest.importorskip("openai")
+    c = srv.client()
+    ids = [m.id for m in c.models.list().data]
+    for i in ids:
+        card = c.models.retrieve(i)
+        assert card.id == i and card.object == "model" and card.owned_by == "miita-edge"
+    assert c.models.retrieve("m").id == next(i for i in ids if i.endswith(":m"))  # a memory by its bare name
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("nope")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def _raw(srv, head: bytes, body: bytes) -> tuple[int, bytes]:
+    """Send a request's head and ``body`` on a fresh socket, then read until the server closes it;
+    a server that neither answers nor closes within 20 s fails the test (socket timeout)."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as sock:
+        sock.sendall(head + b"\r\n" + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
+
+
+def test_a_body_shorter_than_its_length_is_answered_and_closed(srv):
+    """A client that announces more bytes than it sends gets a 408 within seconds (the body
+    timeout) and the connection is closed; it was held until the client gave up."""
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {{n}}\r\n")
+    for n in (50_000_000, 1000):
+        st, data = _raw(srv, head.format(n=n).encode(), b"{}")
+        assert st == 408 and b"body_timeout" in data and b"connection: close" in data.lower(), data
+    assert Conn(srv).call("GET", "/v1/models")[0] == 200  # and the server still serves
+
+
+def test_a_text_part_that_is_not_a_string_is_named(srv):
+    conn = Conn(srv)
+    for text, kind in ((5, "number"), (None, "null"), (["x"], "array")):
+        st, out, _ = conn.call("POST", "/v1/chat/completions",
+                               chat(**{"messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}))
+        assert st == 400 and error_shape(out) and out["error"]["param"] == "messages[0].content[0].text", out
+        assert "must be a string" in out["error"]["message"] and kind in out["error"]["message"], out
+        assert "not supported" not in out["error"]["message"]
+
+
+def test_an_unlimited_budget_needs_the_server_flag(srv):
+    """Without --allow-unlimited-budget, no client can make a memory unlimited (create or teach):
+    403 naming the flag, nothing created or stored."""
+    conn = Conn(srv)
+    v0 = version(srv)
+    for spelling in ("none", "Unlimited", "inf"):
+        st, out, _ = conn.call("POST", "/v1/memories", {"name": "u1", "budget": spelling})
+        assert st == 403 and error_shape(out) and out["error"]["code"] == "unlimited_budget_not_allowed", out
+        assert out["error"]["param"] == "budget" and "--allow-unlimited-budget" in out["error"]["message"]
+        st, out, _ = conn.call("POST", "/v1/memories/m/examples",
+                               {"examples": [{"input": "q", "output": "a"}], "budget": spelling})
+        assert st == 403 and out["error"]["code"] == "unlimited_budget_not_allowed", out
+    assert version(srv) == v0 and srv.get("/v1/memories/m")[1]["budget"] != "none"
+    assert not any(m["id"].endswith(":u1") for m in conn.call("GET", "/v1/models")[1]["data"])

@@ -145,7 +145,9 @@ def _add_serve_info_demo(sub) -> None:
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME", help="a Host header name to "
                    "answer besides 127.0.0.1, localhost, [::1] and --host; repeatable (default: none)")
     p.add_argument("--max-memories", type=int, default=64, metavar="N", help="most memories POST /v1/memories "
-                   "keeps under --memory-root (default: 64)")
+                   "keeps under --memory-root, counted on disk (default: 64)")
+    p.add_argument("--allow-unlimited-budget", action="store_true", help="let clients set a memory's budget to "
+                   "'none' (create, teach); off: 403")
     p.add_argument("--max-teach-rows", type=int, default=2000, metavar="N", help="most examples one teach request "
                    "may carry (413 beyond; default: 2000)")
     p.add_argument("--teach-wait-rows", type=int, default=64, metavar="N", help="a teach of at most N examples "
@@ -455,7 +457,8 @@ def cmd_serve(args) -> int:
                   memory_root=Path(args.memory_root).expanduser() if args.memory_root else None,
                   allow_origins=tuple(check_origin_arg(o) for o in args.allow_origin),
                   allow_hosts=tuple(args.allow_host), max_memories=args.max_memories,
-                  max_teach_rows=args.max_teach_rows, teach_wait_rows=args.teach_wait_rows)
+                  max_teach_rows=args.max_teach_rows, teach_wait_rows=args.teach_wait_rows,
+                  allow_unlimited_budget=args.allow_unlimited_budget)
     from .serve.memories import Registry
     from .serve.openmp import reexec_passive
 

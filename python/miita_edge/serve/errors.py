@@ -7,10 +7,16 @@ import re
 from ..errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError, StoreConflict, StoreError
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+         404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error", 409: "conflict_error",
          413: "invalid_request_error", 415: "invalid_request_error", 421: "permission_error",
          422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
-_TAG = re.compile(r"str|int|float|bool|dict|none|[a-z_-]+\[.*\]")
+_TAG = re.compile(r"str|int|float|bool|dict|none|constrained-[a-z]+|[a-z_-]+\[.*\]")
+# one message for a field whose schema is a union or a pattern (pydantic's would list each branch)
+FIELD_RULES = {"max_tokens": "must be >= 1 (or -1 or null for the server's default)",
+               "max_completion_tokens": "must be >= 1 (or -1 or null for the server's default)",
+               "prompt": "one string with some non-blank text (or a list of exactly one) is supported",
+               "budget": "not a budget: use e.g. 4096, 64KiB, 1.5MB, 1% or none (sizes of at least one byte, "
+                         "shares above 0%)"}
 MAX_ECHO = 64  # characters of client input an error message may quote
 
 
@@ -19,6 +25,21 @@ def bounded(text, limit: int = MAX_ECHO) -> str:
     (and never a lone surrogate, which no JSON encoder downstream may accept)."""
     s = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
     return repr(s if len(s) <= limit else s[:limit] + "…")
+
+
+# an absolute POSIX path (not a URL path: no "//" or scheme before it), up to a quote, space or bracket
+_ABS_PATH = re.compile(r"(?<![\w.:/~-])(?:/[^\s'\"/:,;()\[\]{}<>]+)+/?")
+
+
+def scrub_paths(text: str, names: dict[str, str]) -> str:
+    """``text`` without the server's absolute paths: each path in ``names`` (longest first) becomes
+    its public name (a memory directory -> the memory's name), then any other absolute path becomes
+    its last component. A library error names the directory it failed on; a client knows the
+    memory by name, and the server's file system layout is none of its business."""
+    for path in sorted(names, key=len, reverse=True):
+        if path and path != "/":
+            text = text.replace(path, names[path])
+    return _ABS_PATH.sub(lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "/", text)
 
 
 def bounded_list(names, limit: int = 8) -> str:
@@ -85,4 +106,7 @@ def validation_error(errors: list[dict]) -> APIError:
     if loc[:2] == ["body", "list"]:
         param = "examples" + (param or "")
     msg = str(first.get("msg", "invalid value"))[:200]
+    rule = FIELD_RULES.get(re.sub(r"(\[\d+\])+$", "", (param or "").rsplit(".", 1)[-1]))
+    if rule and first.get("type") != "missing":
+        msg = rule
     return APIError(422, f"{param or 'body'}: {msg}", first.get("type"), param)

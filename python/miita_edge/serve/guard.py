@@ -11,10 +11,13 @@ cannot be sent without a CORS preflight the server never grants, so:
 - an ``Origin`` other than the server's own or an ``--allow-origin`` one is refused with 403;
 - a request with a body must say ``Content-Type: application/json`` (415 otherwise);
 - the body is at most ``--max-body`` bytes (413), valid UTF-8, JSON without NaN/Infinity, at most
-  ``MAX_DEPTH`` levels deep, and without lone surrogates in any string (400).
+  ``MAX_DEPTH`` levels deep, and without lone surrogates in any string (400);
+- the whole body arrives within ``Settings.body_timeout_s`` seconds (408, and the connection is
+  closed): a client that announces more bytes than it sends cannot hold a connection open.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi.responses import JSONResponse
@@ -46,7 +49,7 @@ class Guard:
     """ASGI middleware: Host, Origin, content type and body size, before any handler runs."""
 
     def __init__(self, app, settings: Settings):
-        self.app, self.limit = app, settings.max_body_bytes
+        self.app, self.limit, self.timeout = app, settings.max_body_bytes, settings.body_timeout_s
         self.hosts, self.origins = settings.host_names(), settings.origins()
 
     def check(self, scope) -> None:
@@ -66,24 +69,29 @@ class Guard:
             if ctype != "application/json" and not ctype.endswith("+json"):
                 raise APIError(415, "Content-Type must be application/json", "unsupported_media_type")
 
+    def too_large(self) -> APIError:
+        return APIError(413, f"request body over the limit of {self.limit} bytes", "body_too_large")
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        deadline = asyncio.get_running_loop().time() + self.timeout
         try:
             self.check(scope)
         except APIError as e:
-            return await _drain_and_answer(e, scope, receive, send)
+            return await _drain_and_answer(e, scope, receive, send, deadline)
         chunks, size, more = [], 0, True
         while more:
-            msg = await receive()
+            msg = await _receive_by(receive, deadline)
+            if msg is None:
+                return await _answer(_slow(self.timeout), scope, receive, send, close=True)
             if msg["type"] != "http.request":
                 return
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             more = msg.get("more_body", False)
             if size > self.limit:
-                err = APIError(413, f"request body over the limit of {self.limit} bytes", "body_too_large")
-                return await _drain_and_answer(err, scope, receive, send, more)
+                return await _drain_and_answer(self.too_large(), scope, receive, send, deadline, more)
         body, sent = b"".join(chunks), False
 
         async def replay():
@@ -101,17 +109,36 @@ def _has_body(scope) -> bool:
     return (length is not None and length.strip() not in ("", "0")) or _header(scope, b"transfer-encoding") is not None
 
 
-async def _drain_and_answer(err: APIError, scope, receive, send, more: bool = True):
-    """Answer ``err``; read what is left of a small body first, so the keep-alive connection stays
-    usable (a client that sent a large body gets the answer and uvicorn closes the connection)."""
+def _slow(timeout: float) -> APIError:
+    return APIError(408, f"the request body did not arrive within {timeout:g} s (Content-Length says more "
+                    "than was sent?)", "body_timeout")
+
+
+async def _receive_by(receive, deadline: float):
+    """The next ASGI message, or None when ``deadline`` (event-loop time) passes first."""
+    try:
+        return await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+    except asyncio.TimeoutError:
+        return None
+
+
+async def _answer(err: APIError, scope, receive, send, close: bool = False):
+    headers = {"Connection": "close"} if close else None
+    return await JSONResponse(err.body(), status_code=err.status, headers=headers)(scope, receive, send)
+
+
+async def _drain_and_answer(err: APIError, scope, receive, send, deadline: float, more: bool = True):
+    """Answer ``err``; read what is left of a small body first (until ``deadline``), so the
+    keep-alive connection stays usable (a client that sent a large body, or is slow to send it,
+    gets the answer and the connection is closed)."""
     left = 1 << 16
     while more and left > 0:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            break
+        msg = await _receive_by(receive, deadline)
+        if msg is None or msg["type"] != "http.request":
+            return await _answer(err, scope, receive, send, close=True)
         left -= len(msg.get("body", b""))
         more = msg.get("more_body", False)
-    return await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
+    return await _answer(err, scope, receive, send, close=more)
 
 
 # ---------------------------------------------------------------- strict JSON

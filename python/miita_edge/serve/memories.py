@@ -9,6 +9,10 @@ response names the version it used. Writes go through the facade (``Miita.ingest
 under the store's lock, committed atomically; a write that finds the memory changed (or locked) by
 another process reopens it and retries. A teach decodes its rows in small worker jobs before that
 commit (``jobs.py``), so answers run between its batches.
+
+Memories under ``--memory-root`` are whatever that directory holds: the ones created by an earlier
+run are served again after a restart, and ``--max-memories`` counts what is on disk there. No
+response names a server path: errors from the library are rewritten with memory names (``public``).
 """
 from __future__ import annotations
 
@@ -17,17 +21,31 @@ from pathlib import Path
 
 from ..errors import InputError, StoreConflict
 from ..memory import store as store_mod
+from ..memory.budget import parse_budget
 from ..miita import Miita
 from ..runtime.engine import Engine, EngineConfig
-from .errors import APIError, bounded, bounded_list
+from .errors import APIError, as_api_error, bounded, bounded_list, scrub_paths
 from .jobs import Jobs
-from .settings import Settings
+from .settings import NAME_RE, Settings
 from .worker import FOREGROUND, Worker
 
 
 def committed_version(store: store_mod.Store) -> int:
     name = store._read_current()
     return 0 if name is None else int(name[1:])
+
+
+def memories_under(root: Path | None) -> dict[str, Path]:
+    """The memories on disk under ``root``: each subdirectory with a memory's name and a committed
+    version (sorted by name). Read at start and at each create, so what another run (or process)
+    created there counts too."""
+    if root is None or not Path(root).is_dir():
+        return {}
+    found = {}
+    for p in sorted(Path(root).iterdir()):
+        if NAME_RE.fullmatch(p.name) and p.is_dir() and store_mod.Store(p).exists():
+            found[p.name] = p
+    return found
 
 
 class Registry:
@@ -42,7 +60,8 @@ class Registry:
         for suffix in (".gguf", ".GGUF"):
             stem = stem.removesuffix(suffix)
         self.model_id = stem.lower().replace("_", "-")
-        self.dirs: dict[str, Path] = dict(settings.memories)
+        # --memory names first; then what --memory-root holds (a --memory of the same name wins)
+        self.dirs: dict[str, Path] = {**memories_under(settings.memory_root), **settings.memories}
         self.open: dict[str, Miita] = {}
         self.frozen: Miita | None = None  # no memory: the plain template, nothing stored
         self.jobs = Jobs(settings.max_teach_jobs)
@@ -64,10 +83,37 @@ class Registry:
         self.engine.close()
 
     async def run(self, fn, *args, priority: int = FOREGROUND):
-        """Queue ``fn`` on the worker that owns the context; await its result."""
+        """Queue ``fn`` on the worker that owns the context; await its result. A failure comes back
+        as the ``APIError`` a client sees, without server paths."""
         if self.closing.is_set():
             raise shutting_down()
-        return await self.worker.run(fn, *args, priority=priority)
+        try:
+            return await self.worker.run(fn, *args, priority=priority)
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- every other failure, as the client sees it
+            raise self.public(as_api_error(exc)) from None
+
+    def public(self, err: APIError) -> APIError:
+        """``err`` with every server path replaced: a memory directory by the memory's name, the
+        memory root and the model file by what the client calls them."""
+        names: dict[str, str] = {}
+        places = [(p, n) for n, p in self.dirs.items()] + [(self.engine.info.path, self.model_id)]
+        if self.settings.memory_root is not None:
+            places.append((self.settings.memory_root, "--memory-root"))
+        for path, name in places:
+            for form in {str(path), str(Path(path).expanduser().resolve())}:
+                names[form] = name
+        err.message = scrub_paths(err.message, names)
+        return err
+
+    def check_budget(self, text: str) -> None:
+        """A budget a client sets (create, teach): ``none`` only with ``--allow-unlimited-budget``,
+        since an unlimited memory can grow until the disk is full."""
+        if parse_budget(text).unlimited and not self.settings.allow_unlimited_budget:
+            raise APIError(403, f"budget {bounded(text)}: an unlimited budget needs the server flag "
+                           "--allow-unlimited-budget; give a size (e.g. 64KiB) or a share (e.g. 1%)",
+                           "unlimited_budget_not_allowed", "budget")
 
     # -------------------------------------------------------------- naming
     def resolve(self, model: str) -> str | None:
@@ -123,24 +169,25 @@ class Registry:
         raise AssertionError("unreachable")
 
     def create(self, name: str, budget: str, template: str, preset: str) -> dict:
-        from ..memory.budget import parse_budget
         from ..method.templates import get_template
 
         if name in self.dirs:
             raise APIError(409, f"memory {name!r} already exists", "memory_exists", "name")
-        parse_budget(budget)
+        self.check_budget(budget)
         get_template(template)
         root = self.settings.memory_root
         if root is None:
             raise APIError(400, "this server has no --memory-root: new memories cannot be created", "no_memory_root")
-        created = sum(1 for p in self.dirs.values() if Path(p).parent == Path(root))
-        if created >= self.settings.max_memories:
-            raise APIError(409, f"--memory-root holds {created} memories, the most this server creates "
+        on_disk = memories_under(root)
+        if name in on_disk:  # created there by another process since this one started
+            raise APIError(409, f"memory {name!r} already exists under --memory-root", "memory_exists", "name")
+        if len(on_disk) >= self.settings.max_memories:
+            raise APIError(409, f"--memory-root holds {len(on_disk)} memories, the most this server creates "
                            f"(--max-memories {self.settings.max_memories})", "too_many_memories")
         path = Path(root) / name
         m = Miita(memory=path, template=template, preset=preset, engine=self.engine)
         if m.store.exists():
-            raise APIError(409, f"memory {name!r} already exists at {path}", "memory_exists", "name")
+            raise APIError(409, f"memory {name!r} already exists under --memory-root", "memory_exists", "name")
         m.budget_spec = budget
         with m.store.writer() as w:  # commit an empty version: the memory exists for every process
             m.version = w.commit(m.bank.to_arrays(), m.manifest()).version
@@ -154,9 +201,9 @@ def shutting_down() -> APIError:
 
 
 def info(name: str, m: Miita) -> dict:
-    out = m.info() if m.store.exists() else {"memory": str(m.memory_dir), "version": 0, "examples": 0,
-                                              "prototypes": 0, "anchors": 0}
-    out["name"] = name
+    """``Miita.info()`` with the memory's name where the library puts its directory."""
+    out = m.info() if m.store.exists() else {"version": 0, "examples": 0, "prototypes": 0, "anchors": 0}
+    out.update(name=name, memory=name)
     return out
 
 

@@ -81,7 +81,7 @@ def check_chat(body: ChatRequest) -> tuple[str, str | None]:
     """Validate a chat request; return (the key text: the last user turn, the background task)."""
     check_common(body)
     rf = body.response_format or {}
-    if rf and rf.get("type") not in ("text", None):
+    if rf.get("type", "text") != "text":
         raise refuse("response_format", f"type {bounded(rf.get('type'))} is not supported (no constrained "
                      "decoding): only {\"type\": \"text\"}")
     tc = body.tool_choice
@@ -98,13 +98,30 @@ def check_chat(body: ChatRequest) -> tuple[str, str | None]:
             raise refuse(f"messages[{i}].role", why)
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
-                kind = part.get("type")
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    what = "images are not supported (the model reads text)" if kind == "image_url" else \
-                        f"content part type {bounded(kind)} is not supported (only \"text\")"
-                    raise refuse(f"messages[{i}].content[{j}]", what)
+                _check_part(part, f"messages[{i}].content[{j}]")
     task = background_task(body)
     return last_user_text(body.messages), task
+
+
+def _check_part(part: dict, where: str) -> None:
+    """A content part is ``{"type": "text", "text": STRING}``; anything else is named exactly."""
+    kind = part.get("type")
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            got = "missing" if "text" not in part else f"a {_json_type(part['text'])}, not a string"
+            raise APIError(400, f"{where}.text: a text part's \"text\" must be a string ({got})", "invalid_input",
+                           f"{where}.text")
+        return
+    what = "images are not supported (the model reads text)" if kind == "image_url" else \
+        f"content part type {bounded(kind)} is not supported (only \"text\")"
+    raise refuse(where, what)
+
+
+def _json_type(v) -> str:
+    if v is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(v), type(v).__name__)
 
 
 def check_completion(body: CompletionRequest) -> str:

@@ -19,7 +19,8 @@ class ErrorBody(BaseModel):
 
 ERRORS = {s: {"model": ErrorBody, "description": d} for s, d in (
     (400, "bad request (malformed JSON, an unsupported parameter, bad input)"), (401, "missing or wrong API key"),
-    (403, "Origin not allowed"), (404, "unknown model or memory"), (409, "conflict"),
+    (403, "Origin not allowed; an unlimited budget without --allow-unlimited-budget"),
+    (404, "unknown model or memory"), (408, "the body did not arrive in time"), (409, "conflict"),
     (413, "body over --max-body, or a teach over --max-teach-rows"), (415, "body not application/json"),
     (421, "Host not allowed"), (422, "wrong schema"), (429, "too many teach jobs at once"), (500, "server error"),
     (503, "the server is shutting down"))}
@@ -175,8 +176,13 @@ class TeachJobList(BaseModel):
 
 
 class ForgetReport(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """Counts only: what was removed, what is left, the version committed. The forgotten answer is
+    not echoed back (the client has it; a response never repeats stored text it did not ask for)."""
     memory: str
     version: int
     removed_prototypes: int
+    removed_anchors: int
     removed_examples: int
+    prototypes: int
+    anchors: int
+    bytes: int

@@ -18,6 +18,8 @@ from .security import auth, registry
 from .types import CreateMemory, ExampleIn, Forget, TeachBody, TeachObject
 
 router = APIRouter(dependencies=[Depends(auth)], responses=ERRORS, route_class=StrictJSONRoute)
+FORGET_COUNTS = ("version", "removed_prototypes", "removed_anchors", "removed_examples", "prototypes", "anchors",
+                 "bytes")
 MemoryName = Path(max_length=256, description="a served memory's name")
 
 
@@ -60,6 +62,7 @@ async def teach(request: Request, body: TeachBody, name: str = MemoryName, wait:
     budget = body.budget if isinstance(body, TeachObject) else None
     if budget is not None:
         as_budget(budget)  # a bad budget is refused now, not after decoding every row
+        r.check_budget(budget)
     examples = [Example(row.input, row.output, line=i) for i, row in enumerate(rows)]
     job = r.jobs.start(r, name, examples, budget)
     if not (len(rows) <= r.settings.teach_wait_rows if wait is None else wait):
@@ -117,5 +120,4 @@ async def forget(request: Request, body: Forget, name: str = MemoryName):
     r = registry(request)
     r.known(name)
     m, out = await r.run(r.write, name, lambda m: m.forget(body.output))
-    out["memory"] = name
-    return out
+    return {"memory": name, **{k: int(out[k]) for k in FORGET_COUNTS}}

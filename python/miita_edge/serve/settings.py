@@ -29,7 +29,13 @@ class Settings:
     # Host header names besides the loopback names and --host (DNS rebinding: a foreign name that
     # resolves to this machine is refused).
     allow_hosts: tuple[str, ...] = ()
-    max_memories: int = 64  # memories POST /v1/memories may hold under --memory-root
+    max_memories: int = 64  # memories POST /v1/memories may hold under --memory-root (on disk, all runs)
+    # A client may set a memory's budget to "none" (create, teach) only with --allow-unlimited-budget:
+    # an unlimited memory grows with every teach until the disk is full.
+    allow_unlimited_budget: bool = False
+    # Seconds a request's body may take to arrive in full; then 408 and the connection is closed (a
+    # client that announces a large Content-Length and sends less must not hold a connection).
+    body_timeout_s: float = 5.0
     # Teaching (docs/serving.md, "Teach jobs"): the most rows one POST .../examples may carry (413
     # beyond); up to teach_wait_rows the request waits for its job and answers the ingest report,
     # above it answers 202 and the job at once (?wait=true|false decides instead); a job decodes
