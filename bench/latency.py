@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import closing
 import tempfile
 import time
 from pathlib import Path
@@ -66,8 +67,7 @@ def main() -> int:
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    engine = Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True))
-    try:
+    with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True))) as engine:
         for kind, bench in (("labels", "banking77"), ("replies", "banking77-replies")):
             spec = get_benchmark(bench)
             _, stages = load_benchmark(spec, args.data, stages="1", split="dev")
@@ -85,8 +85,6 @@ def main() -> int:
                   f"({r['off_tok']} tokens): {ratio:.2f}x  {targets.check(kind, ratio)}; per answer "
                   f"{r['on_ms'] * r['on_tok'] / r['n']:.0f} vs {r['off_ms'] * r['off_tok'] / r['n']:.0f} ms ({per_q:.2f}x)",
                   flush=True)
-    finally:
-        engine.close()
     print(targets.summary())
     return 0
 
