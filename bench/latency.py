@@ -83,7 +83,8 @@ def main() -> int:
             print(f"{kind:8s} {len(rows)} rows taught, {r['n']} questions ({r['steered']} steered): "
                   f"default {r['on_ms']:.1f} ms/token ({r['on_tok']} tokens), frozen {r['off_ms']:.1f} ms/token "
                   f"({r['off_tok']} tokens): {ratio:.2f}x  {targets.check(kind, ratio)}; per answer "
-                  f"{r['on_ms'] * r['on_tok'] / r['n']:.0f} vs {r['off_ms'] * r['off_tok'] / r['n']:.0f} ms ({per_q:.2f}x)",
+                  f"{r['on_ms'] * r['on_tok'] / r['n']:.0f} vs {r['off_ms'] * r['off_tok'] / r['n']:.0f} ms "
+                  f"({per_q:.2f}x)",
                   flush=True)
     print(targets.summary())
     return 0
