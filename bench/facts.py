@@ -51,15 +51,16 @@ def line(name: str, tally: Counter) -> str:
     return f"  {name:34s} right {tally['RIGHT']}/{n} = {pct(tally['RIGHT'], n):5.1f}%; {parts}"
 
 
-def run_mode(engine, fs, taught: int, show: int, ev) -> dict:
-    """One fresh memory taught ``taught`` phrasings of each fact; every query and unrelated question asked."""
+def run_mode(engine, fs, taught: int, show: int, ev, preset=None) -> dict:
+    """One fresh memory taught ``taught`` phrasings of each fact; every query and unrelated question asked.
+    ``preset``: the memory's preset (None: the default)."""
     from miita_edge import Example, Miita
 
     answers = [f.answer for f in fs.facts]
     by_kind: dict[str, Counter] = {k: Counter() for k in KIND_NAMES}
     shown: list[str] = []
     frozen: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=engine) as m:
+    with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=engine, preset=preset) as m:
         t0 = time.perf_counter()
         rep = m.ingest([Example(t, f.answer) for f in fs.facts for t in f.teach[:taught]], budget="none")
         learn_s, t0 = time.perf_counter() - t0, time.perf_counter()
@@ -135,6 +136,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=None, help="facts file (default: the package's facts.json)")
     ap.add_argument("--show", type=int, default=5, help="OTHER/WRONG answers printed per mode")
     ap.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: all cores)")
+    ap.add_argument("--with", dest="candidate", metavar="CANDIDATE", help="the default with a candidate mechanism "
+                    "switched on (evaluation/ablation.py CANDIDATES), as a memory's preset")
     wanted = [Target("once_right", ">=", 70.0, "%", "taught once: right on unseen queries"),
               Target("twice_right", ">=", 90.0, "%", "taught twice: right on unseen queries"),
               Target("other", "<=", 2.0, "%", "another fact's answer on unseen queries, every mode"),
@@ -159,8 +162,13 @@ def main() -> int:
         engine = Engine(model, EngineConfig(n_threads=args.threads, stop_after_text=True))
         try:
             print(f"{name}:", flush=True)
+            preset = None
+            if args.candidate:
+                from miita_edge.evaluation.ablation import with_candidate
+                preset = with_candidate(args.candidate)
+                print(f"  the default with {args.candidate}", flush=True)
             for mode in modes:
-                report_mode(mode, run_mode(engine, fs, MODES[mode], args.show, ev), fs, targets)
+                report_mode(mode, run_mode(engine, fs, MODES[mode], args.show, ev, preset), fs, targets)
                 sys.stdout.flush()
             for mode in notes:
                 t0 = time.perf_counter()
