@@ -100,7 +100,7 @@ def test_job_polls_to_done_and_commits_what_one_ingest_commits(tmp_path):
 def test_small_teach_waits_and_bad_budget_is_refused_before_decoding(tmp_path):
     with _client(tmp_path) as c:
         r = c.post("/v1/memories/m/examples", json={"examples": ROWS[:3], "budget": "lots"})
-        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_input"
+        assert r.status_code == 422 and r.json()["error"]["param"] == "budget"  # the schema's budget pattern
         assert c.get("/v1/memories/m/jobs").json()["data"] == []  # refused before any job started
         r = c.post("/v1/memories/m/examples?wait=false", json=ROWS[:3])
         assert r.status_code == 202 and _poll(c, r.headers["location"])["state"] == "done"
