@@ -24,6 +24,7 @@ creates missing parent directories.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -64,10 +65,8 @@ def _atomic_write_bytes(path: PathLike, data: bytes) -> None:
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
         os.replace(tmp, dest)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -25,7 +25,7 @@ What the graph indexes (the re-score is always the exact scan's own score):
   half of dimensions (|q_i| at or above the median) as (s_i, s_i), its weaker half as (s_i, ¬s_i),
   which adds the same 1 to every key's distance: the Hamming distance then counts disagreements on
   the strong half only, twice, and the exact top-8 were among its top-512 for 99.9% of those
-  queries. With the two-layer 1,280-bit keys of default preset v2: recall@256 1.000 at 100,000
+  queries. With two-layer 1,280-bit keys: recall@256 1.000 at 100,000
   prototypes, recall@512 0.984 at 1,000,000 (below the 0.99 target; docs/benchmarks.md);
 * ``"f16"``: float rows stored as float16, cosine (the paper preset's unit anchors and
   directions). Not int8: the paper preset's keys are not centred, and real ones lie in a narrow
@@ -78,7 +78,7 @@ __all__ = ["AnnFront", "AnnIndex", "AnnScores", "MIN_ROWS", "MIN_ROWS_FLOAT", "S
 log = logging.getLogger("miita_edge.ann")
 
 #: rows a graph would index (default preset: voter rows, anchors + centroids) from which it is
-#: used (below: the exact scan, unchanged): above the crossover with the default preset v2's
+#: used (below: the exact scan, unchanged): above the crossover with two-layer
 #: 1,280-bit rows, ~15,000 voter rows (bench/ann.py --crossover; docs/benchmarks.md)
 MIN_ROWS = 20_000
 #: the same for float rows (the paper preset, rows per channel), never below MIN_ROWS. Its graph
