@@ -49,9 +49,7 @@ def xquad_questions(data: Path, n: int = 200) -> list[str]:
 def collect(args) -> Path:
     from rerank import draw
 
-    from miita_edge.method.calibration import raw_key
     from miita_edge.method.plan import anchor_best, generic_best, query_key
-    from miita_edge.method.relevance import GENERIC_QUESTIONS
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
@@ -64,9 +62,7 @@ def collect(args) -> Path:
     m.preset.rerank_lambda, m.preset.relevance_gate = 0.0, False  # every retrieved answer, ungated
     eng, idx = m.keyed_engine(), m.retrieval_index()
     K = idx.key_dim
-    # the generic questions' keys as the memory stores keys (what its relevance gate compares with)
-    bits = np.stack([np.packbits(m.bank.prepare_key(raw_key(eng, m.template, x, m.preset.skip_bos))[:m.bank.key_dim]
-                                 >= 0) for x in GENERIC_QUESTIONS])
+    bits = m.pipeline.generic_bits(m.bank)  # as the memory's relevance gate compares them
     G = np.unpackbits(bits, axis=1)[:, :K].astype(np.int32) * 2 - 1
 
     def one(x: str) -> dict:

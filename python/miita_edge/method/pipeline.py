@@ -161,7 +161,7 @@ class Pipeline:
             pr = self.preset
             index = RetrievalIndex.build(bank, entries, centroids=pr.centroid_vote)
             if pr.null_gate and index.packed is not None and bank.n_prototypes:
-                bits = self._generic_bits(bank)
+                bits = self.generic_bits(bank)
                 if pr.null_rule == "nearest":
                     index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
                     index.generic_packed = bits
@@ -180,7 +180,7 @@ class Pipeline:
         bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
         return paraphrase_reach(bits, group_ids(), K)
 
-    def _generic_bits(self, bank: MemoryBank) -> np.ndarray:
+    def generic_bits(self, bank: MemoryBank) -> np.ndarray:
         """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
         computed once; the preparation follows the bank's centring, order and width, which repair
         may narrow)."""

@@ -130,11 +130,10 @@ def paraphrase_reach(bits: np.ndarray, groups: np.ndarray, key_dim: int) -> floa
     Why: one taught example is evidence for its own neighbourhood, and how far a neighbourhood
     reaches is what the model says about paraphrase, not how often an answer was taught. Derived
     from the model and the memory's key frame alone; no constant is chosen. Brute force over the
-    pairs (a few hundred phrasings)."""
-    b = np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(np.int32)
+    pairs (a few hundred phrasings), one product of their ±1 vectors."""
+    s = np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(np.float64) * 2 - 1
     groups = np.asarray(groups)
-    d = (b[:, None, :] != b[None, :, :]).sum(axis=2)
-    cos = (key_dim - 2.0 * d) / key_dim
+    cos = (s @ s.T) / key_dim  # ±1 vectors: the dot product is K - 2·Hamming, exact in float64
     np.fill_diagonal(cos, -np.inf)
     same = groups[:, None] == groups[None, :]
     sib = np.where(same, cos, -np.inf).max(axis=1)

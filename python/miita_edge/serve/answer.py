@@ -234,12 +234,10 @@ def describe(m, name: str | None, ans, p: GenParams) -> dict:
         ext.update(reason="background_task", task=p.task)
     elif ans.adapted:
         steer = []
-        seqs, counts = m.bank.answer_tokens(), m.bank.counts()  # views: no Prototype objects made
+        counts = m.bank.counts()  # a view: no Prototype objects made
         for pid, s, w in zip(ans.prototypes, ans.scores, ans.weights):
-            toks_j = seqs[pid]
-            answer = (strip_lead(m.engine.detokenize([int(t) for t in toks_j]).rstrip("\n"), m.template.lead)[1]
-                      if len(toks_j) else None)
-            steer.append({"prototype": pid, "answer": answer, "weight": w, "score": s, "count": int(counts[pid])})
+            steer.append({"prototype": pid, "answer": taught_text(m, pid), "weight": w, "score": s,
+                          "count": int(counts[pid])})
         ext.update(steered_by=steer, alphas=ans.alphas, eta=ans.eta)
     elif ans.reason:
         ext["reason"] = ans.reason  # why the memory did not steer (the relevance gate, adapt off, empty)
