@@ -32,7 +32,7 @@ def test_ray_cli_flag_starts_and_stops_a_local_cluster(tmp_path, capsys):
     assert not ray.is_initialized()
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"input": x, "output": y}) + "\n" for x, y in _rows(6)))
-    rc = main(["ingest", str(data), "--memory", str(tmp_path / "m"), "--ray", "--ray-workers", "1",
+    rc = main(["ingest", str(data), "--memory", str(tmp_path / "m"), "--ray", "--contexts", "1",
                "--threads", "1", "--json"])
     out, err = capsys.readouterr()
     assert rc == 0, err

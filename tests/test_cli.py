@@ -132,15 +132,16 @@ def memory(base_memory, tmp_path) -> Path:
 HELP_OPTIONS = {
     None: ["ingest", "ask", "info", "demo", "MIITA_EDGE_MODEL", "MIITA_EDGE_MEMORY"],
     "ingest": ["DATA.jsonl", "--budget", "--template", "--preset", "--progress", "--no-progress",
-               "--ray", "--ray-workers", "--memory", "--model", "--threads", "--json", "--help"],
+               "--ray", "--contexts", "--fast-keys", "--memory", "--model", "--threads", "--json", "--help"],
     "ask": ["text", "--no-adapt", "--trace", "--max-tokens", "--memory", "--model", "--threads", "--json", "--help"],
     "info": ["--memory", "--json", "--help"],
     "forget": ["--output", "--memory", "--model", "--threads", "--json", "--help"],
     "demo": ["--budget", "--memory", "--preset", "--model", "--threads", "--json", "--help"],
     "check-model": ["GGUF", "--no-self-test", "--no-functional", "--model", "--threads", "--json", "--help"],
 }
-#: Experiment knobs the user commands no longer offer (the benches set them through a preset).
-NOT_OFFERED = {"ask": ["--eta", "--gate"], "check-model": ["--key-layer"]}
+#: Experiment knobs the user commands no longer offer (the benches set them through a preset), and
+#: options merged into another: ``ingest --contexts N`` is the number of Ray workers with ``--ray``.
+NOT_OFFERED = {"ask": ["--eta", "--gate"], "check-model": ["--key-layer"], "ingest": ["--ray-workers"]}
 
 
 @pytest.mark.parametrize("command", list(HELP_OPTIONS), ids=lambda c: c or "top")
@@ -168,6 +169,16 @@ def test_experiment_options_are_not_user_options(argv, capsys):
     assert ei.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments" in err or "invalid choice" in err, err
+
+
+@pytest.mark.parametrize("argv", [["ingest", "x.jsonl", "--ray", "--ray-workers", "2"]])
+def test_merged_options_are_refused_by_argparse(argv, capsys):
+    """An option merged into another is gone, not an alias: argparse's own usage error, exit 2."""
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: " + argv[-2] in err, err
 
 
 def test_info_says_what_eta_multiplies_and_the_gate():

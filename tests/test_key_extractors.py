@@ -8,7 +8,7 @@ import types
 import pytest
 
 from miita_edge.errors import InputError
-from miita_edge.method.key_extractors import KeyOptions, LocalExtractor, choose_extractor, key_engine
+from miita_edge.method.key_extractors import RAY_WORKERS, KeyOptions, LocalExtractor, choose_extractor, key_engine
 from miita_edge.method.presets import default_preset, paper_preset
 from miita_edge.method.templates import get_template
 from miita_edge.method.thread_ingest import ThreadExtractor
@@ -45,10 +45,26 @@ def test_fast_keys_use_the_twin_on_at_least_two_contexts(monkeypatch):
     assert key_engine(ENGINE, KeyOptions(fast=True)) is ENGINE
 
 
+@pytest.mark.parametrize("workers, ray, contexts, ray_workers", [
+    (None, None, 1, RAY_WORKERS),   # the default: one prompt per decode on the engine itself
+    (3, None, 3, RAY_WORKERS),      # --contexts 3: three llama.cpp contexts
+    (None, True, 1, RAY_WORKERS),   # --ray: the default number of Ray workers
+    (5, True, 1, 5),                # --ray --contexts 5: five Ray workers, no local contexts
+    (4, "ray://head:10001", 1, 4),  # --ray ADDRESS --contexts 4
+])
+def test_one_count_says_contexts_or_ray_workers(workers, ray, contexts, ray_workers):
+    """``ingest --contexts N``: N extraction workers side by side, llama.cpp contexts without --ray,
+    Ray workers with it (the local contexts are never used under Ray: choose_extractor takes Ray first)."""
+    opt = KeyOptions.side_by_side(workers, ray=ray)
+    assert (opt.contexts, opt.ray_workers, opt.ray, opt.fast) == (contexts, ray_workers, ray, False)
+
+
 def test_options_refuse_what_cannot_run_in_one_line():
     for bad in (0, -1, True, 1.5):
         with pytest.raises(InputError, match="--contexts must be >= 1"):
             KeyOptions(contexts=bad)
+        with pytest.raises(InputError, match=r"--contexts \(Ray workers\) must be >= 1"):
+            KeyOptions.side_by_side(bad, ray=True)
     with pytest.raises(InputError, match="--fast-keys and --ray: choose one"):
         KeyOptions(fast=True, ray=True)
     with pytest.raises(InputError, match="--fast-keys: preset 'paper' computes corrections"):

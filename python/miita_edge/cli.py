@@ -21,9 +21,10 @@ from .memory import store as store_mod
 from .memory.budget import parse_budget
 from .method import ann_index
 from .method.extract import prompt_tokens
+from .method.key_extractors import RAY_WORKERS, KeyOptions
 from .method.presets import preset_names
 from .method.templates import AUTO, CHAT, get_template
-from .miita import KeyOptions, Miita, default_memory_dir, memory_fields
+from .miita import Miita, default_memory_dir, memory_fields
 from .runtime.engine import Engine, EngineConfig
 from .runtime.model_check import check_model_isolated
 from .steering_check import steering_check
@@ -83,14 +84,14 @@ def _add_ingest(sub) -> None:
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--ray", nargs="?", const=True, default=None, metavar="ADDRESS",
                    help="extract on a Ray cluster: the cluster at ADDRESS, or a local one when no address is "
-                        "given; the memory is the one a local ingest makes (needs: pip install \"miita-edge[ray]\")")
-    p.add_argument("--ray-workers", type=int, default=2, metavar="N",
-                   help="Ray workers, each loading the model once (default: 2)")
-    p.add_argument("--contexts", type=int, default=1, metavar="N",
-                   help="llama.cpp contexts extracting keys side by side (default preset), sharing the loaded "
-                        "model, each with its share of --threads and 32 prompts per decode; keys within rounding "
-                        "of one-by-one extraction, so a stored input is no longer an exact repeat of the same "
-                        "query (default: 1, one prompt per decode, bitwise; rates in docs/benchmarks.md)")
+                        "given, on --contexts workers, each loading the model once; the memory is the one a "
+                        "local ingest makes (needs: pip install \"miita-edge[ray]\")")
+    p.add_argument("--contexts", type=int, default=None, metavar="N",
+                   help="extraction workers side by side. Without --ray: llama.cpp contexts extracting keys "
+                        "(default preset), sharing the loaded model, each with its share of --threads and 32 "
+                        "prompts per decode; keys within rounding of one-by-one extraction, so a stored input is "
+                        "no longer an exact repeat of the same query (default: 1, one prompt per decode, "
+                        f"bitwise; rates in docs/benchmarks.md). With --ray: Ray workers (default: {RAY_WORKERS})")
     p.add_argument("--fast-keys", action="store_true",
                    help="key-only presets: extract keys from a twin of the model cut after its key layers, its Q5_0 "
                         "weights re-encoded losslessly as Q8_0 (written once per model to the user cache, ~250 MB "
@@ -280,7 +281,7 @@ def _model_error_line(m, examples, exc) -> str:
 
 
 def cmd_ingest(args) -> int:
-    keys = KeyOptions(contexts=args.contexts, fast=args.fast_keys, ray=args.ray, ray_workers=args.ray_workers)
+    keys = KeyOptions.side_by_side(args.contexts, fast=args.fast_keys, ray=args.ray)
     examples = read_examples(args.data)  # validates the whole file first
     budget = None if args.budget is None else parse_budget(args.budget)
     if args.template is not None and args.template.strip().lower() not in (AUTO, CHAT):

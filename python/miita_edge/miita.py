@@ -27,7 +27,7 @@ from .method.calibration import CALIBRATION_INPUTS
 from .method.extract import prompt_tokens
 from .method.head_geometry import HeadGeometry
 from .method.ingest import IngestReport, learn, progress_bar
-from .method.key_extractors import KeyOptions, choose_extractor, key_engine
+from .method.key_extractors import RAY_WORKERS, KeyOptions, choose_extractor, key_engine
 from .method.pipeline import KeyFrame, Pipeline
 from .method.plan import QueryPlan, RetrievalIndex
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
@@ -249,7 +249,7 @@ class Miita:
 
     # ---------------------------------------------------------------- ingest and forget
     def ingest(self, examples: Iterable[Example], budget: str | Budget | None = None, progress: bool | None = None,
-               dry_run: bool = False, ray: str | bool | None = None, ray_workers: int = 2) -> IngestReport:
+               dry_run: bool = False, ray: str | bool | None = None, ray_workers: int = RAY_WORKERS) -> IngestReport:
         """Extract, write, repair and commit atomically (all or nothing for this call).
 
         ``budget``: a ``Budget`` or its text (parsed here, before any work); None keeps the memory's.

@@ -36,7 +36,10 @@ from .ray_ingest import RayExtractor
 from .templates import Template
 from .thread_ingest import ThreadExtractor
 
-__all__ = ["KeyExtractor", "KeyOptions", "LocalExtractor", "choose_extractor", "key_engine"]
+__all__ = ["KeyExtractor", "KeyOptions", "LocalExtractor", "RAY_WORKERS", "choose_extractor", "key_engine"]
+
+#: Ray workers, each loading the model once, when ``--ray`` is given without ``--contexts``.
+RAY_WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,31 @@ class KeyOptions:
     ``batch``: several prompts per decode on the engine's own context (needs an engine made with
     ``EngineConfig(n_seq_max > 1)``; with one sequence it changes nothing). ``contexts``: contexts
     side by side (1: the engine's own). ``fast``: the Q8_0 twin. ``ray``: True for a local cluster,
-    an address for a running one, None for none; ``ray_workers`` actors, each loading the model."""
+    an address for a running one, None for none; ``ray_workers`` actors, each loading the model.
+    The CLI says both counts with one option (:meth:`side_by_side`)."""
 
     batch: bool = False
     contexts: int = 1
     fast: bool = False
     ray: str | bool | None = None
-    ray_workers: int = 2
+    ray_workers: int = RAY_WORKERS
 
     def __post_init__(self) -> None:
-        if isinstance(self.contexts, bool) or not isinstance(self.contexts, int) or self.contexts < 1:
-            raise InputError(f"--contexts must be >= 1, got {self.contexts}")
+        for what, n in (("--contexts", self.contexts), ("--contexts (Ray workers)", self.ray_workers)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise InputError(f"{what} must be >= 1, got {n}")
         if self.fast and self.ray:
             raise InputError("--fast-keys and --ray: choose one (Ray workers extract with the model itself)")
+
+    @classmethod
+    def side_by_side(cls, workers: int | None, fast: bool = False, ray: str | bool | None = None) -> "KeyOptions":
+        """``ingest --contexts N [--ray]``: N extraction workers side by side, one notion whichever
+        runs them -- llama.cpp contexts sharing the loaded model (default 1), or with ``ray`` Ray
+        workers each loading it (default :data:`RAY_WORKERS`). Only one of the two ever runs
+        (:func:`choose_extractor` takes Ray first), so one count says both."""
+        if ray:
+            return cls(fast=fast, ray=ray, ray_workers=RAY_WORKERS if workers is None else workers)
+        return cls(contexts=1 if workers is None else workers, fast=fast)
 
     def check_preset(self, preset: Preset) -> None:
         """Refuse fast keys for a preset that computes corrections at ingest (one-line error)."""

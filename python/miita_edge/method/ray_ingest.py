@@ -58,7 +58,7 @@ class RayExtractor:
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise InputError(f"--ray-workers must be >= 1, got {self.workers}")
+            raise InputError(f"--contexts (Ray workers) must be >= 1, got {self.workers}")
         ray = _import_ray()
         self._started = False
         if not ray.is_initialized():
