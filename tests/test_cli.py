@@ -138,10 +138,15 @@ HELP_OPTIONS = {
     "forget": ["--output", "--memory", "--model", "--threads", "--json", "--help"],
     "demo": ["--budget", "--memory", "--preset", "--model", "--threads", "--json", "--help"],
     "check-model": ["GGUF", "--no-self-test", "--no-functional", "--model", "--threads", "--json", "--help"],
+    "serve": ["--model", "--memory", "--memory-root", "--host", "--port", "--api-key", "--threads", "--ctx",
+              "--max-body", "--allow-origin", "--allow-host", "--max-memories", "--allow-unlimited-budget",
+              "--max-teach-rows", "--help"],
 }
 #: Experiment knobs the user commands no longer offer (the benches set them through a preset), and
 #: options merged into another: ``ingest --contexts N`` is the number of Ray workers with ``--ray``.
-NOT_OFFERED = {"ask": ["--eta", "--gate"], "check-model": ["--key-layer"], "ingest": ["--ray-workers"]}
+#: ``serve --teach-wait-rows`` is the constant TEACH_WAIT_ROWS.
+NOT_OFFERED = {"ask": ["--eta", "--gate"], "check-model": ["--key-layer"], "ingest": ["--ray-workers"],
+               "serve": ["--teach-wait-rows"]}
 
 
 @pytest.mark.parametrize("command", list(HELP_OPTIONS), ids=lambda c: c or "top")
@@ -171,7 +176,8 @@ def test_experiment_options_are_not_user_options(argv, capsys):
     assert "unrecognized arguments" in err or "invalid choice" in err, err
 
 
-@pytest.mark.parametrize("argv", [["ingest", "x.jsonl", "--ray", "--ray-workers", "2"]])
+@pytest.mark.parametrize("argv", [["ingest", "x.jsonl", "--ray", "--ray-workers", "2"],
+                                  ["serve", "--teach-wait-rows", "8"]])
 def test_merged_options_are_refused_by_argparse(argv, capsys):
     """An option merged into another is gone, not an alias: argparse's own usage error, exit 2."""
     with pytest.raises(SystemExit) as ei:

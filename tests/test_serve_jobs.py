@@ -1,5 +1,5 @@
 """Teach jobs on a tiny GGUF, in process (docs/serving.md, "Teach jobs"): the row limit (413); a
-teach above --teach-wait-rows answers 202 and a job that is polled to ``done`` and commits exactly
+teach above teach_wait_rows (the constant TEACH_WAIT_ROWS by default) answers 202 and a job that is polled to ``done`` and commits exactly
 what one ``Miita.ingest`` of the rows commits (every stored array compared); a cancelled job commits
 nothing; answers run between a job's batches (the worker's order of work recorded); the limit on
 jobs at once (429); unknown and finished jobs. The worker is held by a gate job where a test needs
@@ -95,6 +95,20 @@ def test_job_polls_to_done_and_commits_what_one_ingest_commits(tmp_path):
         assert sorted(got) == sorted(want)
         for k in want:
             assert np.array_equal(got[k], want[k]), (name, k)
+
+
+def test_by_default_a_teach_of_teach_wait_rows_waits_and_one_more_row_is_a_job(tmp_path):
+    """Without ?wait, the constant TEACH_WAIT_ROWS (not a serve flag) decides: a teach of that many
+    rows answers its report (200), one row more answers 202 and the job."""
+    from miita_edge.serve.settings import TEACH_WAIT_ROWS
+
+    rows = (ROWS * (TEACH_WAIT_ROWS // len(ROWS) + 1))[:TEACH_WAIT_ROWS + 1]
+    with _client(tmp_path) as c:
+        r = c.post("/v1/memories/m/examples", json=rows[:TEACH_WAIT_ROWS])
+        assert r.status_code == 200 and r.json()["version"] == 1, r.text
+        r = c.post("/v1/memories/n/examples", json=rows)
+        assert r.status_code == 202 and r.json()["total"] == TEACH_WAIT_ROWS + 1, r.text
+        assert _poll(c, r.headers["location"])["state"] == "done"
 
 
 def test_small_teach_waits_and_bad_budget_is_refused_before_decoding(tmp_path):

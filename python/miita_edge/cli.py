@@ -27,6 +27,7 @@ from .method.templates import AUTO, CHAT, get_template
 from .miita import Miita, default_memory_dir, memory_fields
 from .runtime.engine import Engine, EngineConfig
 from .runtime.model_check import check_model_isolated
+from .serve.settings import TEACH_WAIT_ROWS
 from .steering_check import steering_check
 from .streams import read_examples
 
@@ -150,9 +151,8 @@ def _add_serve_info_demo(sub) -> None:
     p.add_argument("--allow-unlimited-budget", action="store_true", help="let clients set a memory's budget to "
                    "'none' (create, teach); off: 403")
     p.add_argument("--max-teach-rows", type=int, default=2000, metavar="N", help="most examples one teach request "
-                   "may carry (413 beyond; default: 2000)")
-    p.add_argument("--teach-wait-rows", type=int, default=64, metavar="N", help="a teach of at most N examples "
-                   "answers its report; a larger one answers 202 and a job to poll (default: 64)")
+                   f"may carry (413 beyond; default: 2000); a teach of at most {TEACH_WAIT_ROWS} answers its "
+                   "report, a larger one 202 and a job to poll")
 
     p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",
                        description="Show a memory without loading the model.")
@@ -442,8 +442,8 @@ def cmd_serve(args) -> int:
 
     if args.threads < 0 or not 0 < args.port < 65536 or args.ctx < 64 or args.max_memories < 0:
         raise InputError("--threads must be >= 0, --port in 1..65535, --ctx >= 64, --max-memories >= 0")
-    if args.max_teach_rows < 1 or args.teach_wait_rows < 0:
-        raise InputError("--max-teach-rows must be >= 1, --teach-wait-rows >= 0")
+    if args.max_teach_rows < 1:
+        raise InputError("--max-teach-rows must be >= 1")
     mems = {}
     for spec in args.memory:
         name, path = parse_memory_arg(spec)
@@ -458,7 +458,7 @@ def cmd_serve(args) -> int:
                   memory_root=Path(args.memory_root).expanduser() if args.memory_root else None,
                   allow_origins=tuple(check_origin_arg(o) for o in args.allow_origin),
                   allow_hosts=tuple(args.allow_host), max_memories=args.max_memories,
-                  max_teach_rows=args.max_teach_rows, teach_wait_rows=args.teach_wait_rows,
+                  max_teach_rows=args.max_teach_rows,
                   allow_unlimited_budget=args.allow_unlimited_budget)
     from .serve.memories import Registry
     from .serve.openmp import reexec_passive

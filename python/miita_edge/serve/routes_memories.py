@@ -15,6 +15,7 @@ from .memories import info, shutting_down
 from .responses import ERRORS, ForgetReport, MemoryInfo, MemoryList, TeachJobList, TeachJobOut, TeachReport
 from .guard import StrictJSONRoute
 from .security import auth, registry
+from .settings import TEACH_WAIT_ROWS
 from .types import CreateMemory, ExampleIn, Forget, TeachBody, TeachObject
 
 router = APIRouter(dependencies=[Depends(auth)], responses=ERRORS, route_class=StrictJSONRoute)
@@ -44,7 +45,7 @@ async def memory_info(request: Request, name: str = MemoryName):
 
 JobId = Path(max_length=64, description="a teach job's id")
 WAIT = Query(None, description="true: answer the teach report when the job ends; false: answer 202 and "
-             "the job at once; default: wait for at most --teach-wait-rows examples")
+             f"the job at once; default: wait for at most {TEACH_WAIT_ROWS} examples")
 TEACH_JOB = {202: {"model": TeachJobOut, "description": "the teach runs as a job: poll the Location header"}}
 
 

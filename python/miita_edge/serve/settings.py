@@ -8,6 +8,11 @@ from pathlib import Path
 from ..errors import InputError
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: A teach of at most this many rows waits for its job and answers the ingest report (200); a larger
+#: one answers 202 and the job to poll, instead of holding its request open for minutes. 64 rows
+#: decode in 16-32 s for the embedded model on a CPU (a quarter to half a second each, docs/serving.md);
+#: ``?wait=true|false`` decides per request instead.
+TEACH_WAIT_ROWS = 64
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
@@ -37,11 +42,12 @@ class Settings:
     # client that announces a large Content-Length and sends less must not hold a connection).
     body_timeout_s: float = 5.0
     # Teaching (docs/serving.md, "Teach jobs"): the most rows one POST .../examples may carry (413
-    # beyond); up to teach_wait_rows the request waits for its job and answers the ingest report,
-    # above it answers 202 and the job at once (?wait=true|false decides instead); a job decodes
-    # teach_batch examples per worker job, so an answer waits for at most one batch.
+    # beyond); up to teach_wait_rows (TEACH_WAIT_ROWS; not a flag, the tests set it smaller) the
+    # request waits for its job and answers the ingest report, above it answers 202 and the job at
+    # once (?wait=true|false decides instead); a job decodes teach_batch examples per worker job, so
+    # an answer waits for at most one batch.
     max_teach_rows: int = 2000
-    teach_wait_rows: int = 64
+    teach_wait_rows: int = TEACH_WAIT_ROWS
     teach_batch: int = 8
     max_teach_jobs: int = 16  # queued or running at once (429 beyond)
 
