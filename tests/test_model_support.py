@@ -230,16 +230,18 @@ def test_check_model_cli_output_and_json(tiny_dir, capsys):
     out = capsys.readouterr().out.splitlines()
     assert code in (2, 3) and out[-1].startswith(("refused: steering", "limited: steering")), out[-3:]
     assert any(ln.startswith("steering     default") for ln in out) and any("paper" in ln for ln in out)
-    assert main(["check-model", str(path), "--threads", "1", "--no-functional"]) == 0
+    assert main(["check-model", str(path), "--threads", "1", "--quick"]) == 0  # the mechanics hold
     out = capsys.readouterr().out.splitlines()
     text = "\n".join(out)
     for needle in ("architecture qwen3", "n_embd       256", "n_layer      3", "key layer    1 (l_out-1)",
                    "LM head      output.weight (Q6_K)", "graph        l_out-1: yes, result_norm: yes"):
         assert needle in text
     assert out[-1] == "supported"
-    assert main(["check-model", "--model", str(path), "--json", "--no-self-test"]) == 0
+    assert main(["check-model", "--model", str(path), "--json", "--quick"]) == 0
     js = json.loads(capsys.readouterr().out)
-    assert js["supported"] and js["head_type"] == "Q6_K" and js["self_test"] == []
+    assert js["supported"] and js["head_type"] == "Q6_K" and js["steering"] == []  # no functional test
+    assert {i["name"] for i in js["self_test"]} >= {"head rows", "captured key"}
+    assert all(i["ok"] for i in js["self_test"]), js["self_test"]
     # bad input: one line, exit 2, no traceback
     assert main(["check-model", str(tiny_dir / "missing.gguf")]) == 2
     cap = capsys.readouterr()

@@ -177,7 +177,7 @@ def _add_check_model(sub) -> None:
                                    "whether its llama.cpp graph names the tensors the callback needs (l_out-<k>, "
                                    "result_norm); then test on the real file that the native head rows equal gguf-py's "
                                    "dequantisation, that the captured key equals a reference decode, and that the "
-                                   "logits move by exactly c·W·δ under a known addition. Then a functional test: "
+                                   "logits move by exactly c·W·δ under a known addition. Then (unless --quick) a functional test: "
                                    "a fresh memory is taught 48 synthetic examples (24 two-word answers, each in two "
                                    "phrasings); each taught input asked verbatim must return its answer, and 32 "
                                    "unrelated questions must get the frozen model's answer. Ends with 'supported' "
@@ -186,9 +186,10 @@ def _add_check_model(sub) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_path", nargs="?", metavar="GGUF", help="the GGUF to check (default: --model, "
                    "$MIITA_EDGE_MODEL or the embedded Gemma-3-270M)")
-    p.add_argument("--no-self-test", action="store_true", help="only the header and graph checks")
-    p.add_argument("--no-functional", action="store_true",
-                   help="skip the functional test (teach and ask a synthetic memory; ~1 min on 2 cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="skip the functional test (teach and ask a synthetic memory; ~1 min on 2 cores): the "
+                        "header, graph and self-test only, a few seconds; the verdict then says whether the "
+                        "mechanics hold, not whether taught answers come back")
     _add_common(p, memory=False)
 
 
@@ -528,9 +529,9 @@ def cmd_check_model(args) -> int:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
     # in a child process: llama.cpp aborts on some malformed models, and the verdict must still print
     path = args.model_path or args.model
-    rep = check_model_isolated(path, threads=args.threads, run_self_test=not args.no_self_test)
+    rep = check_model_isolated(path, threads=args.threads)
     checks = []
-    if rep.supported and not (args.no_self_test or args.no_functional):
+    if rep.supported and not args.quick:
         with Engine(path, _engine_config(args)) as eng:
             checks = [steering_check(preset=p, engine=eng) for p in ("default", "paper")]
     verdict, code = ("supported", 0) if rep.supported else (f"refused: {rep.reason}", 2)
