@@ -397,7 +397,7 @@ def test_help_names_every_option_and_method(capsys):
         main(["bench", "--help"])
     text = capsys.readouterr().out
     for opt in ("--benchmark", "--data", "--method", "--budget", "--stages", "--limit-per-stage",
-                "--limit-train-per-stage", "--out", "--json", "--max-tokens", "--max-prompt-tokens",
+                "--limit-train-per-stage", "--out", "--json",
                 "--baseline-cache", "--no-baseline", "--threads", "--model", "--split", "--test-rows",
                 "--order-seed", "--replies", "banking77-replies"):
         assert opt in text

@@ -231,10 +231,6 @@ def _add_bench(sub) -> None:
                    "first N; 0 = all; default: --limit-per-stage, else all)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: bench-results/BENCHMARK/METHOD-BUDGET); "
                    "a rerun with the same options resumes there")
-    p.add_argument("--max-tokens", type=int, metavar="N", help="new tokens per answer (default: the benchmark's: "
-                   "8 for labels, 24 for QA, 48 for SuperNI)")
-    p.add_argument("--max-prompt-tokens", type=int, metavar="N", help="cut prompts longer than N tokens, keeping the "
-                   "first N-32 and the last 32 (default: 512 for superni, no cut otherwise; 0 = never cut)")
     p.add_argument("--baseline-cache", metavar="DIR", help="where the frozen model's per-stage scores (FWT baseline) "
                    "are cached; share one DIR between methods to compute them once (default: OUT/baseline)")
     p.add_argument("--no-baseline", action="store_true", help="skip the frozen baseline (no FWT)")
@@ -485,17 +481,16 @@ def cmd_bench(args) -> int:
     if out is None:
         tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in args.budget.replace("%", "pct"))
         out = os.path.join("bench-results", args.benchmark, f"{args.method}-{tag}")
-    for flag in ("limit_per_stage", "limit_train_per_stage", "max_tokens"):
+    for flag in ("limit_per_stage", "limit_train_per_stage"):
         v = getattr(args, flag)
         if v is not None and v < (0 if flag == "limit_train_per_stage" else 1):
             raise InputError(f"--{flag.replace('_', '-')} must be >= 1, got {v}")
     if args.threads < 0:
         raise InputError(f"--threads must be >= 0, got {args.threads}")
-    mpt = "auto" if args.max_prompt_tokens is None else (None if args.max_prompt_tokens == 0 else args.max_prompt_tokens)
     progress = sys.stderr.isatty() if args.progress is None else args.progress
     res = run_benchmark(args.benchmark, args.data, args.method, out, budget=args.budget, stages=args.stages,
                         limit_per_stage=args.limit_per_stage, limit_train_per_stage=args.limit_train_per_stage,
-                        max_tokens=args.max_tokens, progress=progress, max_prompt_tokens=mpt,
+                        progress=progress,
                         baseline=None if args.no_baseline else "frozen", baseline_dir=args.baseline_cache,
                         model=args.model, threads=args.threads, cells=args.cells,
                         extract_cache_dir=args.extract_cache, **protocol_kwargs(args),
