@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from _report import ROOT, print_header
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import ROOT, print_header  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 BUDGETS = "0.1%,0.25%,0.5%,1%,2%,5%"
