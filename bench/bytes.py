@@ -81,6 +81,8 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict
 
     held = {normalize_label(t) for t in labels}
     out = {"n": len(items), "held": 0, "vote": 0, "declined": 0, "ungated": 0, "steered": 0, "agree": 0}
+    # agree: steered answers equal to the vote's, among the queries the vote answered (on a declined
+    # query the frozen model answers, which no vote can agree with)
     eng = m.keyed_engine()
     # the same memory read by the same preset without the relevance gate: is a loss the vote's or the gate's?
     open_pipe = Pipeline(dataclasses.replace(m.preset, relevance_gate=False, null_gate=False), m.engine, m.template,
@@ -98,7 +100,7 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict
         if steered:
             text = m.ask(x, max_tokens=max_tokens).text
             out["steered"] += label_match(text, it.golds)
-            out["agree"] += label_match(text, [picked]) if picked else not text.strip()
+            out["agree"] += bool(picked) and label_match(text, [picked])
     return out
 
 
@@ -174,7 +176,7 @@ def print_detail(r: dict, steered: bool) -> None:
             f"{c.kept}/{c.answers} answers kept ({c.foreign} foreign), keys {r['key_bits']} bits; dev "
             f"{d['n']}: vote {d['vote']}, declined {d['declined']}, vote without the gate {d['ungated']}")
     if steered:
-        line += f", steered {d['steered']} (same answer as the vote: {d['agree']})"
+        line += f", steered {d['steered']} (the vote's answer on {d['agree']} of the {d['n'] - d['declined']} it answered)"
     print(line + f"; learn {r['learn_s']:.0f} s, ask {r['ask_s']:.0f} s", flush=True)
 
 
