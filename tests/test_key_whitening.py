@@ -182,6 +182,7 @@ def test_cached_whitening_is_the_computed_one_and_is_read_back(tmp_path, monkeyp
                                           ([16, 16, 1], True), ([15, 15, 99], False), ([2] * 9, False)])
 def test_whiten_replies_decides_by_the_median_answer_length(lengths, want):
     assert kw.whiten_replies(lengths, 16) is want
+    assert kw.whiten_replies(lengths) is want  # the default threshold is the reply length, 16 tokens
     if lengths:  # against a plain sort
         s = sorted(lengths)
         med = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2

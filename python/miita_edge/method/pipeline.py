@@ -124,7 +124,7 @@ class Pipeline:
     def whitening_decision(self, target_lengths: list[int]) -> bool | None:
         """Whether the first ingest's answers (their token counts) make the memory whiten its keys
         (replies: yes; labels: no); None when no answer was taught."""
-        return whiten_replies(target_lengths, self.preset.rerank_min_tokens)
+        return whiten_replies(target_lengths)
 
     def check_whitened(self, whitened: bool, where: str) -> None:
         """A memory that says its keys were whitened must have a preset that whitens replies."""
