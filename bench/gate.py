@@ -6,7 +6,7 @@ preset's null rule (docs/method.md, "The relevance gate").
     python bench/gate.py collect --seed 11 --labels --memory bench-results/gate/mem-labels-11 --out bench-results/gate/labels-11.json
     python bench/gate.py choose bench-results/gate/*.json
 
-Rows: only training rows. ``collect`` draws intents as ``bench/rerank.py`` does (the first
+Rows: only training rows. ``collect`` draws intents as ``bench/intents.py`` does (the first
 ``--taught`` training rows of each drawn intent are learned, with the intent's canned reply, or its
 label with ``--labels``; the next ``--asked`` are the on-topic questions), builds the memory if
 ``--memory`` does not exist yet (a probe's memory from ``bench/rerank.py probe`` can be read
@@ -47,7 +47,7 @@ def xquad_questions(data: Path, n: int = 200) -> list[str]:
 
 
 def collect(args) -> Path:
-    from rerank import draw
+    from intents import draw
 
     from miita_edge.method.plan import anchor_best, generic_best, query_key
     from miita_edge.miita import Miita

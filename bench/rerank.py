@@ -44,24 +44,9 @@ import numpy as np
 LAMBDAS = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 MARGIN = 0.5
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def draw(data: Path, seed: int, intents: int, taught: int, asked: int, labels: bool
-         ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[str, str]]:
-    """(taught (input, answer) rows, asked (input, intent) rows, each drawn intent's answer), from
-    ``train.jsonl`` alone: the first ``taught`` rows of each drawn intent, then the next ``asked``."""
-    from miita_edge.evaluation import benchmarks
-
-    replies = json.loads((Path(benchmarks.__file__).with_name("data") / "banking77_replies.json").read_text("utf-8"))
-    train = [json.loads(x) for x in (data / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
-    names = sorted(replies)
-    chosen = [names[i] for i in sorted(np.random.default_rng(seed).choice(len(names), intents, replace=False))]
-    t, a, answer = [], [], {}
-    for lab in chosen:
-        rows = [r for r in train if r["label"] == lab]
-        answer[lab] = rows[0]["output"] if labels else replies[lab]
-        t += [(r["input"], answer[lab]) for r in rows[:taught]]
-        a += [(r["input"], lab) for r in rows[taught:taught + asked]]
-    return t, a, answer
+from intents import draw  # noqa: E402  (the draw every probe of intents shares)
 
 
 def probe(args) -> Path:
