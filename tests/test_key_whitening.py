@@ -241,9 +241,9 @@ def test_a_memory_of_replies_whitens_and_one_of_labels_does_not(engine, tmp_path
 
 def test_a_memory_of_labels_is_version_9_s_memory_byte_for_byte(engine, tmp_path):
     """Versions 10 to 12 change nothing for a memory of labels: its committed arrays and its size
-    are version 9's, and versions 11 and 12 (which change only the rerank of replies of 16 tokens
-    or more, and hold only such replies) answer as version 10, so the tables' v9 cells of label
-    benchmarks stand for all three (docs/RESULTS.md)."""
+    are version 9's, and versions 11 and 12 (which differ from 10 only in what they do with replies
+    of 16 tokens or more) answer as version 10, so the tables' v9 cells of label benchmarks stand for
+    all three (docs/RESULTS.md)."""
     from miita_edge import Example, Miita
     from miita_edge.method.presets import preset_version
 
