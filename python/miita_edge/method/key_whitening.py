@@ -29,8 +29,8 @@ from .calibration import cached_raw_keys
 from .key_layers import PARAPHRASES
 from .templates import Template
 
-__all__ = ["GROUPS", "REPLY_MIN_TOKENS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "whiten_replies", "prepared",
-           "whitening_for", "whitening_matrix", "within_scatter"]
+__all__ = ["GROUPS", "REPLY_MIN_TOKENS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "whiten_replies",
+           "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
 
 #: An answer of at least this many tokens is a reply, a shorter one a label or a short span. Fixed
 #: by construction, not measured: Banking77's longest label is 10 tokens, its canned replies 25-36,

@@ -14,8 +14,8 @@ from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
-__all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "RETIRED_FIELDS", "check_memory_fields", "default_preset", "get_preset", "paper_preset",
-           "preset_names", "preset_version"]
+__all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "RETIRED_FIELDS", "check_memory_fields", "default_preset", "get_preset",
+           "paper_preset", "preset_names", "preset_version"]
 
 
 @dataclass
