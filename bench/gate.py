@@ -6,15 +6,15 @@ preset's null rule (docs/method.md, "The relevance gate").
     python bench/gate.py collect --seed 11 --labels --memory bench-results/gate/mem-labels-11 --out bench-results/gate/labels-11.json
     python bench/gate.py choose bench-results/gate/*.json
 
-Rows: only training rows. ``collect`` draws intents as ``bench/rerank.py`` does (the first
+Rows: only training rows. ``collect`` draws intents as ``bench/intents.py`` does (the first
 ``--taught`` training rows of each drawn intent are learned, with the intent's canned reply, or its
 label with ``--labels``; the next ``--asked`` are the on-topic questions), builds the memory if
-``--memory`` does not exist yet (a probe's memory from ``bench/rerank.py probe`` can be read
-instead), and asks three sets through it, the gate off: the on-topic rows; the test suite's
-off-topic prompts (``--offtopic``); and a second off-topic set that no gate setting was ever
-written against, the first 200 distinct English questions of XQuAD's *training* file
-(``--questions``, without their passages). Per query it records the retrieved answers' best
-anchor cosines, and the query's cosine to its nearest generic question (relevance.GENERIC_QUESTIONS).
+``--memory`` does not exist yet (a probe's memory of the same draw can be read instead), and asks
+three sets through it, the gate off: the on-topic rows; the test suite's off-topic prompts
+(``--offtopic``); and a second off-topic set that no gate setting was ever written against, the
+first 200 distinct English questions of XQuAD's *training* file (``--questions``, without their
+passages). Per query it records the retrieved answers' best anchor cosines, and the query's cosine
+to its nearest generic question (relevance.GENERIC_QUESTIONS).
 
 ``choose`` applies every gate of the grid offline, through ``relevance.gate`` itself: each
 answer's null at mean + z·σ of the generic questions' cosines (z = 3.09 also capped at their
@@ -47,7 +47,7 @@ def xquad_questions(data: Path, n: int = 200) -> list[str]:
 
 
 def collect(args) -> Path:
-    from rerank import draw
+    from intents import draw
 
     from miita_edge.method.plan import anchor_best, generic_best, query_key
     from miita_edge.miita import Miita
@@ -59,7 +59,7 @@ def collect(args) -> Path:
         with Miita(model=args.model, memory=args.memory, template=template) as m:
             m.ingest([Example(x, y) for x, y in taught], budget=None, progress=False)
     m = Miita(model=args.model, memory=args.memory, template=template)
-    m.preset.rerank_lambda, m.preset.relevance_gate = 0.0, False  # every retrieved answer, ungated
+    m.preset.relevance_gate = False  # every retrieved answer, ungated
     eng, idx = m.keyed_engine(), m.retrieval_index()
     K = idx.key_dim
     bits = m.pipeline.generic_bits(m.bank)  # as the memory's relevance gate compares them

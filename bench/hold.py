@@ -4,7 +4,7 @@ The hold (``Preset.hold_min_tokens``, method/steering.hold_target and lead_push)
 16 tokens or more leads the steering, a produced token that none of the steering answers has at that
 position is replaced by the leading answer's, the step decoded again with an addition that puts it
 one logit above the token that won. This probe teaches a dozen intents' canned replies (the draw of
-``bench/rerank.py``: 12 intents, the first 10 training rows of each taught, the next 20 asked; no
+``bench/intents.py``: 12 intents, the first 10 training rows of each taught, the next 20 asked; no
 test row) and asks every held-out row with the preset as it is (hold off) and with the hold on.
 
 Greedy decoding makes the two answers identical wherever the hold raised nothing (it only changes a
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
-from rerank import draw  # noqa: E402  (the same draw as the rerank probes)
+from intents import draw  # noqa: E402  (the draw every probe of intents shares)
 
 MIN_TOKENS = 16
 

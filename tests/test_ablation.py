@@ -26,7 +26,7 @@ EXPECTED = {
     "centroid-vote": {"centroid_vote"}, "generic-null": {"null_gate"},
     "relevance-gate": {"relevance_gate", "null_gate"}, "recovery": {"recover"},
     "head-direction": {"direction", "eta_unit", "eta", "gate"}, "measured-layers": {"key_select"},
-    "hold": {"hold_min_tokens"}, "rerank": {"rerank_lambda"}, "whitening": {"key_whitening"},
+    "hold": {"hold_min_tokens"}, "whitening": {"key_whitening"},
     "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"},
 }
 

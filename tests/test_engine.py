@@ -538,7 +538,7 @@ def test_hold_makes_the_memory_token_win_and_keeps_the_cache(engine):
 
 
 def test_generate_owns_the_cache_another_prompt_decoded_since_the_query_changes_nothing(engine):
-    """Whoever decodes other prompts between ``query`` and ``generate`` (a rerank, a derived cache)
+    """Whoever decodes other prompts between ``query`` and ``generate`` (a derived cache)
     need not put the query's prompt back: the engine knows what its cache holds and decodes the
     prompt again. Reference: the same generation with nothing decoded in between."""
     toks = engine.tokenize("Question: what is the capital of France?\nAnswer:", add_bos=True)
@@ -559,8 +559,8 @@ def test_generate_owns_the_cache_another_prompt_decoded_since_the_query_changes_
 
 def test_holds_tracks_the_prompt_through_appends_truncates_and_raw_batches(engine):
     """``holds`` is exact: appending after the prompt and cutting back to it keeps it held (what a
-    rerank's teacher-forced continuation does); cutting into it, or decoding anything from a reset,
-    does not."""
+    teacher-forced continuation read after the prompt does); cutting into it, or decoding anything
+    from a reset, does not."""
     toks = engine.tokenize("Question: name a colour.\nAnswer:", add_bos=True)
     engine.query(toks)
     engine.decode(engine.tokenize(" blue and green", add_bos=False), "all")

@@ -36,7 +36,6 @@ def test_the_plan_holds_a_reply_and_lets_a_label_go(engine, tmp_path):
                   Example("where is my new card?", LABEL), Example("my card has not come yet", LABEL)],
                  budget=None, progress=False)
         m.preset.relevance_gate = False
-        m.preset.rerank_lambda = 0.0
         m.preset.hold_min_tokens = 16
         eng = m.keyed_engine()
         seqs = m.retrieval_index().seqs

@@ -182,6 +182,7 @@ def test_cached_whitening_is_the_computed_one_and_is_read_back(tmp_path, monkeyp
                                           ([16, 16, 1], True), ([15, 15, 99], False), ([2] * 9, False)])
 def test_whiten_replies_decides_by_the_median_answer_length(lengths, want):
     assert kw.whiten_replies(lengths, 16) is want
+    assert kw.whiten_replies(lengths) is want  # the default threshold is the reply length, 16 tokens
     if lengths:  # against a plain sort
         s = sorted(lengths)
         med = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
@@ -240,9 +241,9 @@ def test_a_memory_of_replies_whitens_and_one_of_labels_does_not(engine, tmp_path
 
 def test_a_memory_of_labels_is_version_9_s_memory_byte_for_byte(engine, tmp_path):
     """Versions 10 to 12 change nothing for a memory of labels: its committed arrays and its size
-    are version 9's, and versions 11 and 12 (which change only the rerank of replies of 16 tokens
-    or more, and hold only such replies) answer as version 10, so the tables' v9 cells of label
-    benchmarks stand for all three (docs/RESULTS.md)."""
+    are version 9's, and versions 11 and 12 (which differ from 10 only in what they do with replies
+    of 16 tokens or more) answer as version 10, so the tables' v9 cells of label benchmarks stand for
+    all three (docs/RESULTS.md)."""
     from miita_edge import Example, Miita
     from miita_edge.method.presets import preset_version
 

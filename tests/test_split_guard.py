@@ -3,7 +3,7 @@
 Fails if a reporting sweep plan (bench/sweep_plan_report*.txt) reads a dev row or a test row an
 earlier sweep or probe read, or if a script that explores settings (bench/keys.py, memsim.py,
 pooling.py, presets.py, memsim_count_vote.py, vote.py, narrowing.py, whitening.py) reads a test row without ``--report-on-test``,
-or if the rerank probe (bench/rerank.py, training rows only) reads one at all.
+or if the probes' draw of intents (bench/intents.py, training rows only) reads one at all.
 """
 from __future__ import annotations
 
@@ -140,13 +140,14 @@ def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
             sweep.parse_plan_line(bad)
 
 
-def test_the_rerank_probe_reads_no_test_row():
-    """bench/rerank.py teaches and asks held-out training rows only, never the same row twice."""
-    rerank = load_bench("rerank")
+def test_the_probes_draw_reads_no_test_row():
+    """bench/intents.py (the draw of bench/hold.py and bench/gate.py) teaches and asks held-out
+    training rows only, never the same row twice."""
+    intents = load_bench("intents")
     test_inputs = {json.loads(x)["input"] for x in (DATA / "banking77" / "test.jsonl").read_text("utf-8").splitlines()
                    if x}
     for labels in (False, True):
-        taught, asked, answer = rerank.draw(DATA / "banking77", 11, 12, 10, 20, labels)
+        taught, asked, answer = intents.draw(DATA / "banking77", 11, 12, 10, 20, labels)
         assert len(answer) == 12 and len(taught) == 120 and len(asked) == 240
         assert not ({x for x, _ in taught} | {x for x, _ in asked}) & test_inputs
         assert not {x for x, _ in taught} & {x for x, _ in asked}
@@ -154,7 +155,7 @@ def test_the_rerank_probe_reads_no_test_row():
 
 def test_the_gate_probe_reads_no_test_row():
     """bench/gate.py: its second off-topic set is XQuAD training questions, none of them a test
-    row's question; its on-topic rows are the rerank probe's draw (checked above)."""
+    row's question; its on-topic rows are the probes' draw of intents (checked above)."""
     gate = load_bench("gate")
     qs = gate.xquad_questions(DATA / "paxqa_substitute_xquad")
     test_q = {json.loads(x)["question"] for x in (DATA / "paxqa_substitute_xquad" / "test.jsonl").read_text("utf-8")

@@ -357,26 +357,25 @@ class Miita:
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
-                               on_logits=on_logits, query_text=text)
+                               on_logits=on_logits)
 
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
-                   query_text: str | None = None, _wrap_plan=None) -> Answer:
+                   _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut). Where a
         stop string may end it is the engine's ``stop_after_text``: off, a model whose first token
         is the newline stop answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
-        upper bound; ``ask_oracle``). ``query_text``: the user's text, which a channel rerank reads
-        (``Preset.rerank_score``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
+        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
         gen_kw = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature, "seed": seed}
         if top_p != 1.0 or on_token is not None or on_logits is not None:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
         out = self.pipeline.answer(self.bank, self._entries, tokens, gen_kw, adapt=adapt, mode=mode, gate=gate,
-                                   eta=eta, oracle_dir=oracle_dir, query_text=query_text, wrap_plan=_wrap_plan)
+                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan)
         g, qp = out.generation, out.plan
         lead, text = strip_lead(g.text, self.template.lead)
         if qp is None:
@@ -390,7 +389,7 @@ class Miita:
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
         self.keyed_engine()  # the template's special-token rule, before tokenising
-        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, query_text=text,
+        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens,
                               _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
@@ -399,11 +398,9 @@ class Miita:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
         return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir, **kw)
 
-    def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None,
-             query_text: str | None = None) -> QueryPlan:
+    def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""
-        return self.pipeline.plan(self.bank, self._entries, state, mode=mode, oracle_dir=oracle_dir,
-                                  query_text=query_text)
+        return self.pipeline.plan(self.bank, self._entries, state, mode=mode, oracle_dir=oracle_dir)
 
     def geometry(self) -> HeadGeometry:
         """The model's head geometry for this memory's template (cached per model and template)."""

@@ -64,7 +64,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("measured-layers", "all", _depth_layers,
               "key layers at 2/3 and 1/2 of the depth instead of the two measured on the model"),
     Mechanism("hold", "replies", _set(hold_min_tokens=0), "no hold: a token no steering answer has ends the steering"),
-    Mechanism("rerank", "replies", _set(rerank_lambda=0.0), "the vote alone decides; the model reads no reply"),
     Mechanism("whitening", "replies", _set(key_whitening="none"), "reply memories keep unwhitened keys"),
     Mechanism("ward-fold", "tight", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
     Mechanism("narrowing", "tight", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),

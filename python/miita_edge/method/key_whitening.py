@@ -29,7 +29,13 @@ from .calibration import cached_raw_keys
 from .key_layers import PARAPHRASES
 from .templates import Template
 
-__all__ = ["GROUPS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "whiten_replies", "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
+__all__ = ["GROUPS", "REPLY_MIN_TOKENS", "SHRINK", "cached_whitening_for", "paraphrase_keys", "whiten_replies",
+           "prepared", "whitening_for", "whitening_matrix", "within_scatter"]
+
+#: An answer of at least this many tokens is a reply, a shorter one a label or a short span. Fixed
+#: by construction, not measured: Banking77's longest label is 10 tokens, its canned replies 25-36,
+#: so 16 keeps every label out and lets every reply in (DSC's labels are 2 tokens).
+REPLY_MIN_TOKENS = 16
 
 #: The shrinkage s toward the identity: the best mean sign-bit vote of 0.1 / 0.3 / 0.6 on
 #: Banking77's dev rows over both models (bench/whitening.py; docs/method.md, "Whitening, for a memory of replies").
@@ -208,19 +214,17 @@ def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, p
     return M
 
 
-def whiten_replies(answer_tokens: list[int], min_tokens: int) -> bool | None:
+def whiten_replies(answer_tokens: list[int], min_tokens: int = REPLY_MIN_TOKENS) -> bool | None:
     """Whether a memory of preset ``key_whitening = "replies"`` whitens its keys, from the token
     counts of the answers its first ingest teaches: True when their median is at least
-    ``min_tokens`` (replies), False when below (labels, short spans), None without any answer (the
-    decision waits for an ingest that teaches one).
+    ``min_tokens`` (replies, ``REPLY_MIN_TOKENS``), False when below (labels, short spans), None
+    without any answer (the decision waits for an ingest that teaches one).
 
     Why by the answers: whitening weighs down how a thing is said in favour of what is asked. A
     canned reply is chosen by what is asked, and whitening finds it more often; a label such as a
     review's sentiment is partly how the thing is said, and whitening lost it (docs/method.md, "Whitening, for a
     memory of replies").
-    The threshold is the rerank's (``Preset.rerank_min_tokens``): the length at which the method
-    already treats an answer as a reply rather than a label. Decided once, while the memory is
-    empty, because stored sign bits cannot be re-whitened later."""
+    Decided once, while the memory is empty, because stored sign bits cannot be re-whitened later."""
     if not answer_tokens:
         return None
     return bool(np.median(np.asarray(answer_tokens, np.float64)) >= min_tokens)

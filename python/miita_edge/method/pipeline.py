@@ -1,5 +1,5 @@
-"""The method, built once per memory from its preset: key frame → retrieval and gate → rerank →
-steering, over one engine.
+"""The method, built once per memory from its preset: key frame → retrieval and gate → steering,
+over one engine.
 
 ``Miita`` (the facade) owns the store: opening, the manifest, the atomic commit. Everything that
 decides how an experience becomes a key and how a query becomes an answer lives here, so the facade
@@ -9,7 +9,7 @@ template; what it derives from the memory (the retrieval index) is cached per ba
 dropped by ``forget_index`` whenever the bank changes.
 
 The KV cache. The engine holds one sequence and owns it: deriving a cache (calibration prompts, the
-head geometry, the generic questions) and the rerank decode other prompts through it, and
+head geometry, the generic questions) decodes other prompts through it, and
 ``Engine.generate`` decodes the query's prompt again where its cache no longer holds it
 (``Engine.holds``). ``prepare`` derives what a query needs *before* the query's prompt pass, so
 that a first query does not pay its prompt twice.
@@ -24,7 +24,6 @@ from ..memory.bank import MemoryBank
 from ..runtime.engine import Engine, QueryState
 from ..runtime.engine_types import Generation
 from .calibration import calibration_keys, key_order, raw_key
-from .extract import prompt_tokens
 from .head_geometry import HeadGeometry, head_geometry
 from .key_layers import choose_key_layers
 from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
@@ -124,7 +123,7 @@ class Pipeline:
     def whitening_decision(self, target_lengths: list[int]) -> bool | None:
         """Whether the first ingest's answers (their token counts) make the memory whiten its keys
         (replies: yes; labels: no); None when no answer was taught."""
-        return whiten_replies(target_lengths, self.preset.rerank_min_tokens)
+        return whiten_replies(target_lengths)
 
     def check_whitened(self, whitened: bool, where: str) -> None:
         """A memory that says its keys were whitened must have a preset that whitens replies."""
@@ -200,24 +199,18 @@ class Pipeline:
 
     # ------------------------------------------------------------------ one query
     def plan(self, bank: MemoryBank, entries: dict | None, state: QueryState, mode: str | None = None,
-             oracle_dir=None, query_text: str | None = None) -> QueryPlan:
+             oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (ids, scores, weights, steering
         plan, relevance decision)."""
         self.prepare(bank, entries)
         pr = self.preset
-        # the reply's prior is read after the template's prompt for an empty input; a template that is
-        # only "{input}" on a model without BOS has no such prompt, and a newline stands in for it
-        null = None
-        if pr.rerank_lambda > 0:
-            null = (prompt_tokens(self.engine, self.template, "", None)
-                    or prompt_tokens(self.engine, self.template, "\n", None))
         geometry = self.geometry() if pr.direction == "head" else None
         return plan_query(pr, bank, self.engine, self._index, state, mode=mode, oracle_dir=oracle_dir, rng=self._rng,
-                          geometry=geometry, null_prompt=null, query_text=query_text)
+                          geometry=geometry)
 
     def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
                adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
-               oracle_dir=None, query_text: str | None = None, wrap_plan=None) -> Steered:
+               oracle_dir=None, wrap_plan=None) -> Steered:
         """Decode the prompt, retrieve, gate, and generate with the memory's push (or without it
         when adaptation is off, the memory is empty, or the relevance gate declines).
         ``wrap_plan``: a recorder around the steering plan (``trace``)."""
@@ -232,7 +225,7 @@ class Pipeline:
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)
         unit = self.geometry().push if pr.eta_unit == "push" else float(np.linalg.norm(state.h_q))
         eta_abs = (pr.eta if eta is None else eta) * unit
-        qp = self.plan(bank, entries, state, mode=mode, oracle_dir=oracle_dir, query_text=query_text)
+        qp = self.plan(bank, entries, state, mode=mode, oracle_dir=oracle_dir)
         if qp.gate is not None and not qp.gate.adapted:  # nothing in memory applies: the frozen model answers
             return Steered(eng.generate(state, **gen_kw), None, 0.0, qp.gate.reason)
         plan = qp.plan if wrap_plan is None else wrap_plan(qp.plan)

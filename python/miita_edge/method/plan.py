@@ -8,7 +8,7 @@ query would cost more than the prompt pass.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -20,7 +20,6 @@ from ..runtime.engine_types import HoldFn
 from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
-from .rerank import channel_logprob, continuation_logprob, rerank_plan
 from .retrieval import ScanIndex, retrieve
 from .steering import hold_target, knn_prototypes, lead_push, prefix_direction
 
@@ -122,8 +121,6 @@ class RetrievalIndex:
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
-    # the rerank's log p(answer j's tokens | empty prompt), filled on first need (method/rerank.py)
-    prior: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, bank: MemoryBank, entries: dict | None = None, centroids: bool = False) -> "RetrievalIndex":
@@ -153,16 +150,9 @@ class RetrievalIndex:
 
 
 def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: RetrievalIndex, state,
-               mode: str | None = None, oracle_dir=None, rng=None, geometry=None,
-               null_prompt: list[int] | None = None, query_text: str | None = None) -> QueryPlan:
+               mode: str | None = None, oracle_dir=None, rng=None, geometry=None) -> QueryPlan:
     """Retrieval for one query: the prototypes, their scores and weights, the steering plan
-    ``plan(step, generated)`` and, for a preset with the relevance gate, its decision.
-
-    ``null_prompt``: the template's prompt for an empty input, which a preset with the rerank
-    (``rerank_lambda`` > 0) reads each answer's prior after; without it nothing is reranked.
-    ``query_text``: the user's text, which the ``"channel"`` rerank scores after each answer
-    (without it, that preset reads the PMI instead). The rerank decodes other prompts through the
-    engine; ``Engine.generate`` decodes the query's prompt again where its cache no longer holds it."""
+    ``plan(step, generated)`` and, for a preset with the relevance gate, its decision."""
     pr = preset
     k_q = query_key(pr, bank, index, state)
     A_unit, owner, D = index.anchors_unit, index.owner, index.D
@@ -198,8 +188,6 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
-    if pr.rerank_lambda > 0 and null_prompt and len(ids) > 1:
-        weights = _rerank(pr, engine, index, state, ids, weights, null_prompt, query_text)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -239,41 +227,6 @@ def _hold(pr: Preset, engine: Engine, index: RetrievalIndex, ids: np.ndarray, we
         return lead_push(logits, target[0], engine.lm_head.rows, precision, mult)
 
     return hold
-
-
-def _rerank(pr: Preset, engine: Engine, index: RetrievalIndex, state, ids: np.ndarray, weights: np.ndarray,
-            null_prompt: list[int], query_text: str | None = None) -> np.ndarray:
-    """The vote's weights after the model read its leading answers (method/rerank.py). Priors not
-    yet known are decoded after the empty prompt first (or, for the channel score, each answer is
-    decoded before the query's text)."""
-    lead = [int(ids[i]) for i in np.argsort(-np.asarray(weights), kind="stable")[:pr.rerank_top]]
-    if any(len(index.seqs[j]) < pr.rerank_min_tokens for j in lead):
-        return weights
-    if pr.rerank_score == "channel" and query_text is not None and query_text.strip():
-        q_len = len(engine.tokenize(" " + query_text.strip(), add_bos=False))
-        if any(len(index.seqs[j]) + q_len + 8 > engine.config.n_ctx for j in lead):
-            return weights  # an answer and the query do not fit in the context: the vote decides
-        scores = {j: channel_logprob(engine, index.seqs[j], query_text) for j in lead}
-        new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
-                             min_tokens=pr.rerank_min_tokens, query_logprob=None,
-                             prior_logprob=lambda j: 0.0, score=scores.__getitem__)
-        return new
-    room = engine.config.n_ctx - max(len(state.tokens), len(null_prompt))
-    if any(len(index.seqs[j]) > room for j in lead):  # a reply that does not fit after the prompt: the vote decides
-        return weights
-    missing = [j for j in lead if j not in index.prior]
-    if missing:
-        engine.reset()
-        first = engine.decode(list(null_prompt), "last")[0]
-        for j in missing:
-            index.prior[j] = continuation_logprob(engine, first, index.seqs[j])
-    if not engine.holds(state.tokens):  # the query's continuation is read from the query's own prompt
-        engine.query(list(state.tokens), skip_bos_in_key=pr.skip_bos)
-    new, _ = rerank_plan(ids, weights, index.seqs, top=pr.rerank_top, lam=pr.rerank_lambda,
-                         min_tokens=pr.rerank_min_tokens,
-                         query_logprob=lambda toks: continuation_logprob(engine, state.logits, toks),
-                         prior_logprob=index.prior.__getitem__)
-    return new
 
 
 def query_key(pr: Preset, bank: MemoryBank, index: RetrievalIndex, state) -> np.ndarray:

@@ -14,8 +14,8 @@ from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .retrieval import RetrievalConfig
 
-__all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "check_memory_fields", "default_preset", "get_preset", "paper_preset",
-           "preset_names", "preset_version"]
+__all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "RETIRED_FIELDS", "check_memory_fields", "default_preset", "get_preset",
+           "paper_preset", "preset_names", "preset_version"]
 
 
 @dataclass
@@ -75,17 +75,6 @@ class Preset:
     # the generated first token and differ in at most one token per 8 positions keep steering
     # (steering.prefix_direction's recovery) instead of the memory letting go of the reply.
     recover: bool = False
-    # The model reads the vote's leading answers (method/rerank.py): each of the top rerank_top
-    # answers' weights times exp(rerank_lambda·PMI of its stored tokens given the query), where every
-    # one of them stores at least rerank_min_tokens tokens. 0: the vote alone (every version before 8).
-    rerank_lambda: float = 0.0
-    rerank_top: int = 3
-    rerank_min_tokens: int = 8
-    # What the model reads of each leading answer: "pmi", log p(answer | query) - log p(answer |
-    # empty query) (versions 8-10); "channel", log p(query | answer) (method/rerank.channel_logprob),
-    # which needs the query's text and no baseline. Without the text (a prompt given as tokens),
-    # "channel" falls back to "pmi".
-    rerank_score: str = "pmi"
     # While a reply leads the steering (its answer stores at least hold_min_tokens tokens), a
     # produced token that none of the steering answers has at that position is replaced: the step is
     # decoded again with an addition that puts the leading token one logit above it
@@ -94,7 +83,7 @@ class Preset:
     # How keys are whitened before their sign bits are taken: "none"; "paraphrase", by the
     # within-group scatter of method/key_whitening.GROUPS measured on the model (derived at open,
     # never stored); or "replies": "paraphrase" for a memory whose first taught answers are replies
-    # (their median is at least rerank_min_tokens tokens), "none" for one of labels, decided at its
+    # (their median is at least key_whitening.REPLY_MIN_TOKENS), "none" for one of labels, decided at its
     # first ingest and kept in its manifest (method/key_whitening.whiten_replies).
     key_whitening: str = "none"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
@@ -153,7 +142,7 @@ class Preset:
         if p is None:
             raise StoreError(f"preset {d['name']!r} version {version!r} is newer than this miita-edge knows; upgrade")
         for k, v in d.items():
-            if k in ("name", "version"):
+            if k in ("name", "version") or k in RETIRED_FIELDS:  # a retired mechanism is not read
                 continue
             if k in ("key_depths", "key_pooling"):
                 v = tuple(v) if isinstance(v, list) else v
@@ -197,18 +186,9 @@ class Preset:
             raise StoreError(f"preset eta_unit {self.eta_unit!r} is not 'hidden' or 'push'")
         if not isinstance(self.recover, bool):
             raise StoreError(f"preset recover {self.recover!r} is not true or false")
-        if not (isinstance(self.rerank_lambda, (int, float)) and not isinstance(self.rerank_lambda, bool)
-                and self.rerank_lambda >= 0):
-            raise StoreError(f"preset rerank_lambda {self.rerank_lambda!r} is not a number >= 0")
-        if self.rerank_score not in ("pmi", "channel"):
-            raise StoreError(f"preset rerank_score {self.rerank_score!r} is not 'pmi' or 'channel'")
         if not (isinstance(self.hold_min_tokens, int) and not isinstance(self.hold_min_tokens, bool)
                 and self.hold_min_tokens >= 0):
             raise StoreError(f"preset hold_min_tokens {self.hold_min_tokens!r} is not a whole number >= 0")
-        for name in ("rerank_top", "rerank_min_tokens"):
-            v = getattr(self, name)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
-                raise StoreError(f"preset {name} {v!r} is not a whole number >= 1")
         if self.direction == "head" and self.bank.payload != "tokens":
             raise StoreError("preset direction 'head' needs the 'tokens' payload")
 
@@ -230,7 +210,6 @@ def default_preset() -> Preset:
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
         recover=True, hold_min_tokens=16,
-        rerank_lambda=0.3, rerank_top=3, rerank_min_tokens=16, rerank_score="channel",
         version=12)
 
 
@@ -259,33 +238,42 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
                      "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_depths": [0.5],
                      "key_pooling": [], "key_order": "index", "relevance_gate": False, "centroid_vote": False,
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8,
-                     "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+                     "eta_unit": "hidden", "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 2): {"bank": {"anchor_fold": "closest"}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3,
-                     "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths", "null_gate": False,
-                     "null_rule": "tail", "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0,
-                     "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+                     "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths",
+                     "null_gate": False, "null_rule": "tail", "eta_unit": "hidden", "recover": False,
+                     "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 3): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_pooling": [],
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8,
-                     "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
+                     "eta_unit": "hidden", "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 4): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "direction": "row",
                      "key_select": "depths", "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
-                     "recover": False, "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi",
-                     "hold_min_tokens": 0, "key_whitening": "none"},
+                     "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "recover": False,
-                     "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0,
-                     "key_whitening": "none"},
-    ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "rerank_lambda": 0.0,
-                     "rerank_min_tokens": 8, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
-    ("default", 7): {"null_rule": "tail", "rerank_lambda": 0.0, "rerank_min_tokens": 8, "rerank_score": "pmi",
                      "hold_min_tokens": 0, "key_whitening": "none"},
-    ("default", 8): {"null_rule": "tail", "rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0,
+    ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "hold_min_tokens": 0,
                      "key_whitening": "none"},
-    ("default", 9): {"rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0, "key_whitening": "none"},
-    ("default", 10): {"rerank_lambda": 0.1, "rerank_score": "pmi", "hold_min_tokens": 0},
+    ("default", 7): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 8): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 9): {"hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 10): {"hold_min_tokens": 0},
     ("default", 11): {"hold_min_tokens": 0},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
+}
+
+#: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
+#: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
+#: answers as its preset does without the mechanism. The settings archived for each past version
+#: (tests/data/preset_versions.json) keep their values; tests/test_presets.py compares the fields
+#: ``Preset`` still has and checks that every other archived field is listed here.
+_RERANK = ("the rerank (the model read the vote's leading replies and rescaled their weights, versions "
+           "8-12) was removed: the ablation on dev rows measured no gain for it, at over a third of a "
+           "reply's time (docs/method.md, Ablation)")
+RETIRED_FIELDS: dict[str, str] = {
+    "rerank_lambda": _RERANK,
+    "rerank_top": _RERANK,
+    "rerank_min_tokens": _RERANK + "; its other use, the whitening's reply length, is key_whitening.REPLY_MIN_TOKENS",
+    "rerank_score": _RERANK,
 }
 
 

@@ -495,7 +495,7 @@ class Engine:
                  temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, on_token=None,
                  on_logits=None, hold: HoldFn | None = None) -> Generation:
         """Generate after ``query(state.tokens)``. The engine owns its KV cache: where other prompts
-        were decoded since that query (a derived cache, the rerank), the prompt is decoded again
+        were decoded since that query (a derived cache), the prompt is decoded again
         first, so no caller has to put it back.
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
