@@ -13,7 +13,8 @@ then, once per memory).
 A steered answer's draft (the memory's stored answer, verified in one batched decode) is on as in
 the product; ``--no-draft`` decodes one step at a time instead (EngineConfig.draft), to compare.
 
-    python bench/latency.py [--model GGUF] [--threads 2] [--rows 200] [--questions 30] [--no-draft] [--target NAME=LIMIT]
+    python bench/latency.py [--model GGUF] [--threads 2] [--rows 200] [--questions 30] [--no-draft]
+                            [--target NAME=LIMIT]
 """
 from __future__ import annotations
 

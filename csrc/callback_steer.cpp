@@ -1,8 +1,8 @@
 // callback_steer.cpp - the callback's work on result_norm, the final hidden state right before the
 // LM head: a copy of its rows (HiddenCapture), then the gated addition of eta * alpha * dir
 // (Steering), which every later node and so the logits see. dir is one direction for every row, or
-// one per row (a batch that verifies several answer steps at once, each with its step's direction). The ABI functions that set and read
-// them. The contract is in miita_core.h.
+// one per row (a batch that verifies several answer steps at once, each with its step's
+// direction). The ABI functions that set and read them. The contract is in miita_core.h.
 #include "callback_state.h"
 
 using namespace miita_internal;
@@ -51,8 +51,8 @@ void on_result_norm(miita_state * st, ggml_tensor * t) {
     if (st->capture.on) st->capture.take(data, rows, st->n_embd);  // before the addition
     if (!st->steer.on() || st->steer.dir.empty()) return;
     if (st->steer.dir_rows > 1 && rows != st->steer.dir_rows) {
-        st->diag.set_error("steering holds " + std::to_string(st->steer.dir_rows) + " row directions but result_norm has "
-                           + std::to_string(rows) + " rows");
+        st->diag.set_error("steering holds " + std::to_string(st->steer.dir_rows) +
+                           " row directions but result_norm has " + std::to_string(rows) + " rows");
         return;
     }
     st->steer.apply(data, rows, st->n_embd);
