@@ -10,7 +10,11 @@ one is not counted as slower for being longer. The first question of each memory
 before timing (the head geometry, the generic questions' keys and the retrieval index are derived
 then, once per memory).
 
-    python bench/latency.py [--model GGUF] [--threads 2] [--rows 200] [--questions 30] [--target NAME=LIMIT]
+A steered answer's draft (the memory's stored answer, verified in one batched decode) is on as in
+the product; ``--no-draft`` decodes one step at a time instead (EngineConfig.draft), to compare.
+
+    python bench/latency.py [--model GGUF] [--threads 2] [--rows 200] [--questions 30] [--no-draft]
+                            [--target NAME=LIMIT]
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=30, help="dev rows of stage 1 asked")
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--no-draft", action="store_true", help="decode each steered step alone (no draft batches)")
     wanted = [Target("labels", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of labels"),
               Target("replies", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of replies")]
     args, targets = parse_with_targets(ap, wanted)
@@ -67,7 +72,8 @@ def main() -> int:
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True))) as engine:
+    with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True,
+                                                    draft=not args.no_draft))) as engine:
         for kind, bench in (("labels", "banking77"), ("replies", "banking77-replies")):
             spec = get_benchmark(bench)
             _, stages = load_benchmark(spec, args.data, stages="1", split="dev")
@@ -80,7 +86,7 @@ def main() -> int:
                 m.close()
             ratio = r["on_ms"] / r["off_ms"]
             per_q = (r["on_ms"] * r["on_tok"]) / (r["off_ms"] * r["off_tok"])
-            print(f"{kind:8s} {len(rows)} rows taught, {r['n']} questions ({r['steered']} steered): "
+            print(f"{kind:8s} draft {'off' if args.no_draft else 'on '}, {len(rows)} rows taught, {r['n']} questions ({r['steered']} steered): "
                   f"default {r['on_ms']:.1f} ms/token ({r['on_tok']} tokens), frozen {r['off_ms']:.1f} ms/token "
                   f"({r['off_tok']} tokens): {ratio:.2f}x  {targets.check(kind, ratio)}; per answer "
                   f"{r['on_ms'] * r['on_tok'] / r['n']:.0f} vs {r['off_ms'] * r['off_tok'] / r['n']:.0f} ms "

@@ -153,13 +153,17 @@ class State {
         return out;
     }
     void capture_clear() { miita_state_capture_clear(st_); }
+    // dir: (n_embd,) for every row, or (R, n_embd): row r of the next result_norm adds dir[r].
     void set_steer(py::object dir, py::object h_q, float eta, int mode) {
         f32_in d, h;
         const float * dp = nullptr;
         const float * hp = nullptr;
+        int64_t rows = 1;
         if (!dir.is_none()) {
             d = f32_in::ensure(dir);
-            if (!d || d.size() != n_embd_) throw std::invalid_argument("dir must have n_embd values");
+            if (d && d.ndim() == 2 && d.shape(1) == n_embd_ && d.shape(0) >= 1) rows = d.shape(0);
+            else if (!d || d.ndim() != 1 || d.size() != n_embd_)
+                throw std::invalid_argument("dir must be (n_embd,) or (rows, n_embd) with rows >= 1");
             dp = d.data();
         }
         if (!h_q.is_none()) {
@@ -167,7 +171,7 @@ class State {
             if (!h || h.size() != n_embd_) throw std::invalid_argument("h_q must have n_embd values");
             hp = h.data();
         }
-        check(miita_state_set_steer(st_, dp, hp, eta, mode));
+        check(miita_state_set_steer_rows(st_, dp, rows, hp, eta, mode));
     }
     py::array_t<float> alphas() const {
         const int64_t n = miita_state_alpha_count(st_);

@@ -98,11 +98,13 @@ struct HiddenCapture {
 };
 
 // The pre-LM-head addition h += eta * alpha * dir on every result_norm row, alpha = 1 (ungated)
-// or max(0, cos(h, h_q)) (gated), and the alpha of every row it touched.
+// or max(0, cos(h, h_q)) (gated), and the alpha of every row it touched. dir holds one direction
+// (dir_rows = 1, every row) or one per result_norm row (row r adds dir's row r).
 struct Steering {
     int mode = MIITA_STEER_OFF;
     float eta = 0.0f;
-    std::vector<float> dir;
+    std::vector<float> dir;          // dir_rows * n_embd
+    int64_t dir_rows = 1;
     std::vector<float> h_q;
     float h_q_norm = 0.0f;
     std::vector<float> alphas;

@@ -1,7 +1,8 @@
 // callback_steer.cpp - the callback's work on result_norm, the final hidden state right before the
 // LM head: a copy of its rows (HiddenCapture), then the gated addition of eta * alpha * dir
-// (Steering), which every later node and so the logits see. The ABI functions that set and read
-// them. The contract is in miita_core.h.
+// (Steering), which every later node and so the logits see. dir is one direction for every row, or
+// one per row (a batch that verifies several answer steps at once, each with its step's
+// direction). The ABI functions that set and read them. The contract is in miita_core.h.
 #include "callback_state.h"
 
 using namespace miita_internal;
@@ -17,9 +18,9 @@ void HiddenCapture::take(const float * data, int64_t n, int64_t H) {
 }
 
 void Steering::apply(float * data, int64_t n, int64_t H) {
-    const float * d = dir.data();
     for (int64_t r = 0; r < n; ++r) {
         float * h = data + r * H;
+        const float * d = dir.data() + (dir_rows > 1 ? r * H : 0);
         float alpha = 1.0f;
         if (mode == MIITA_STEER_GATED) {
             double dot = 0.0, nn = 0.0;
@@ -49,6 +50,11 @@ void on_result_norm(miita_state * st, ggml_tensor * t) {
     float * data = static_cast<float *>(t->data);
     if (st->capture.on) st->capture.take(data, rows, st->n_embd);  // before the addition
     if (!st->steer.on() || st->steer.dir.empty()) return;
+    if (st->steer.dir_rows > 1 && rows != st->steer.dir_rows) {
+        st->diag.set_error("steering holds " + std::to_string(st->steer.dir_rows) +
+                           " row directions but result_norm has " + std::to_string(rows) + " rows");
+        return;
+    }
     st->steer.apply(data, rows, st->n_embd);
 }
 
@@ -81,7 +87,13 @@ void miita_state_capture_clear(miita_state * st) {
 }
 
 int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode) {
+    return miita_state_set_steer_rows(st, dir, 1, h_q, eta, mode);
+}
+
+int miita_state_set_steer_rows(miita_state * st, const float * dir, int64_t dir_rows, const float * h_q, float eta,
+                               int mode) {
     if (!st) return fail("null state");
+    if (dir_rows < 1) return fail("dir_rows must be >= 1");
     if (mode < MIITA_STEER_OFF || mode > MIITA_STEER_GATED) return fail("unknown steer mode");
     if (!std::isfinite(eta)) return fail("eta must be finite");
     Steering & s = st->steer;
@@ -89,7 +101,10 @@ int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q
     if (mode != MIITA_STEER_OFF && dir == nullptr && s.dir.empty()) return fail("steering needs a direction");
     if (mode == MIITA_STEER_GATED && h_q == nullptr && s.h_q.empty()) return fail("gated steering needs h_q");
     const int64_t H = st->n_embd;
-    if (dir) s.dir.assign(dir, dir + H);
+    if (dir) {
+        s.dir.assign(dir, dir + dir_rows * H);
+        s.dir_rows = dir_rows;
+    }
     if (h_q) {
         s.h_q.assign(h_q, h_q + H);
         double nn = 0.0;

@@ -12,7 +12,7 @@
  *         per-batch row mask (or per-sequence groups) selects, across ubatches and decode calls,
  *         into one double sum per key tensor (the semantic key, eq. 1);
  *       - "result_norm" (the final hidden state, right before the LM head): it copies the rows
- *         into a capture buffer, then adds eta * alpha * dir to every row, with
+ *         into a capture buffer, then adds eta * alpha * dir to every row (or row r's own dir), with
  *         alpha = max(0, cos(h, h_q)) (gated), alpha = 1 (ungated) or no addition (off). Writing
  *         t->data there changes every later node, so the LM head sees the steered state.
  *     It returns true, except where asked to end a graph computation early: after result_norm
@@ -151,6 +151,12 @@ void miita_state_capture_clear(miita_state * st);
 /* dir and h_q are n_embd floats (copied); either may be NULL to keep the current one. A refused
  * call (unknown mode, eta not finite, no direction or no h_q for the mode) changes nothing. */
 int miita_state_set_steer(miita_state * st, const float * dir, const float * h_q, float eta, int mode);
+/* The same with dir_rows directions (dir_rows * n_embd floats): row r of the next result_norm adds
+ * direction r, and a result_norm of any other row count is the callback's error (dir_rows = 1: one
+ * direction for every row, as above). A row whose direction is zero is left as it is, its alpha
+ * still logged. */
+int miita_state_set_steer_rows(miita_state * st, const float * dir, int64_t dir_rows, const float * h_q, float eta,
+                               int mode);
 /* alpha of every steered row since the last clear (mode OFF logs nothing). */
 int64_t miita_state_alpha_count(const miita_state * st);
 int miita_state_alpha_get(const miita_state * st, float * out, int64_t max_n);

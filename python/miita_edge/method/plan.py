@@ -21,7 +21,7 @@ from . import ann_index
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
 from .retrieval import ScanIndex, retrieve
-from .steering import hold_target, knn_prototypes, lead_push, prefix_direction
+from .steering import hold_target, knn_prototypes, lead_push, leading_answer, prefix_direction
 
 __all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
@@ -205,6 +205,9 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     def plan(step: int, generated) -> np.ndarray | None:
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
                                 normalize=pr.direction != "head", recover=pr.recover)
+
+    # the leading stored answer's rest: Engine.generate verifies it in one batched decode (runtime.draft)
+    plan.draft = lambda generated: leading_answer(generated, index.seqs, ids, weights, pr.recover)
 
     held = pr.hold_min_tokens > 0 and len(ids) > 0 and engine is not None  # no engine: nothing generates
     hold = _hold(pr, engine, index, ids, weights, geometry) if held else None

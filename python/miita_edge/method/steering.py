@@ -208,3 +208,17 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
         return (acc / lead).astype(np.float32) if lead > 0 else None
     n = np.linalg.norm(acc)
     return (acc / n).astype(np.float32) if n > 0 else None
+
+
+def leading_answer(generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray, weights: np.ndarray,
+                   recover: bool = False) -> list[int]:
+    """The rest of the steering answer of largest weight after ``generated`` (ties: the first in
+    ``ids`` order), [] when none steers there: what the memory expects the model to say next, the
+    draft that ``runtime.draft`` verifies in one batched decode. The members are
+    ``consistent_members``' at step ``len(generated)``, so the draft follows the answers that steer."""
+    step = len(generated)
+    members = consistent_members(step, generated, seqs, ids, weights, recover)
+    if not members:
+        return []
+    j = max(members, key=lambda m: m[1])[0]  # max keeps the first of equal weights
+    return [int(t) for t in seqs[j][step:]]

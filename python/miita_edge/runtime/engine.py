@@ -35,6 +35,7 @@ from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS
 from .key_prefix import KeyPrefix
 from .lm_head import LMHeadRows
+from .draft import Steps
 from .sampling import sample  # noqa: F401  also reached as runtime.engine.sample
 from .llama_setup import cpu_has_amx, install_log_filter  # noqa: F401  cpu_has_amx re-exported for the benches
 from .support import missing_tensor_reason, refusal_after_load, refusal_reason, self_test
@@ -500,7 +501,10 @@ class Engine:
 
         With a plan, step s adds eta·α·plan(s, generated) to every result_norm row
         it decodes; step 0 re-decodes the last prompt token so that the first
-        answer token is steered too. The addition is gone when this returns.
+        answer token is steered too. The addition is gone when this returns. A plan that offers
+        ``draft(generated)`` (the memory's expected tokens) has them verified in one batched decode
+        (``runtime.draft``: the same tokens and alphas, fewer sequential decodes) unless
+        ``EngineConfig.draft`` is off or a hold is given.
         With a ``hold`` (see ``HoldFn``), a steered step whose token the hold rejects is decoded
         again with the hold's vector added on top (the addition is after every layer, so the KV
         cache is the same and only the logits change), until the memory's token leads or
@@ -518,23 +522,13 @@ class Engine:
         generated: list[int] = []
         text_bytes = b""
         reason = "length"
-        logits = state.logits
         self.native.alpha_clear()
         raised: list[int] = []
         repeats: list[int] = []  # indices of the α entries that decoding a step again added
+        draft = getattr(plan, "draft", None) if hold is None and self.config.draft else None
+        steps = Steps(self, state, plan, eta, mode, max_tokens, draft, self.config.max_draft)
         for step in range(max_tokens):
-            d = plan(step, generated) if plan is not None else None
-            if step == 0:
-                if d is not None:  # re-decode the last prompt token with the addition on
-                    self.truncate(len(state.tokens) - 1)
-                    self.set_steer(d, state.h_q, eta, mode)
-                    logits = self.decode([state.tokens[-1]], "last")[0]
-            else:
-                if d is None:
-                    self.set_steer(None, None, 0.0, "off")
-                else:
-                    self.set_steer(d, state.h_q, eta, mode)
-                logits = self.decode([generated[-1]], "last")[0]
+            logits, d = steps.logits(step, generated)
             tok = sample(logits, temperature, top_p, rng)
             if hold is not None and d is not None:
                 tok, logits = self._hold_step(hold, step, generated, state, d, eta, mode, tok, logits,
@@ -552,8 +546,9 @@ class Engine:
             if stop_position(text, stop, after_text) >= 0:
                 reason = "stop"
                 break
+        steps.finish()
         self.set_steer(None, None, 0.0, "off")
-        skip = set(repeats)
+        skip = set(repeats) | steps.dropped
         alphas = [float(a) for i, a in enumerate(self.native.alphas()) if i not in skip]
         text = text_bytes.decode("utf-8", errors="replace")
         cut = stop_position(text, stop, after_text)

@@ -67,6 +67,12 @@ class EngineConfig:
     # (a Miita that builds its own engine, every CLI command, the server); the benchmarks choose
     # per run (--answer-start), so this lower layer keeps the rule of the archived results.
     stop_after_text: bool = False
+    # A steering plan's draft (its ``draft(generated)``, the memory's stored answer) is verified in one
+    # batched decode instead of one decode per step (runtime.draft; the tokens are the sequential
+    # path's). Off: one decode per step (the benches' and tests' reference). max_draft: at most
+    # this many draft tokens per batch (0: as many as the generation can still take).
+    draft: bool = True
+    max_draft: int = 0
 
 
 def stop_position(text: str, stops: Sequence[str], after_text: bool = False) -> int:
@@ -119,7 +125,8 @@ class Generation:
 
 
 # A steering plan gives, before each generated token, the direction for that
-# step (or None for no addition). step 0 predicts the first answer token.
+# step (or None for no addition). step 0 predicts the first answer token. A plan may also offer
+# ``plan.draft(generated)``: the tokens the memory expects next (runtime.draft verifies them).
 SteerPlan = Callable[[int, Sequence[int]], "np.ndarray | None"]
 # A hold, after a steered step produced ``token`` from ``logits``: None where the token stands,
 # else a vector to add to the final hidden state on top of the step's addition, so that the
