@@ -181,6 +181,64 @@ def test_drafted_steps_give_the_sequential_tokens_alphas_and_cache(temperature):
     assert accepted_all > 20 and rejected > 20  # both sides of the bookkeeping were exercised
 
 
+def fake_hold(answers, weights):
+    """A hold like the plan's: where the leading answer continues the prefix and the step produced
+    another token, the addition that puts the leading token one logit above the winner."""
+    lead = answers[int(np.argmax(weights))]
+
+    def hold(step, generated, logits, tok):
+        if step >= len(lead) or list(generated[:step]) != list(lead[:step]) or tok == lead[step]:
+            return None
+        extra = np.zeros(V)
+        extra[lead[step]] = float(logits[tok]) - float(logits[lead[step]]) + 1.0
+        return extra
+
+    return hold
+
+
+def held(eng, state, plan, hold, max_tokens, eta, temperature, seed, draft):
+    """Engine.generate's loop with a hold (Engine._hold_step on the fake engine), the draft on or off."""
+    from miita_edge.runtime.engine import Engine
+
+    rng = np.random.default_rng(seed)
+    steps = Steps(eng, state, plan, eta, "gated", max_tokens, plan.draft if draft else None)
+    generated, raised, repeats = [], [], []
+    for step in range(max_tokens):
+        logits, d = steps.logits(step, generated)
+        tok = sample(logits, temperature, 1.0, rng)
+        if d is not None:
+            tok, logits = Engine._hold_step(eng, hold, step, generated, state, d, eta, "gated", tok, logits,
+                                            raised, repeats, steps)
+        if tok == EOS:
+            break
+        generated.append(tok)
+        if tok == STOP:
+            break
+    steps.finish()
+    skip = set(repeats) | steps.dropped
+    return generated, [float(a) for i, a in enumerate(eng.native.alphas()) if i not in skip], list(eng.kv), raised
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_a_hold_inside_a_drafted_batch_gives_the_sequential_steps(temperature):
+    """The hold decodes a step again on the cache one decode per step leaves: a batch open at that
+    step ends there first (``Steps.settle``), and tokens, alphas, cache and raised steps are the
+    sequential path's."""
+    raised_in_batch = 0
+    for seed in range(150):
+        prompt, answers, weights, state, eta = fake_case(seed)
+        plan, hold = fake_plan(answers, weights), fake_hold(answers, weights)
+        max_tokens = int(np.random.default_rng(seed).integers(1, 12))
+        want = held(FakeEngine(prompt), state, plan, hold, max_tokens, eta, temperature, seed, draft=False)
+        eng = FakeEngine(prompt)
+        got = held(eng, state, plan, hold, max_tokens, eta, temperature, seed, draft=True)
+        assert got[0] == want[0] and got[3] == want[3], seed
+        np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-6, err_msg=f"seed {seed}")
+        assert got[2] == want[2], seed
+        raised_in_batch += bool(got[3]) and max(eng.calls, default=0) > 1
+    assert raised_in_batch > 10  # the hold acted where a batch was open
+
+
 def test_a_batch_never_runs_past_max_tokens_the_batch_or_the_context():
     prompt = [3, 4]
     answers, weights = [[5, 6, 7, 8, 9, 5, 6, 7]], [1.0]
@@ -325,17 +383,6 @@ def engine_draft():
     eng.close()
 
 
-def hold_off_default():
-    """The default preset without the hold (a hold re-decodes steps, so generation decodes one step
-    at a time whenever one is given): what the draft path serves."""
-    from dataclasses import replace
-
-    from miita_edge.method.presets import get_preset
-
-    pr = get_preset("default")
-    return replace(pr, hold_min_tokens=0) if getattr(pr, "hold_min_tokens", 0) else pr
-
-
 def answers_both_ways(m, engine, questions, max_tokens):
     """Each question asked with the draft on and off: (on, off, decodes of more than one row with it on)."""
     from miita_edge.runtime.engine import Engine
@@ -369,6 +416,7 @@ def answers_both_ways(m, engine, questions, max_tokens):
 def test_greedy_answers_with_the_draft_are_the_sequential_ones(tmp_path, engine_draft, kind):
     from test_miita_e2e import LABELS, N_TRAIN
 
+    from miita_edge.method.presets import get_preset
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
@@ -376,7 +424,7 @@ def test_greedy_answers_with_the_draft_are_the_sequential_ones(tmp_path, engine_
     train = [Example(qs[i], out_of(label), None, 3 * i + k + 1)
              for i in range(N_TRAIN) for k, (label, qs) in enumerate(LABELS.items())]
     questions = [q for qs in LABELS.values() for q in qs[N_TRAIN:N_TRAIN + 4]]
-    with Miita(memory=tmp_path / "mem", template="plain", engine=engine_draft, preset=hold_off_default()) as m:
+    with Miita(memory=tmp_path / "mem", template="plain", engine=engine_draft, preset=get_preset("default")) as m:
         m.ingest(train, progress=False)
         got = answers_both_ways(m, engine_draft, questions, 8 if kind == "labels" else 40)
     on, off = got[True], got[False]

@@ -145,6 +145,18 @@ class Steps:
         self.engine.truncate(b.base + b.used + 1)
         self.dropped.update(i for i in b.alpha_at[b.used + 1:] if i is not None)
 
+    def settle(self) -> int | None:
+        """End an open batch at the row just handed out, so that the cache ends with this step's input
+        as one decode per step leaves it (the hold decodes that step again); the index of this step's
+        alpha in ``native.alphas()`` (None: none was logged)."""
+        b = self.batch
+        if b is None:
+            n = len(self.engine.native.alphas())
+            return n - 1 if n else None
+        at = b.alpha_at[b.used]
+        self._close()
+        return at
+
     def finish(self) -> None:
         """The generation ended: drop what the open batch decoded beyond the last row used."""
         if self.batch is not None:

@@ -504,7 +504,7 @@ class Engine:
         answer token is steered too. The addition is gone when this returns. A plan that offers
         ``draft(generated)`` (the memory's expected tokens) has them verified in one batched decode
         (``runtime.draft``: the same tokens and alphas, fewer sequential decodes) unless
-        ``EngineConfig.draft`` is off or a hold is given.
+        ``EngineConfig.draft`` is off; a step the hold decodes again first ends the batch there.
         With a ``hold`` (see ``HoldFn``), a steered step whose token the hold rejects is decoded
         again with the hold's vector added on top (the addition is after every layer, so the KV
         cache is the same and only the logits change), until the memory's token leads or
@@ -525,14 +525,14 @@ class Engine:
         self.native.alpha_clear()
         raised: list[int] = []
         repeats: list[int] = []  # indices of the α entries that decoding a step again added
-        draft = getattr(plan, "draft", None) if hold is None and self.config.draft else None
+        draft = getattr(plan, "draft", None) if self.config.draft else None
         steps = Steps(self, state, plan, eta, mode, max_tokens, draft, self.config.max_draft)
         for step in range(max_tokens):
             logits, d = steps.logits(step, generated)
             tok = sample(logits, temperature, top_p, rng)
             if hold is not None and d is not None:
                 tok, logits = self._hold_step(hold, step, generated, state, d, eta, mode, tok, logits,
-                                              raised, repeats)
+                                              raised, repeats, steps)
             if self.is_eog(tok):
                 reason = "eog"
                 break
@@ -558,7 +558,7 @@ class Engine:
 
     def _hold_step(self, hold: HoldFn, step: int, generated: list[int], state: QueryState, d: np.ndarray,
                    eta: float, mode: str, tok: int, logits: np.ndarray, raised: list[int],
-                   repeats: list[int]) -> tuple[int, np.ndarray]:
+                   repeats: list[int], steps: Steps) -> tuple[int, np.ndarray]:
         """One steered step under a hold: the token and logits it ends with (``generate``)."""
         first = (tok, logits)
         last = state.tokens[-1] if step == 0 else generated[-1]
@@ -573,7 +573,9 @@ class Engine:
                 if r:
                     raised.append(step)
                 return int(np.argmax(logits)), logits
-            alpha = float(self.native.alphas()[-1]) if mode == "gated" else 1.0
+            if r == 0:  # the cache must end at this step's input, as one decode per step leaves it
+                at = steps.settle()
+                alpha = float(self.native.alphas()[at]) if mode == "gated" and at is not None else 1.0
             if alpha * eta <= 0 or r == MAX_RAISES:
                 return first  # the memory's token never led: the step keeps the model's token
             # the native addition is eta·α·direction; this adds ``extra`` on top of what it added
