@@ -197,7 +197,7 @@ def fake_hold(answers, weights):
 
 
 def held(eng, state, plan, hold, max_tokens, eta, temperature, seed, draft):
-    """Engine.generate's loop with a hold (Engine._hold_step on the fake engine), the draft on or off."""
+    """Engine.generate's loop with a hold (Engine.hold_step on the fake engine), the draft on or off."""
     from miita_edge.runtime.engine import Engine
 
     rng = np.random.default_rng(seed)
@@ -207,7 +207,7 @@ def held(eng, state, plan, hold, max_tokens, eta, temperature, seed, draft):
         logits, d = steps.logits(step, generated)
         tok = sample(logits, temperature, 1.0, rng)
         if d is not None:
-            tok, logits = Engine._hold_step(eng, hold, step, generated, state, d, eta, "gated", tok, logits,
+            tok, logits = Engine.hold_step(eng, hold, step, generated, state, d, eta, "gated", tok, logits,
                                             raised, repeats, steps)
         if tok == EOS:
             break

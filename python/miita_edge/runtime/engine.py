@@ -531,7 +531,7 @@ class Engine:
             logits, d = steps.logits(step, generated)
             tok = sample(logits, temperature, top_p, rng)
             if hold is not None and d is not None:
-                tok, logits = self._hold_step(hold, step, generated, state, d, eta, mode, tok, logits,
+                tok, logits = self.hold_step(hold, step, generated, state, d, eta, mode, tok, logits,
                                               raised, repeats, steps)
             if self.is_eog(tok):
                 reason = "eog"
@@ -556,10 +556,11 @@ class Engine:
             text = text[:cut]
         return Generation(text, generated, alphas, reason, raised)
 
-    def _hold_step(self, hold: HoldFn, step: int, generated: list[int], state: QueryState, d: np.ndarray,
+    def hold_step(self, hold: HoldFn, step: int, generated: list[int], state: QueryState, d: np.ndarray,
                    eta: float, mode: str, tok: int, logits: np.ndarray, raised: list[int],
                    repeats: list[int], steps: Steps) -> tuple[int, np.ndarray]:
-        """One steered step under a hold: the token and logits it ends with (``generate``)."""
+        """One steered step under a hold: the token and logits it ends with (``generate``; public so
+        that the draft's bookkeeping can be checked through it on a fake engine)."""
         first = (tok, logits)
         last = state.tokens[-1] if step == 0 else generated[-1]
         direction = np.asarray(d, np.float32)
