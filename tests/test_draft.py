@@ -104,11 +104,24 @@ def fake_plan(answers, weights):
     return plan
 
 
+def generation(max_tokens, temperature, seed, token_at) -> list[int]:
+    """Engine.generate's loop on the fake model: ``token_at(step, generated, rng)`` gives each step's
+    token; the fake model's end token ends it unkept, its stop token kept."""
+    rng = np.random.default_rng(seed)
+    generated: list[int] = []
+    for step in range(max_tokens):
+        tok = token_at(step, generated, rng)
+        if tok == EOS:
+            break
+        generated.append(tok)
+        if tok == STOP:
+            break
+    return generated
+
+
 def sequential(eng, state, plan, max_tokens, eta, temperature, seed):
     """The reference: one decode per step, as generation did before drafts."""
-    rng = np.random.default_rng(seed)
-    generated = []
-    for step in range(max_tokens):
+    def token_at(step, generated, rng):
         d = plan(step, generated)
         if step == 0:
             logits = state.logits
@@ -119,28 +132,17 @@ def sequential(eng, state, plan, max_tokens, eta, temperature, seed):
         else:
             eng.set_steer(d, state.h_q, eta, "gated") if d is not None else eng.set_steer(None, None, 0.0, "off")
             logits = eng.decode([generated[-1]])[0]
-        tok = sample(logits, temperature, 1.0, rng)
-        if tok == EOS:
-            break
-        generated.append(tok)
-        if tok == STOP:
-            break
+        return sample(logits, temperature, 1.0, rng)
+
+    generated = generation(max_tokens, temperature, seed, token_at)
     return generated, [float(a) for a in eng.native.alphas()], list(eng.kv)
 
 
 def drafted(eng, state, plan, max_tokens, eta, temperature, seed, max_draft=0):
     """The loop of Engine.generate over ``Steps`` with the plan's draft."""
-    rng = np.random.default_rng(seed)
     steps = Steps(eng, state, plan, eta, "gated", max_tokens, plan.draft, max_draft)
-    generated = []
-    for step in range(max_tokens):
-        logits, _ = steps.logits(step, generated)
-        tok = sample(logits, temperature, 1.0, rng)
-        if tok == EOS:
-            break
-        generated.append(tok)
-        if tok == STOP:
-            break
+    generated = generation(max_tokens, temperature, seed,
+                           lambda step, gen, rng: sample(steps.logits(step, gen)[0], temperature, 1.0, rng))
     steps.finish()
     alphas = [float(a) for i, a in enumerate(eng.native.alphas()) if i not in steps.dropped]
     return generated, alphas, list(eng.kv), steps
@@ -200,20 +202,18 @@ def held(eng, state, plan, hold, max_tokens, eta, temperature, seed, draft):
     """Engine.generate's loop with a hold (Engine.hold_step on the fake engine), the draft on or off."""
     from miita_edge.runtime.engine import Engine
 
-    rng = np.random.default_rng(seed)
     steps = Steps(eng, state, plan, eta, "gated", max_tokens, plan.draft if draft else None)
-    generated, raised, repeats = [], [], []
-    for step in range(max_tokens):
+    raised, repeats = [], []
+
+    def token_at(step, generated, rng):
         logits, d = steps.logits(step, generated)
         tok = sample(logits, temperature, 1.0, rng)
         if d is not None:
-            tok, logits = Engine.hold_step(eng, hold, step, generated, state, d, eta, "gated", tok, logits,
-                                            raised, repeats, steps)
-        if tok == EOS:
-            break
-        generated.append(tok)
-        if tok == STOP:
-            break
+            tok, _ = Engine.hold_step(eng, hold, step, generated, state, d, eta, "gated", tok, logits,
+                                      raised, repeats, steps)
+        return tok
+
+    generated = generation(max_tokens, temperature, seed, token_at)
     steps.finish()
     skip = set(repeats) | steps.dropped
     return generated, [float(a) for i, a in enumerate(eng.native.alphas()) if i not in skip], list(eng.kv), raised
