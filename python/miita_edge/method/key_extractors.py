@@ -105,7 +105,7 @@ class LocalExtractor:
                                 batch_keys=self.batch_keys)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: the engine is the caller's."""
 
 
 def key_engine(engine: Engine, options: KeyOptions) -> Engine:
