@@ -5,7 +5,7 @@ graph it replaced; the usearch graph for the paper preset's float rows) against 
 For each preset, size and key distribution, a synthetic memory is committed to a temporary store
 and opened as a user's memory would be (graphs cached in a temporary folder, not the user's). Its
 arrays have exactly the names, dtypes and row shapes of a small real memory that this run ingests
-first with the facade (store format 2: ``anchor_per``, ``tok3``/``tok_len``, narrow counts, the
+first with the facade (store format 2: ``anchor_per``, ``tok_dict``/``tok_idx``/``tok_len``, narrow counts, the
 default preset's ``radius``; the run fails if it meets an array it cannot make), and its manifest
 is that memory's, with the counts of the synthetic one. Every prototype has one anchor, taught by
 two examples (n = 2, so the relevance gate sees recurring answers; radius: the cosine of two keys
@@ -244,9 +244,11 @@ def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise
             out[name] = np.full(J, 2, dt)
         elif name == "tok_len":
             out[name] = np.full(J, 3, dt)
-        elif name == "tok3":
-            ids = rng.integers(1000, 200_000, 3 * J)  # below every supported vocabulary's size
+        elif name == "tok_dict":  # a dictionary of 3·J distinct ids, below every supported vocabulary's size
+            ids = np.sort(rng.choice(np.arange(1000, 200_000), 3 * J, replace=J * 3 > 199_000))
             out[name] = np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
+        elif name == "tok_idx":  # each answer its own three ids
+            out[name] = np.arange(3 * J, dtype=np.uint8 if 3 * J <= 256 else np.uint16 if 3 * J <= 65536 else np.uint32)
         elif name == "radius":
             out[name] = np.full(J, radius, np.int8)
         else:

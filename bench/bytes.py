@@ -80,7 +80,8 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict
     from miita_edge.method.steering import vote
 
     held = {normalize_label(t) for t in labels}
-    out = {"n": len(items), "held": 0, "vote": 0, "declined": 0, "ungated": 0, "steered": 0, "agree": 0}
+    out = {"n": len(items), "held": 0, "vote": 0, "declined": 0, "ungated": 0, "steered": 0, "agree": 0,
+           "reasons": {}}  # declined queries by the test that closed the gate
     # agree: steered answers equal to the vote's, among the queries the vote answered (on a declined
     # query the frozen model answers, which no vote can agree with)
     eng = m.keyed_engine()
@@ -91,11 +92,16 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict
         x = it.example.input
         out["held"] += any(normalize_label(g) in held for g in it.golds)
         state = eng.query(prompt_tokens(eng, m.template, x, m.max_prompt_tokens), skip_bos_in_key=m.preset.skip_bos)
-        qp = m.plan(state, query_text=x)
-        out["declined"] += qp.gate is not None and not qp.gate.adapted
+        qp = m.plan(state)
+        if qp.gate is not None and not qp.gate.adapted:
+            out["declined"] += 1
+            why = qp.gate.reason or ""
+            key = ("general questions" if "general questions" in why else "radius" if "radius" in why
+                   else "taught once" if "one example" in why or "paraphrase" in why else why[:40])
+            out["reasons"][key] = out["reasons"].get(key, 0) + 1
         picked = vote(qp.ids, qp.weights, labels) or ""
         out["vote"] += label_match(picked, it.golds)
-        qo = open_pipe.plan(m.bank, None, state, query_text=x)
+        qo = open_pipe.plan(m.bank, None, state)
         out["ungated"] += label_match(vote(qo.ids, qo.weights, labels) or "", it.golds)
         if steered:
             text = m.ask(x, max_tokens=max_tokens).text
@@ -174,7 +180,7 @@ def print_detail(r: dict, steered: bool) -> None:
             f"{a.parts['framing']:,} (header {a.framing['header']}, manifest {a.framing['manifest']}, padding "
             f"{a.framing['padding']}, {records}); {r['prototypes']} prototypes, {r['anchors']} anchors, "
             f"{c.kept}/{c.answers} answers kept ({c.foreign} foreign), keys {r['key_bits']} bits; dev "
-            f"{d['n']}: vote {d['vote']}, declined {d['declined']}, vote without the gate {d['ungated']}")
+            f"{d['n']}: vote {d['vote']}, declined {d['declined']} ({d['reasons']}), vote without the gate {d['ungated']}")
     if steered:
         line += f", steered {d['steered']} (the vote's answer on {d['agree']} of the {d['n'] - d['declined']} it answered)"
     print(line + f"; learn {r['learn_s']:.0f} s, ask {r['ask_s']:.0f} s", flush=True)

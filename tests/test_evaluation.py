@@ -463,9 +463,9 @@ def test_memory_bytes_are_the_bytes_on_disk(method, engine1, tmp_path):
 
     stored = Store(out / "state" / "stage-01").read().arrays
     assert ("dirs" in stored) == (method in ("miita-paper", "miita-dense"))
-    assert ("tok3" in stored) == (method != "miita-paper")  # answer tokens, 3 bytes each
+    assert ("tok_idx" in stored) == (method != "miita-paper")  # answer tokens, as dictionary indices
     if method == "miita-dense":
-        assert len(stored["dirs"]) == len(stored["tok3"])  # one stored direction per target token
+        assert len(stored["dirs"]) == len(stored["tok_idx"])  # one stored direction per target token
     # the result names the preset the stored memory was built with, so an archived cell says its version
     from miita_edge.miita import Miita
 

@@ -18,6 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from miita_edge.memory.prototype import uint_for
+
 import miita_edge.memory.store
 from miita_edge.errors import BudgetError
 from miita_edge.memory.bank import PAYLOADS, TOKEN_END, BankConfig, MemoryBank, Prototype
@@ -163,13 +165,21 @@ class RefBank:
         def usize(m):  # the narrowest unsigned type holding m
             return 1 if m < 256 else 2 if m < 65536 else 4
 
-        # each anchor: its key and its uint16 count; per prototype: how many anchors it owns, its
-        # count and its answer length (each the narrowest type of the bank's largest value), its
-        # answer as 3-byte token ids, its radius byte (relevance gate)
-        b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + 2)
+        # each anchor: its key and its count; per prototype: how many anchors it owns, its count and
+        # its answer length; every count the narrowest type of the bank's largest value (an anchor's
+        # saturating at 65,535); its answer as 3-byte token ids, its radius byte (relevance gate)
+        acnt = usize(min(max(int(c) for q in self.protos for c in q.anchor_n), 65535))
+        b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + acnt)
         b += usize(max(len(q.anchors) for q in self.protos)) + usize(max(q.n for q in self.protos))
         if cfg.payload != "mean":
-            b += 3 * len(p.tokens) + usize(max(len(q.tokens) for q in self.protos))
+            # its answer: one dictionary index per token (the dictionary's size picks the type) and
+            # the dictionary rows (2 bytes, 3 if any id needs them) of ids no other answer uses
+            every = [t for q in self.protos for t in q.tokens]
+            distinct = set(every)
+            row = 3 if distinct and max(distinct) >= 65536 else 2
+            others = {t for q in self.protos if q is not p for t in q.tokens}
+            b += len(p.tokens) * usize(len(distinct) - 1) + row * len(set(p.tokens) - others)
+            b += usize(max(len(q.tokens) for q in self.protos))
         return b + (1 if cfg.relevance else 0)
 
     def values(self) -> list[float]:
@@ -612,7 +622,7 @@ def test_eq5_single_prototype():
     for _ in range(3):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
     p = bank.protos[0]
-    size = 4 * H + len(p.anchors) * (4 * H + 2) + 1 + 1  # direction, anchors (key, count), anchors owned, n
+    size = 4 * H + len(p.anchors) * (4 * H + 1) + 1 + 1  # direction, anchors (key, uint8 count), anchors owned, n
     assert bank.values().tolist() == pytest.approx([math.log(1 + 3) / size])
     assert MemoryBank(BankConfig(), H).values().shape == (0,)
 
@@ -749,7 +759,7 @@ def test_repair_prune_folds_most_redundant_anchor():
     assert np.allclose(bank.protos[j].anchors[s_new], unit_np(pair_sum), atol=1e-6, rtol=0)
     # a budget that needs every redundant anchor gone (and no more): pruning alone, in brute-force order
     J = bank.n_prototypes
-    budget = nbytes_size(bank) - (bank.n_anchors - J) * (4 * H + 2)  # key, count
+    budget = nbytes_size(bank) - (bank.n_anchors - J) * (4 * H + 1)  # key, count (uint8 while counts stay < 256)
     ref = ref_from_bank(bank)
     while True:
         ch = ref_prune_choice(ref.protos)
@@ -931,7 +941,7 @@ def test_budget_error_when_one_prototype_does_not_fit():
     bank = MemoryBank(BankConfig(payload="mean", tau_d=0.99), H)
     for _ in range(4):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
-    one = 4 * H + (4 * H + 2) + 1 + 1  # the smallest prototype: direction, one anchor + its count, anchors owned, n
+    one = 4 * H + (4 * H + 1) + 1 + 1  # the smallest prototype: direction, one anchor + its uint8 count, anchors owned, n
     with pytest.raises(BudgetError):
         bank.repair(one - 1, nbytes_size)
     assert bank.n_prototypes == 1 and bank.n_anchors == 1  # it went as far as it could
@@ -1015,17 +1025,26 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
     assert all(again[k].tobytes() == arrays[k].tobytes() for k in arrays)
     # the stored layout, re-derived: anchors per prototype, anchor counts, counts, 3-byte tokens
     assert arrays["anchor_per"].tolist() == [len(p.anchors) for p in bank.protos]
-    assert arrays["anchor_count"].dtype == np.uint16
+    assert arrays["anchor_count"].dtype == uint_for(max(int(c) for p in bank.protos for c in p.anchor_n))
     assert arrays["anchor_count"].tolist() == [int(c) for p in bank.protos for c in p.anchor_n]
     assert arrays["counts"].tolist() == [p.n for p in bank.protos]
     assert arrays["counts"].dtype == (np.uint8 if max(p.n for p in bank.protos) < 256 else np.uint16)
     if payload != "mean":
         flat = [t for p in bank.protos for t in p.tokens.tolist()]
-        t3 = arrays["tok3"].astype(np.int64)
-        assert (t3[:, 0] + 256 * t3[:, 1] + 65536 * t3[:, 2]).tolist() == flat
+        # the dictionary: each distinct id once, ascending, 2 bytes where all fit, else 3 little-endian
+        d = arrays["tok_dict"].astype(np.int64)
+        ids = (d[:, 0] + 256 * d[:, 1] + 65536 * d[:, 2]) if d.ndim == 2 else d
+        assert ids.tolist() == sorted(set(flat))
+        assert (d.ndim == 2) == (max(flat) >= 65536)
+        assert [int(ids[i]) for i in arrays["tok_idx"]] == flat
+        assert arrays["tok_idx"].dtype == (np.uint8 if len(ids) <= 256 else np.uint16)
         assert arrays["tok_len"].tolist() == [len(p.tokens) for p in bank.protos]
+        # a memory written before the dictionary (3-byte ids in place) reads to the same bank
+        old = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_idx")}
+        old["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
+        _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, old, key_mean=bank.key_mean))
     else:
-        assert "tok3" not in arrays and "tokens" not in arrays
+        assert not {"tok3", "tokens", "tok_dict", "tok_idx"} & set(arrays)
     assert ("dirs" in arrays) == (payload != "tokens")
     # a reloaded bank folds with the rebuilt sums, exactly as the reference does with them
     checked = 0
@@ -1110,14 +1129,20 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bad = dict(arrays, dirs=arrays["dirs"][:-1])
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tok3=arrays["tok3"][:-1])  # one token short of the answers' lengths
+    bad = dict(arrays, tok_idx=arrays["tok_idx"][:-1])  # one token short of the answers' lengths
     with pytest.raises(ValueError):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(arrays, tok_dict=arrays["tok_dict"][:-1])  # an index past the dictionary's end
+    with pytest.raises(ValueError, match="past the token dictionary"):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(arrays, tok_dict=arrays["tok_dict"].astype(np.uint32))  # a dictionary no writer makes
+    with pytest.raises(ValueError, match="tok_dict"):
         MemoryBank.from_arrays(bank.config, 16, bad)
     bad = dict(arrays, tok_len=arrays["tok_len"][:-1])  # one length per prototype
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
     # format 1's layout (an owner per anchor, int32 tokens with separators) still loads ...
-    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok3", "tok_len")}
+    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok_dict", "tok_idx", "tok_len")}
     v1["anchor_owner"] = np.repeat(np.arange(3), arrays["anchor_per"]).astype(np.uint16)
     v1["tokens"] = np.concatenate([np.append(p.tokens, TOKEN_END) for p in bank.protos]).astype(np.int32)
     _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, 16, v1))
@@ -1331,3 +1356,23 @@ def test_presets_fold_as_they_were_built():
     assert Preset.from_json(default_preset().to_json()).bank.anchor_fold == "ward"
     with pytest.raises(ValueError, match="anchor_fold"):
         BankConfig(anchor_fold="nearest").validate()
+
+
+def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():
+    """Ids past uint16 take 3-byte dictionary rows; a shared id is stored once; removing a
+    prototype frees exactly its ``proto_bytes`` (its indices and the rows only it uses)."""
+    H = 8
+    rng = np.random.default_rng(3)
+    bank = MemoryBank(BankConfig(payload="tokens", tau_d=0.99), H)
+    answers = [[70000, 5], [5, 9, 9], [200000], [9, 5]]
+    for t in answers:
+        bank.write(np.zeros((len(t), H)), t, rng.standard_normal(H))
+    arrays = bank.to_arrays()
+    assert arrays["tok_dict"].shape == (4, 3)  # 5, 9, 70000, 200000, each once
+    back = MemoryBank.from_arrays(bank.config, H, arrays)
+    assert [p.tokens.tolist() for p in back.protos] == answers
+    total = nbytes_size(bank)
+    for j, p in enumerate(bank.protos):
+        other = copy.deepcopy(bank)
+        del other.protos[j]
+        assert total - nbytes_size(other) == bank.proto_bytes(p)

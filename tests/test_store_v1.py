@@ -162,8 +162,9 @@ def test_a_format_1_memory_opens_answers_and_becomes_format_2_on_ingest(tmp_path
         assert m.template.name == "plain" and m.preset.name == "default" and m.budget_spec == "64KiB"
     # nothing of the old memory is lost: every old anchor and every old answer is still stored
     assert old_anchors <= {bytes(r) for r in np.asarray(new.arrays["anchors"])}
-    t3 = np.asarray(new.arrays["tok3"]).astype(np.int64)  # the compact layout: 3-byte ids, lengths
-    flat = (t3[:, 0] | t3[:, 1] << 8 | t3[:, 2] << 16).tolist()
+    from miita_edge.memory.bank_arrays import decode_token_dict
+    ids = decode_token_dict(new.arrays["tok_dict"])  # the compact layout: a token dictionary, indices, lengths
+    flat = ids[np.asarray(new.arrays["tok_idx"], np.int64)].tolist()
     ends = np.cumsum(np.asarray(new.arrays["tok_len"], np.int64)).tolist()
     new_tokens = [t for s, e in zip([0] + ends[:-1], ends) for t in flat[s:e] + [-1]]  # format 1's separators
     assert new_tokens[:len(old_tokens)] == old_tokens

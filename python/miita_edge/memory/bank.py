@@ -35,11 +35,13 @@ Choices the paper leaves open (docs/method.md has the reasons):
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..errors import BudgetError
 from . import codecs
-from .bank_arrays import StoredArrays, to_arrays
+from .bank_arrays import ANCHOR_COUNT_MAX, StoredArrays, distinct_tokens, to_arrays, token_dict_row_bytes
 from .bank_view import QueryView
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
@@ -168,33 +170,45 @@ class MemoryBank(QueryView):
         return float(np.max(num / np.maximum(den, 1e-12)))
 
     # ------------------------------------------------------------ sizes and value (eq. 5)
-    def proto_bytes(self, p: Prototype) -> int:
+    def proto_bytes(self, p: Prototype, token_users: Counter | None = None) -> int:
         """Bytes this prototype adds to the stored arrays (its share of Size(B)), as ``to_arrays``
-        lays them out now: payload, anchors with their uint16 counts, and one entry in each
-        per-prototype array (anchors owned, count, answer length: the narrowest unsigned type of
-        the bank's current largest value), answer tokens at 3 bytes, the radius byte."""
+        lays them out now: payload, anchors with their counts, and one entry in each per-prototype
+        array (anchors owned, count, answer length), each count the narrowest unsigned type of the
+        bank's current largest value; one dictionary index per answer token and the dictionary
+        rows of the ids no other prototype's answer uses (``token_users``: how many prototypes use
+        each id, counted here when not given); the radius byte."""
         cfg, H = self.config, self.n_embd
         isz = self._per_proto_itemsizes()
         b = len(p.dirs) * codecs.bytes_per_vector(cfg.dir_precision, H)
-        b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + 2)
+        b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + isz["acnt"])
         b += isz["per"] + isz["cnt"]
         if cfg.payload != "mean":
-            b += 3 * len(p.tokens) + isz["len"]
+            users = self._token_users() if token_users is None else token_users
+            own = sum(1 for t in set(p.tokens.tolist()) if users[t] == 1)
+            b += len(p.tokens) * isz["idx"] + own * isz["dict"] + isz["len"]
         return b + (1 if cfg.relevance else 0)
+
+    def _token_users(self) -> Counter:
+        return Counter(t for q in self.protos for t in set(np.asarray(q.tokens).tolist()))
 
     def _per_proto_itemsizes(self) -> dict[str, int]:
         protos = self.protos
-        return {"per": np.dtype(uint_for(max((len(q.anchors) for q in protos), default=0))).itemsize,
+        ids = distinct_tokens(protos) if self.config.payload != "mean" else np.zeros(0, np.int64)
+        return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize, "dict": token_dict_row_bytes(ids),
+                "per": np.dtype(uint_for(max((len(q.anchors) for q in protos), default=0))).itemsize,
                 "cnt": np.dtype(uint_for(max((q.n for q in protos), default=0))).itemsize,
-                "len": np.dtype(uint_for(max((len(q.tokens) for q in protos), default=0))).itemsize}
+                "len": np.dtype(uint_for(max((len(q.tokens) for q in protos), default=0))).itemsize,
+                "acnt": np.dtype(uint_for(min(max((int(c) for q in protos for c in q.anchor_n), default=0),
+                                              ANCHOR_COUNT_MAX))).itemsize}
 
     def values(self) -> np.ndarray:
         """value(u_j) = log(1+n_j)·(1 − max_{r≠j} sim(d_j, d_r)) / Size(u_j)   (eq. 5)."""
         J = len(self.protos)
         out = np.zeros(J)
+        users = self._token_users()
         for j, p in enumerate(self.protos):
             mx = max((self.similarity(p, q) for r, q in enumerate(self.protos) if r != j), default=0.0)
-            out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p)
+            out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p, users)
         return out
 
     # ------------------------------------------------------------ forgetting

@@ -11,7 +11,11 @@ import numpy as np
 from . import codecs
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
-__all__ = ["Seqs", "StoredArrays", "to_arrays"]
+__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "decode_token_dict", "distinct_tokens", "encode_token_dict",
+           "to_arrays", "token_dict_row_bytes"]
+
+#: The largest count an anchor stores (uint16's); a centroid of more keys is stored as standing for this many.
+ANCHOR_COUNT_MAX = 65535
 
 
 def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
@@ -20,10 +24,15 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
 
     Layout (every byte counts against the budget, so integers take the narrowest unsigned
     type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
-    each prototype owns, ``anchor_count`` how many keys each anchor stands for, ``counts``
-    each prototype's n, ``tok3`` the answer tokens as 3-byte little-endian ids (vocabularies
-    up to 2^24) with ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Format 1
-    memories (``anchor_owner``, int32 ``tokens`` with separators) are still read."""
+    each prototype owns, ``anchor_count`` how many keys each anchor stands for (saturating at 65,535), ``counts``
+    each prototype's n, the answer tokens as ``tok_dict`` (each distinct id once, ascending:
+    uint16 where every id fits, else 3-byte little-endian rows, vocabularies up to 2^24) and
+    ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type) with
+    ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Why a dictionary: answers
+    share most of their tokens (Banking77's 77 labels: 332 tokens, 114 distinct), so each
+    token costs one byte and each distinct id its two or three once, where a tight budget's
+    keys need every byte. Earlier memories (``tok3``: 3-byte ids in place; format 1's
+    ``anchor_owner`` and int32 ``tokens`` with separators) are still read."""
     cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
     key_bytes_cols = codecs.bytes_per_vector("bit", bank.key_dim) if cfg.key_precision == "bit" else bank.key_dim
     A = bank.n_anchors
@@ -36,6 +45,8 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
 
     kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
     per_dt, cnt_dt = uint_for(max(per, default=0)), uint_for(max((p.n for p in bank.protos), default=0))
+    # an anchor stands for at most 65,535 keys as stored (the count saturates there)
+    acnt_dt = uint_for(min(max((int(c) for p in bank.protos for c in p.anchor_n), default=0), ANCHOR_COUNT_MAX))
     len_dt = uint_for(max(lens, default=0))
     if shapes_only:
         n_dirs = sum(len(p.dirs) for p in bank.protos)
@@ -47,10 +58,13 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         if cfg.key_precision == "int8":
             out["anchor_scale"] = fake((A,), np.float32)
         out["anchor_per"] = fake((J,), per_dt)
-        out["anchor_count"] = fake((A,), np.uint16)
+        out["anchor_count"] = fake((A,), acnt_dt)
         out["counts"] = fake((J,), cnt_dt)
         if cfg.payload != "mean":
-            out["tok3"] = fake((sum(lens), 3), np.uint8)
+            ids = distinct_tokens(bank.protos)
+            dict_shape, dict_dt = token_dict_layout(ids)
+            out["tok_dict"] = fake(dict_shape, dict_dt)
+            out["tok_idx"] = fake((sum(lens),), uint_for(max(len(ids) - 1, 0)))
             out["tok_len"] = fake((J,), len_dt)
         if cfg.relevance:
             out["radius"] = fake((J,), np.int8)
@@ -69,14 +83,15 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         out["anchor_scale"] = enc["scale"]
     out["anchor_per"] = np.array(per, per_dt)
     an = np.concatenate([p.anchor_n for p in bank.protos]) if J else np.zeros(0, np.int64)
-    out["anchor_count"] = np.minimum(an, 65535).astype(np.uint16)
+    out["anchor_count"] = np.minimum(an, ANCHOR_COUNT_MAX).astype(acnt_dt)
     out["counts"] = np.array([p.n for p in bank.protos], cnt_dt)
     if cfg.payload != "mean":
         flat = np.concatenate([p.tokens for p in bank.protos]).astype(np.int64) if J else np.zeros(0, np.int64)
         if len(flat) and (flat.min() < 0 or flat.max() >= 1 << 24):
             raise ValueError("answer token ids must lie in 0..2^24-1 to be stored in 3 bytes")
-        out["tok3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8) \
-            if len(flat) else np.zeros((0, 3), np.uint8)
+        ids = np.unique(flat)
+        out["tok_dict"] = encode_token_dict(ids)
+        out["tok_idx"] = np.searchsorted(ids, flat).astype(uint_for(max(len(ids) - 1, 0)))
         out["tok_len"] = np.array(lens, len_dt)
     if cfg.relevance:
         out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in bank.protos],
@@ -110,7 +125,7 @@ class StoredArrays:
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
         # (the corruption campaign, docs/reliability.md).
         for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
-                     "tok_len", "radius"):
+                     "tok_len", "tok_idx", "radius"):
             if name in arrays and np.ndim(arrays[name]) != 1:
                 raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
@@ -233,11 +248,62 @@ class StoredArrays:
         return out
 
 
+def distinct_tokens(protos) -> np.ndarray:
+    """The distinct answer token ids of ``protos``, ascending (the token dictionary's rows)."""
+    return np.unique(np.concatenate([np.asarray(p.tokens, np.int64) for p in protos])) if protos \
+        else np.zeros(0, np.int64)
+
+
+def token_dict_layout(ids: np.ndarray) -> tuple[tuple[int, ...], type]:
+    """(shape, dtype) of the token dictionary holding ``ids``: uint16 ids where the largest fits,
+    else 3-byte little-endian rows."""
+    if len(ids) and int(ids.max()) >= 1 << 16:
+        return (len(ids), 3), np.uint8
+    return (len(ids),), np.uint16
+
+
+def token_dict_row_bytes(ids: np.ndarray) -> int:
+    """Bytes one dictionary row takes for a dictionary holding ``ids``."""
+    return 3 if len(ids) and int(ids.max()) >= 1 << 16 else 2
+
+
+def encode_token_dict(ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids, np.int64)
+    shape, dt = token_dict_layout(ids)
+    if len(shape) == 2:
+        return np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
+    return ids.astype(np.uint16)
+
+
+def decode_token_dict(d: np.ndarray) -> np.ndarray:
+    """Inverse of ``encode_token_dict`` (int32 ids); ValueError for a shape it never writes."""
+    d = np.asarray(d)
+    if d.ndim == 1 and d.dtype == np.uint16:
+        return d.astype(np.int32)
+    if d.ndim == 2 and d.shape[1] == 3 and d.dtype == np.uint8:
+        t = d.astype(np.int32)
+        return t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
+    raise ValueError(f"tok_dict array has dtype {d.dtype} and shape {d.shape}, expected uint16 ids or 3-byte rows")
+
+
 def _answers(config: BankConfig, arrays: dict[str, np.ndarray], J: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each prototype's answer tokens as (flat int32 ids, starts, ends), checked: format 2's 3-byte
-    ids with their lengths, or format 1's int32 ids with a separator after each answer."""
+    """Each prototype's answer tokens as (flat int32 ids, starts, ends), checked: a dictionary and
+    each token's index into it with their lengths, earlier format 2's 3-byte ids in place, or
+    format 1's int32 ids with a separator after each answer."""
     if config.payload != "mean":
-        if "tok3" in arrays:
+        if "tok_idx" in arrays:
+            ids = decode_token_dict(arrays["tok_dict"]) if "tok_dict" in arrays else None
+            idx = np.asarray(arrays["tok_idx"])
+            lens = np.asarray(arrays.get("tok_len", np.zeros(0, np.uint8))).astype(np.int64)
+            if ids is None or idx.ndim != 1 or idx.dtype.kind != "u" or lens.shape != (J,) \
+                    or (J and lens.min() < 0) or int(lens.sum()) != len(idx):
+                raise ValueError("tok_dict/tok_idx/tok_len do not hold one answer per prototype")
+            if len(idx) and int(idx.max()) >= len(ids):
+                raise ValueError("tok_idx points past the token dictionary")
+            flat = ids[idx.astype(np.int64)] if len(idx) else np.zeros(0, np.int32)
+            ends = np.cumsum(lens)
+            starts = ends - lens
+        elif "tok3" in arrays:
             t3 = np.asarray(arrays["tok3"])
             lens = np.asarray(arrays["tok_len"]).astype(np.int64)
             if t3.ndim != 2 or t3.shape[1] != 3 or lens.shape != (J,) or (J and lens.min() < 0) \
