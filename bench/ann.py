@@ -244,11 +244,15 @@ def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise
             out[name] = np.full(J, 2, dt)
         elif name == "tok_len":
             out[name] = np.full(J, 3, dt)
-        elif name == "tok_dict":  # a dictionary of 3·J distinct ids, below every supported vocabulary's size
-            ids = np.sort(rng.choice(np.arange(1000, 200_000), 3 * J, replace=J * 3 > 199_000))
+        # answers of three tokens drawn from a shared dictionary of 256 ids (as labels share their words),
+        # 56 of them past 2^16 where the template memory stores such ids
+        elif name == "tok_dict":
+            out[name] = np.arange(1000, 1000 + 256 - 56 * ("tok_dict3" in tm.spec), dtype=np.uint16)
+        elif name == "tok_dict3":
+            ids = np.arange(70_000, 70_056, dtype=np.int64)
             out[name] = np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
-        elif name == "tok_idx":  # each answer its own three ids
-            out[name] = np.arange(3 * J, dtype=np.uint8 if 3 * J <= 256 else np.uint16 if 3 * J <= 65536 else np.uint32)
+        elif name == "tok_idx":
+            out[name] = rng.integers(0, 256, 3 * J).astype(np.uint8)
         elif name == "radius":
             out[name] = np.full(J, radius, np.int8)
         else:

@@ -45,6 +45,8 @@ from _report import ROOT, print_header  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"
 BUDGETS = "0.1%,0.25%,0.5%,1%,2%,5%"
+#: The test suite's off-topic prompts (general questions and small talk no benchmark answer fits).
+OFFTOPIC = [t.strip() for t in (ROOT / "tests" / "data" / "offtopic.txt").read_text("utf-8").splitlines() if t.strip()]
 
 
 def account_memory(m, stream_answers: list[str]) -> dict:
@@ -70,10 +72,11 @@ def answer_texts(m) -> list[str]:
     return [eng.detokenize(t).strip() for t in m.bank.answer_tokens()]
 
 
-def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict:
+def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopic: list[str] = ()) -> dict:
     """The vote's answer for each dev row (its prompt pass, ``Miita.plan``, ``steering.vote``), the
     vote's without the relevance gate (the preset with ``relevance_gate`` off, through its own
-    ``Pipeline``) and, with ``steered``, ``Miita.ask``'s; each scored by the benchmark's label match."""
+    ``Pipeline``) and, with ``steered``, ``Miita.ask``'s; each scored by the benchmark's label match.
+    ``offtopic``: prompts no answer fits, counted where the gate lets some answer steer."""
     from miita_edge.evaluation.metrics import label_match, normalize_label
     from miita_edge.method.extract import prompt_tokens
     from miita_edge.method.pipeline import Pipeline
@@ -107,6 +110,13 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool) -> dict
             text = m.ask(x, max_tokens=max_tokens).text
             out["steered"] += label_match(text, it.golds)
             out["agree"] += bool(picked) and label_match(text, [picked])
+    # what the memory has nothing to say about: the gate should leave it to the frozen model
+    out["offtopic"] = len(offtopic)
+    out["offtopic_kept"] = 0
+    for x in offtopic:
+        state = eng.query(prompt_tokens(eng, m.template, x, m.max_prompt_tokens), skip_bos_in_key=m.preset.skip_bos)
+        qp = m.plan(state)
+        out["offtopic_kept"] += qp.gate is None or qp.gate.adapted
     return out
 
 
@@ -127,7 +137,7 @@ def one_budget(engine, cache, spec, stages, items, spec_text: str, limit: int | 
             learn_s = time.perf_counter() - t0
             r = account_memory(m, answers)
             t0 = time.perf_counter()
-            r["dev"] = ask_dev(m, items, r["labels"], spec.max_tokens, args.steered)
+            r["dev"] = ask_dev(m, items, r["labels"], spec.max_tokens, args.steered, OFFTOPIC)
             r["ask_s"] = time.perf_counter() - t0
         except BudgetError as exc:
             return {"budget": spec_text, "limit": limit, "error": str(exc)}
@@ -148,12 +158,12 @@ def print_rows(rows: list[dict], steered: bool) -> None:
 
     print("\n| budget | used / allowed B | per answer: keys (centroid) | answers | vectors | framing (head+manifest, "
           "records) | answers kept / stream | protos / kept (max) | anchors / kept (max) | key bits | gold held % | "
-          "vote % | gate declined | vote without gate % | steered % |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "vote % | gate declined | vote without gate % | steered % | off-topic steerable |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
             print(f"| {r['budget']} | - / {allowed(r)} | does not fit: {r['error'].split(' (line')[0]} "
-                  f"| | | | | | | | | | | | |")
+                  f"| | | | | | | | | | | | | |")
             continue
         a, c, d = r["account"], r["coverage"], r["dev"]
         n = c.answers
@@ -165,7 +175,8 @@ def print_rows(rows: list[dict], steered: bool) -> None:
               f"({head / n:.1f}, {rec / n:.1f}) | {c.kept} / {n} | {c.protos_mean:.2f} ({c.protos_max}) "
               f"| {c.anchors_mean:.2f} ({c.anchors_max}) | {r['key_bits']} of {r['full_bits']} "
               f"| {pct(d['held'], d['n'])} | {pct(d['vote'], d['n'])} | {d['declined']} / {d['n']} "
-              f"| {pct(d['ungated'], d['n'])} | {pct(d['steered'], d['n']) if steered else 'not run'} |")
+              f"| {pct(d['ungated'], d['n'])} | {pct(d['steered'], d['n']) if steered else 'not run'} "
+              f"| {d['offtopic_kept']} / {d['offtopic']} |")
 
 
 def print_detail(r: dict, steered: bool) -> None:
@@ -180,7 +191,8 @@ def print_detail(r: dict, steered: bool) -> None:
             f"{a.parts['framing']:,} (header {a.framing['header']}, manifest {a.framing['manifest']}, padding "
             f"{a.framing['padding']}, {records}); {r['prototypes']} prototypes, {r['anchors']} anchors, "
             f"{c.kept}/{c.answers} answers kept ({c.foreign} foreign), keys {r['key_bits']} bits; dev "
-            f"{d['n']}: vote {d['vote']}, declined {d['declined']} ({d['reasons']}), vote without the gate {d['ungated']}")
+            f"{d['n']}: vote {d['vote']}, declined {d['declined']} ({d['reasons']}), vote without the gate {d['ungated']}; "
+            f"off-topic prompts some answer may steer: {d['offtopic_kept']} of {d['offtopic']}")
     if steered:
         line += f", steered {d['steered']} (the vote's answer on {d['agree']} of the {d['n'] - d['declined']} it answered)"
     print(line + f"; learn {r['learn_s']:.0f} s, ask {r['ask_s']:.0f} s", flush=True)

@@ -15,7 +15,8 @@ def record(budget: int) -> dict:
     labels = [tuple(int(t) for t in s) for s in bank.answer_tokens()]
     cov = answer_coverage(labels, [len(p.anchors) for p in bank.protos],
                           [tuple(int(t) for t in a) for a in ANSWERS])
-    dev = {"n": 40, "held": 30, "vote": 20, "declined": 5, "ungated": 22, "steered": 19, "agree": 35}
+    dev = {"n": 40, "held": 30, "vote": 20, "declined": 5, "ungated": 22, "steered": 19, "agree": 35,
+           "reasons": {"general questions": 5}, "offtopic": 202, "offtopic_kept": 3}
     return {"account": acc, "coverage": cov, "key_bits": bank.key_dim, "full_bits": 64, "budget": "1%",
             "limit": budget, "prototypes": len(bank.protos), "anchors": bank.n_anchors, "dev": dev,
             "learn_s": 1.0, "ask_s": 2.0}
@@ -45,7 +46,7 @@ def test_the_table_divides_each_part_by_the_streams_answers(capsys):
     assert cells[7] == f"{c.protos_mean:.2f} ({c.protos_max})"
     assert cells[8] == f"{c.anchors_mean:.2f} ({c.anchors_max})"
     assert cells[9] == f"{r['key_bits']} of 64"
-    assert cells[10:] == ["75.0", "50.0", "5 / 40", "55.0", "47.5"]
+    assert cells[10:] == ["75.0", "50.0", "5 / 40", "55.0", "47.5", "3 / 202"]
     assert "does not fit: budget of 23 bytes cannot hold even one prototype (the smallest memory needs 256 bytes) |" \
         in table_row(out, "0.1%")[2] + " |"
     # the parts per answer add up to the bytes per answer
@@ -62,3 +63,10 @@ def test_the_detail_line_names_every_byte(capsys):
     assert f"{a.total:,} B = keys {a.parts['keys']:,}" in out and "steered" not in out
     for name, v in a.framing.items():
         assert f"{name} {v}" in out
+
+
+def test_the_detail_line_says_why_the_gate_declined_and_how_many_off_topic_prompts_it_let_through(capsys):
+    by = load_bench("bytes")
+    by.print_detail(record(340), steered=False)
+    out = capsys.readouterr().out
+    assert "declined 5 ({'general questions': 5})" in out and "may steer: 3 of 202" in out

@@ -49,12 +49,14 @@ def brute_parts(bank: MemoryBank, file_bytes: bytes, manifest: dict) -> dict:
     J = len(protos)
     keys = A * codecs.bytes_per_vector(cfg.key_precision, bank.key_dim)
     toks = [int(t) for p in protos for t in p.tokens]
-    # a dictionary row per distinct id (2 bytes, 3 if any id needs them), a narrowest-type index per token
-    answers = (len(set(toks)) * (3 if toks and max(toks) >= 65536 else 2)
+    # a dictionary row per distinct id (2 bytes, 3 from 2^16), a narrowest-type index per token
+    answers = (sum(3 if t >= 65536 else 2 for t in set(toks))
                + len(toks) * np.dtype(uint_for(max(len(set(toks)) - 1, 0))).itemsize) if cfg.payload != "mean" else 0
     vectors = sum(len(p.dirs) for p in protos) * codecs.bytes_per_vector(cfg.dir_precision, H) \
         if cfg.payload != "tokens" else 0
-    records = (J * np.dtype(uint_for(max((len(p.anchors) for p in protos), default=0))).itemsize  # anchor_per
+    one_each = all(len(p.anchors) == 1 for p in protos)  # then no anchor_per array
+    records = (0 if one_each else J * np.dtype(uint_for(max(len(p.anchors) for p in protos))).itemsize)  # anchor_per
+    records += (0
                + A * np.dtype(uint_for(min(max((int(c) for p in protos for c in p.anchor_n), default=0),
                                                65535))).itemsize  # anchor_count
                + J * np.dtype(uint_for(max((p.n for p in protos), default=0))).itemsize)  # counts

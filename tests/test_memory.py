@@ -170,15 +170,16 @@ class RefBank:
         # saturating at 65,535); its answer as 3-byte token ids, its radius byte (relevance gate)
         acnt = usize(min(max(int(c) for q in self.protos for c in q.anchor_n), 65535))
         b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + acnt)
-        b += usize(max(len(q.anchors) for q in self.protos)) + usize(max(q.n for q in self.protos))
+        # (no anchors-owned array while every prototype owns exactly one anchor)
+        if any(len(q.anchors) != 1 for q in self.protos):
+            b += usize(max(len(q.anchors) for q in self.protos))
+        b += usize(max(q.n for q in self.protos))
         if cfg.payload != "mean":
             # its answer: one dictionary index per token (the dictionary's size picks the type) and
-            # the dictionary rows (2 bytes, 3 if any id needs them) of ids no other answer uses
-            every = [t for q in self.protos for t in q.tokens]
-            distinct = set(every)
-            row = 3 if distinct and max(distinct) >= 65536 else 2
+            # the dictionary rows (2 bytes, 3 from 2^16) of ids no other answer uses
+            distinct = {t for q in self.protos for t in q.tokens}
             others = {t for q in self.protos if q is not p for t in q.tokens}
-            b += len(p.tokens) * usize(len(distinct) - 1) + row * len(set(p.tokens) - others)
+            b += len(p.tokens) * usize(len(distinct) - 1) + sum(3 if t >= 65536 else 2 for t in set(p.tokens) - others)
             b += usize(max(len(q.tokens) for q in self.protos))
         return b + (1 if cfg.relevance else 0)
 
@@ -769,7 +770,7 @@ def test_repair_prune_folds_most_redundant_anchor():
         ref_fold(ref, *ch[:3])
     log = bank.repair(budget, nbytes_size)
     assert (log.merged, log.evicted) == (0, 0) and log.pruned == A0 - 1 - J
-    assert nbytes_size(bank) == budget
+    assert nbytes_size(bank) == budget - J  # one anchor each: the anchors-owned array (uint8) goes too
     for p, q in zip(bank.protos, ref.protos):
         assert_same_anchors(p, q, "float32", H)
     assert [p.n for p in bank.protos] == [p.n for p in ref.protos]
@@ -941,7 +942,7 @@ def test_budget_error_when_one_prototype_does_not_fit():
     bank = MemoryBank(BankConfig(payload="mean", tau_d=0.99), H)
     for _ in range(4):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
-    one = 4 * H + (4 * H + 1) + 1 + 1  # the smallest prototype: direction, one anchor + its uint8 count, anchors owned, n
+    one = 4 * H + (4 * H + 1) + 1  # the smallest memory: a direction, one anchor + its uint8 count, n (one anchor: no anchors-owned array)
     with pytest.raises(BudgetError):
         bank.repair(one - 1, nbytes_size)
     assert bank.n_prototypes == 1 and bank.n_anchors == 1  # it went as far as it could
@@ -1031,16 +1032,17 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
     assert arrays["counts"].dtype == (np.uint8 if max(p.n for p in bank.protos) < 256 else np.uint16)
     if payload != "mean":
         flat = [t for p in bank.protos for t in p.tokens.tolist()]
-        # the dictionary: each distinct id once, ascending, 2 bytes where all fit, else 3 little-endian
-        d = arrays["tok_dict"].astype(np.int64)
-        ids = (d[:, 0] + 256 * d[:, 1] + 65536 * d[:, 2]) if d.ndim == 2 else d
+        # the dictionary: each distinct id once, ascending, 2 bytes below 2^16, 3 little-endian from there
+        narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
+        d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
+        ids = np.array(narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist())
         assert ids.tolist() == sorted(set(flat))
-        assert (d.ndim == 2) == (max(flat) >= 65536)
+        assert all(t < 65536 for t in narrow) and all(t >= 65536 for t in ids[len(narrow):])
         assert [int(ids[i]) for i in arrays["tok_idx"]] == flat
         assert arrays["tok_idx"].dtype == (np.uint8 if len(ids) <= 256 else np.uint16)
         assert arrays["tok_len"].tolist() == [len(p.tokens) for p in bank.protos]
         # a memory written before the dictionary (3-byte ids in place) reads to the same bank
-        old = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_idx")}
+        old = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx")}
         old["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
         _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, old, key_mean=bank.key_mean))
     else:
@@ -1138,11 +1140,14 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bad = dict(arrays, tok_dict=arrays["tok_dict"].astype(np.uint32))  # a dictionary no writer makes
     with pytest.raises(ValueError, match="tok_dict"):
         MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(arrays, tok_dict3=np.zeros((2, 4), np.uint8))
+    with pytest.raises(ValueError, match="tok_dict3"):
+        MemoryBank.from_arrays(bank.config, 16, bad)
     bad = dict(arrays, tok_len=arrays["tok_len"][:-1])  # one length per prototype
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
     # format 1's layout (an owner per anchor, int32 tokens with separators) still loads ...
-    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok_dict", "tok_idx", "tok_len")}
+    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok_dict", "tok_dict3", "tok_idx", "tok_len")}
     v1["anchor_owner"] = np.repeat(np.arange(3), arrays["anchor_per"]).astype(np.uint16)
     v1["tokens"] = np.concatenate([np.append(p.tokens, TOKEN_END) for p in bank.protos]).astype(np.int32)
     _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, 16, v1))
@@ -1217,7 +1222,7 @@ def test_property_random_writes_with_repair(sc):
                 ram = np.concatenate([p.dirs for p in bank.protos])
                 for D in (stored, ram):
                     assert np.all(np.abs(np.linalg.norm(D, axis=1) - 1) <= NORM_TOL[cfg.dir_precision])
-            per = arrays["anchor_per"].astype(np.int64)
+            per = arrays["anchor_per"].astype(np.int64) if "anchor_per" in arrays else np.ones(J, np.int64)
             owner = np.repeat(np.arange(J), per)
             assert len(owner) == bank.n_anchors and len(per) == J
             assert np.all(per >= 1)  # every prototype keeps an anchor
@@ -1368,9 +1373,15 @@ def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():
     for t in answers:
         bank.write(np.zeros((len(t), H)), t, rng.standard_normal(H))
     arrays = bank.to_arrays()
-    assert arrays["tok_dict"].shape == (4, 3)  # 5, 9, 70000, 200000, each once
+    assert arrays["tok_dict"].tolist() == [5, 9]  # each id once: 2 bytes below 2^16, 3 from there
+    assert arrays["tok_dict3"].astype(np.int64).tolist() == [[t & 255, (t >> 8) & 255, t >> 16] for t in (70000, 200000)]
+    assert arrays["tok_idx"].tolist() == [2, 0, 0, 1, 1, 3, 1, 0]
+    assert "anchor_per" not in arrays  # every prototype owns one anchor
     back = MemoryBank.from_arrays(bank.config, H, arrays)
     assert [p.tokens.tolist() for p in back.protos] == answers
+    assert [len(p.anchors) for p in back.protos] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="anchor_per is absent"):
+        MemoryBank.from_arrays(bank.config, H, dict(arrays, anchors=arrays["anchors"][:-1]))
     total = nbytes_size(bank)
     for j, p in enumerate(bank.protos):
         other = copy.deepcopy(bank)

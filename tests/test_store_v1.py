@@ -163,7 +163,7 @@ def test_a_format_1_memory_opens_answers_and_becomes_format_2_on_ingest(tmp_path
     # nothing of the old memory is lost: every old anchor and every old answer is still stored
     assert old_anchors <= {bytes(r) for r in np.asarray(new.arrays["anchors"])}
     from miita_edge.memory.bank_arrays import decode_token_dict
-    ids = decode_token_dict(new.arrays["tok_dict"])  # the compact layout: a token dictionary, indices, lengths
+    ids = decode_token_dict(new.arrays)  # the compact layout: a token dictionary, indices, lengths
     flat = ids[np.asarray(new.arrays["tok_idx"], np.int64)].tolist()
     ends = np.cumsum(np.asarray(new.arrays["tok_len"], np.int64)).tolist()
     new_tokens = [t for s, e in zip([0] + ends[:-1], ends) for t in flat[s:e] + [-1]]  # format 1's separators

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..errors import BudgetError
 from . import codecs
-from .bank_arrays import ANCHOR_COUNT_MAX, StoredArrays, distinct_tokens, to_arrays, token_dict_row_bytes
+from .bank_arrays import ANCHOR_COUNT_MAX, StoredArrays, distinct_tokens, to_arrays, token_row_bytes
 from .bank_view import QueryView
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
@@ -174,8 +174,9 @@ class MemoryBank(QueryView):
         """Bytes this prototype adds to the stored arrays (its share of Size(B)), as ``to_arrays``
         lays them out now: payload, anchors with their counts, and one entry in each per-prototype
         array (anchors owned, count, answer length), each count the narrowest unsigned type of the
-        bank's current largest value; one dictionary index per answer token and the dictionary
-        rows of the ids no other prototype's answer uses (``token_users``: how many prototypes use
+        bank's current largest value (no anchors-owned entry while every prototype owns one anchor);
+        one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16) of
+        the ids no other prototype's answer uses (``token_users``: how many prototypes use
         each id, counted here when not given); the radius byte."""
         cfg, H = self.config, self.n_embd
         isz = self._per_proto_itemsizes()
@@ -184,8 +185,8 @@ class MemoryBank(QueryView):
         b += isz["per"] + isz["cnt"]
         if cfg.payload != "mean":
             users = self._token_users() if token_users is None else token_users
-            own = sum(1 for t in set(p.tokens.tolist()) if users[t] == 1)
-            b += len(p.tokens) * isz["idx"] + own * isz["dict"] + isz["len"]
+            own = sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
+            b += len(p.tokens) * isz["idx"] + own + isz["len"]
         return b + (1 if cfg.relevance else 0)
 
     def _token_users(self) -> Counter:
@@ -194,8 +195,10 @@ class MemoryBank(QueryView):
     def _per_proto_itemsizes(self) -> dict[str, int]:
         protos = self.protos
         ids = distinct_tokens(protos) if self.config.payload != "mean" else np.zeros(0, np.int64)
-        return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize, "dict": token_dict_row_bytes(ids),
-                "per": np.dtype(uint_for(max((len(q.anchors) for q in protos), default=0))).itemsize,
+        per = [len(q.anchors) for q in protos]
+        return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize,
+                # no anchor_per array while every prototype owns one anchor
+                "per": np.dtype(uint_for(max(per))).itemsize if any(n != 1 for n in per) else 0,
                 "cnt": np.dtype(uint_for(max((q.n for q in protos), default=0))).itemsize,
                 "len": np.dtype(uint_for(max((len(q.tokens) for q in protos), default=0))).itemsize,
                 "acnt": np.dtype(uint_for(min(max((int(c) for q in protos for c in q.anchor_n), default=0),

@@ -11,8 +11,8 @@ import numpy as np
 from . import codecs
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
-__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "decode_token_dict", "distinct_tokens", "encode_token_dict",
-           "to_arrays", "token_dict_row_bytes"]
+__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "decode_token_dict", "distinct_tokens",
+           "encode_token_dict", "to_arrays", "token_row_bytes"]
 
 #: The largest count an anchor stores (uint16's); a centroid of more keys is stored as standing for this many.
 ANCHOR_COUNT_MAX = 65535
@@ -25,8 +25,9 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     Layout (every byte counts against the budget, so integers take the narrowest unsigned
     type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
     each prototype owns, ``anchor_count`` how many keys each anchor stands for (saturating at 65,535), ``counts``
-    each prototype's n, the answer tokens as ``tok_dict`` (each distinct id once, ascending:
-    uint16 where every id fits, else 3-byte little-endian rows, vocabularies up to 2^24) and
+    each prototype's n (``anchor_per`` only where some prototype owns more than one anchor), the
+    answer tokens as a dictionary (each distinct id once, ascending: ``tok_dict`` uint16 for ids
+    below 2^16, ``tok_dict3`` 3-byte little-endian rows for the rest, vocabularies up to 2^24) and
     ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type) with
     ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Why a dictionary: answers
     share most of their tokens (Banking77's 77 labels: 332 tokens, 114 distinct), so each
@@ -57,13 +58,17 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         out["anchors"] = fake((A, key_bytes_cols), kdt[cfg.key_precision])
         if cfg.key_precision == "int8":
             out["anchor_scale"] = fake((A,), np.float32)
-        out["anchor_per"] = fake((J,), per_dt)
+        if any(n != 1 for n in per):
+            out["anchor_per"] = fake((J,), per_dt)
         out["anchor_count"] = fake((A,), acnt_dt)
         out["counts"] = fake((J,), cnt_dt)
         if cfg.payload != "mean":
             ids = distinct_tokens(bank.protos)
-            dict_shape, dict_dt = token_dict_layout(ids)
-            out["tok_dict"] = fake(dict_shape, dict_dt)
+            wide = int(np.count_nonzero(ids >= WIDE_TOKEN))
+            if len(ids) - wide:
+                out["tok_dict"] = fake((len(ids) - wide,), np.uint16)
+            if wide:
+                out["tok_dict3"] = fake((wide, 3), np.uint8)
             out["tok_idx"] = fake((sum(lens),), uint_for(max(len(ids) - 1, 0)))
             out["tok_len"] = fake((J,), len_dt)
         if cfg.relevance:
@@ -81,7 +86,8 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     out["anchors"] = enc["data"].reshape(A, key_bytes_cols)
     if "scale" in enc:
         out["anchor_scale"] = enc["scale"]
-    out["anchor_per"] = np.array(per, per_dt)
+    if any(n != 1 for n in per):  # absent: every prototype owns exactly one anchor
+        out["anchor_per"] = np.array(per, per_dt)
     an = np.concatenate([p.anchor_n for p in bank.protos]) if J else np.zeros(0, np.int64)
     out["anchor_count"] = np.minimum(an, ANCHOR_COUNT_MAX).astype(acnt_dt)
     out["counts"] = np.array([p.n for p in bank.protos], cnt_dt)
@@ -90,7 +96,7 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         if len(flat) and (flat.min() < 0 or flat.max() >= 1 << 24):
             raise ValueError("answer token ids must lie in 0..2^24-1 to be stored in 3 bytes")
         ids = np.unique(flat)
-        out["tok_dict"] = encode_token_dict(ids)
+        out.update(encode_token_dict(ids))
         out["tok_idx"] = np.searchsorted(ids, flat).astype(uint_for(max(len(ids) - 1, 0)))
         out["tok_len"] = np.array(lens, len_dt)
     if cfg.relevance:
@@ -163,8 +169,13 @@ class StoredArrays:
             if per.shape != (J,) or (J and per.min() < 0) or int(per.sum()) != len(raw):
                 raise ValueError("anchor_per does not match the anchors and prototypes")
             owner = np.repeat(np.arange(J, dtype=np.int64), per)
-        else:
+        elif "anchor_owner" in arrays:  # format 1: an owner per anchor
             owner = np.asarray(arrays["anchor_owner"]).astype(np.int64)
+        else:  # every prototype owns exactly one anchor
+            if len(raw) != J:
+                raise ValueError(f"anchors array holds {len(raw)} rows for {J} prototypes of one anchor each "
+                                 f"(anchor_per is absent)")
+            owner = np.arange(J, dtype=np.int64)
         acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
         if len(acount) != len(owner) or (len(acount) and acount.min() < 1):
             raise ValueError("anchor_count does not match the anchors")
@@ -254,36 +265,44 @@ def distinct_tokens(protos) -> np.ndarray:
         else np.zeros(0, np.int64)
 
 
-def token_dict_layout(ids: np.ndarray) -> tuple[tuple[int, ...], type]:
-    """(shape, dtype) of the token dictionary holding ``ids``: uint16 ids where the largest fits,
-    else 3-byte little-endian rows."""
-    if len(ids) and int(ids.max()) >= 1 << 16:
-        return (len(ids), 3), np.uint8
-    return (len(ids),), np.uint16
+#: Token ids from here on take 3-byte dictionary rows (``tok_dict3``), those below it 2 (``tok_dict``).
+WIDE_TOKEN = 1 << 16
 
 
-def token_dict_row_bytes(ids: np.ndarray) -> int:
-    """Bytes one dictionary row takes for a dictionary holding ``ids``."""
-    return 3 if len(ids) and int(ids.max()) >= 1 << 16 else 2
+def token_row_bytes(token: int) -> int:
+    """Bytes the dictionary row of one distinct id takes."""
+    return 3 if token >= WIDE_TOKEN else 2
 
 
-def encode_token_dict(ids: np.ndarray) -> np.ndarray:
+def encode_token_dict(ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The dictionary of the ascending distinct ``ids``: ``tok_dict`` (uint16) for those below
+    ``WIDE_TOKEN``, ``tok_dict3`` (3-byte little-endian rows) for the rest, each only where it has
+    a row; the dictionary's order is theirs concatenated, still ascending."""
     ids = np.asarray(ids, np.int64)
-    shape, dt = token_dict_layout(ids)
-    if len(shape) == 2:
-        return np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
-    return ids.astype(np.uint16)
+    out = {}
+    narrow, wide = ids[ids < WIDE_TOKEN], ids[ids >= WIDE_TOKEN]
+    if len(narrow):
+        out["tok_dict"] = narrow.astype(np.uint16)
+    if len(wide):
+        out["tok_dict3"] = np.stack([(wide >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
+    return out
 
 
-def decode_token_dict(d: np.ndarray) -> np.ndarray:
-    """Inverse of ``encode_token_dict`` (int32 ids); ValueError for a shape it never writes."""
-    d = np.asarray(d)
-    if d.ndim == 1 and d.dtype == np.uint16:
-        return d.astype(np.int32)
-    if d.ndim == 2 and d.shape[1] == 3 and d.dtype == np.uint8:
+def decode_token_dict(arrays) -> np.ndarray:
+    """Inverse of ``encode_token_dict`` (int32 ids); ValueError for a dictionary it never writes."""
+    parts = []
+    if "tok_dict" in arrays:
+        d = np.asarray(arrays["tok_dict"])
+        if d.ndim != 1 or d.dtype != np.uint16:
+            raise ValueError(f"tok_dict array has dtype {d.dtype} and shape {d.shape}, expected uint16 ids")
+        parts.append(d.astype(np.int32))
+    if "tok_dict3" in arrays:
+        d = np.asarray(arrays["tok_dict3"])
+        if d.ndim != 2 or d.shape[1] != 3 or d.dtype != np.uint8:
+            raise ValueError(f"tok_dict3 array has dtype {d.dtype} and shape {d.shape}, expected 3-byte rows")
         t = d.astype(np.int32)
-        return t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16)
-    raise ValueError(f"tok_dict array has dtype {d.dtype} and shape {d.shape}, expected uint16 ids or 3-byte rows")
+        parts.append(t[:, 0] | (t[:, 1] << 8) | (t[:, 2] << 16))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
 def _answers(config: BankConfig, arrays: dict[str, np.ndarray], J: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -292,12 +311,12 @@ def _answers(config: BankConfig, arrays: dict[str, np.ndarray], J: int) -> tuple
     format 1's int32 ids with a separator after each answer."""
     if config.payload != "mean":
         if "tok_idx" in arrays:
-            ids = decode_token_dict(arrays["tok_dict"]) if "tok_dict" in arrays else None
+            ids = decode_token_dict(arrays)
             idx = np.asarray(arrays["tok_idx"])
             lens = np.asarray(arrays.get("tok_len", np.zeros(0, np.uint8))).astype(np.int64)
-            if ids is None or idx.ndim != 1 or idx.dtype.kind != "u" or lens.shape != (J,) \
+            if idx.ndim != 1 or idx.dtype.kind != "u" or lens.shape != (J,) \
                     or (J and lens.min() < 0) or int(lens.sum()) != len(idx):
-                raise ValueError("tok_dict/tok_idx/tok_len do not hold one answer per prototype")
+                raise ValueError("tok_idx/tok_len do not hold one answer per prototype")
             if len(idx) and int(idx.max()) >= len(ids):
                 raise ValueError("tok_idx points past the token dictionary")
             flat = ids[idx.astype(np.int64)] if len(idx) else np.zeros(0, np.int32)
