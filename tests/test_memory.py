@@ -1032,19 +1032,22 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
     assert arrays["counts"].dtype == (np.uint8 if max(p.n for p in bank.protos) < 256 else np.uint16)
     if payload != "mean":
         flat = [t for p in bank.protos for t in p.tokens.tolist()]
-        # the dictionary: each distinct id once, ascending, 2 bytes below 2^16, 3 little-endian from there
-        narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
-        d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
-        ids = np.array(narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist())
-        assert ids.tolist() == sorted(set(flat))
-        assert all(t < 65536 for t in narrow) and all(t >= 65536 for t in ids[len(narrow):])
-        assert [int(ids[i]) for i in arrays["tok_idx"]] == flat
-        assert arrays["tok_idx"].dtype == (np.uint8 if len(ids) <= 256 else np.uint16)
+        _check_answer_coding(arrays, flat)
         assert arrays["tok_len"].tolist() == [len(p.tokens) for p in bank.protos]
-        # a memory written before the dictionary (3-byte ids in place) reads to the same bank
-        old = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx")}
-        old["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
-        _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, old, key_mean=bank.key_mean))
+        # the other coding of the same answers reads to the same bank
+        distinct = sorted(set(flat))
+        if "tok3" in arrays:
+            other = {k: v for k, v in arrays.items() if k != "tok3"}
+            narrow = [t for t in distinct if t < 65536]
+            other["tok_dict"] = np.array(narrow, np.uint16)
+            wide = [t for t in distinct if t >= 65536]
+            if wide:
+                other["tok_dict3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in wide], np.uint8)
+            other["tok_idx"] = np.array([distinct.index(t) for t in flat], np.uint16)
+        else:
+            other = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx")}
+            other["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
+        _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, other, key_mean=bank.key_mean))
     else:
         assert not {"tok3", "tokens", "tok_dict", "tok_idx"} & set(arrays)
     assert ("dirs" in arrays) == (payload != "tokens")
@@ -1131,23 +1134,33 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bad = dict(arrays, dirs=arrays["dirs"][:-1])
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tok_idx=arrays["tok_idx"][:-1])  # one token short of the answers' lengths
+    bad = dict(arrays, tok3=arrays["tok3"][:-1])  # one token short of the answers' lengths
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tok_dict=arrays["tok_dict"][:-1])  # an index past the dictionary's end
+    # the same answers through a dictionary
+    t3 = arrays["tok3"].astype(np.int64)
+    flat = (t3[:, 0] + 256 * t3[:, 1] + 65536 * t3[:, 2]).tolist()
+    ids = sorted(set(flat))
+    dic = {k: v for k, v in arrays.items() if k != "tok3"}
+    dic.update(tok_dict=np.array(ids, np.uint16), tok_idx=np.array([ids.index(t) for t in flat], np.uint8))
+    MemoryBank.from_arrays(bank.config, 16, dic)
+    bad = dict(dic, tok_idx=dic["tok_idx"][:-1])  # one token short of the answers' lengths
+    with pytest.raises(ValueError):
+        MemoryBank.from_arrays(bank.config, 16, bad)
+    bad = dict(dic, tok_dict=dic["tok_dict"][:-1])  # an index past the dictionary's end
     with pytest.raises(ValueError, match="past the token dictionary"):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tok_dict=arrays["tok_dict"].astype(np.uint32))  # a dictionary no writer makes
+    bad = dict(dic, tok_dict=dic["tok_dict"].astype(np.uint32))  # a dictionary no writer makes
     with pytest.raises(ValueError, match="tok_dict"):
         MemoryBank.from_arrays(bank.config, 16, bad)
-    bad = dict(arrays, tok_dict3=np.zeros((2, 4), np.uint8))
+    bad = dict(dic, tok_dict3=np.zeros((2, 4), np.uint8))
     with pytest.raises(ValueError, match="tok_dict3"):
         MemoryBank.from_arrays(bank.config, 16, bad)
     bad = dict(arrays, tok_len=arrays["tok_len"][:-1])  # one length per prototype
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
     # format 1's layout (an owner per anchor, int32 tokens with separators) still loads ...
-    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok_dict", "tok_dict3", "tok_idx", "tok_len")}
+    v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok3", "tok_len")}
     v1["anchor_owner"] = np.repeat(np.arange(3), arrays["anchor_per"]).astype(np.uint16)
     v1["tokens"] = np.concatenate([np.append(p.tokens, TOKEN_END) for p in bank.protos]).astype(np.int32)
     _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, 16, v1))
@@ -1361,6 +1374,44 @@ def test_presets_fold_as_they_were_built():
     assert Preset.from_json(default_preset().to_json()).bank.anchor_fold == "ward"
     with pytest.raises(ValueError, match="anchor_fold"):
         BankConfig(anchor_fold="nearest").validate()
+
+
+def _check_answer_coding(arrays, flat: list[int]) -> None:
+    """The answers ``flat`` are stored the cheaper way, re-derived: a dictionary (each distinct id
+    once, ascending, 2 bytes below 2^16 and 3 little-endian from there, and a narrowest-type index
+    per token) where it is smaller than 3 bytes per token in place, else 3-byte ids in place."""
+    distinct = sorted(set(flat))
+    idx_bytes = 1 if len(distinct) <= 256 else 2 if len(distinct) <= 65536 else 4
+    dictionary = sum(3 if t >= 65536 else 2 for t in distinct) + idx_bytes * len(flat)
+    if dictionary < 3 * len(flat):
+        assert "tok3" not in arrays
+        narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
+        d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
+        ids = narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist()
+        assert ids == distinct and all(t < 65536 for t in narrow)
+        assert [ids[i] for i in arrays["tok_idx"]] == flat
+        assert arrays["tok_idx"].dtype.itemsize == idx_bytes
+    else:
+        assert not {"tok_dict", "tok_dict3", "tok_idx"} & set(arrays)
+        t3 = arrays["tok3"].astype(np.int64)
+        assert (t3[:, 0] + 256 * t3[:, 1] + 65536 * t3[:, 2]).tolist() == flat
+
+
+def test_answers_of_distinct_tokens_stay_three_bytes_each():
+    """Extractive spans share few tokens: a dictionary would cost more than it saves, so none is kept."""
+    H = 8
+    rng = np.random.default_rng(5)
+    bank = MemoryBank(BankConfig(payload="tokens", tau_d=0.99), H)
+    for j in range(6):
+        bank.write(np.zeros((3, H)), [1000 + 3 * j, 1001 + 3 * j, 70000 + j], rng.standard_normal(H))
+    arrays = bank.to_arrays()
+    assert "tok3" in arrays and "tok_idx" not in arrays
+    _check_answer_coding(arrays, [t for p in bank.protos for t in p.tokens.tolist()])
+    total = nbytes_size(bank)
+    for j, p in enumerate(bank.protos):
+        other = copy.deepcopy(bank)
+        del other.protos[j]
+        assert total - nbytes_size(other) == bank.proto_bytes(p) == 4 * H + 1 + 3 * 3 + 1 + 1  # key, count; tokens; len, n
 
 
 def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():

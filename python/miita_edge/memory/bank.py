@@ -41,7 +41,8 @@ import numpy as np
 
 from ..errors import BudgetError
 from . import codecs
-from .bank_arrays import ANCHOR_COUNT_MAX, StoredArrays, distinct_tokens, to_arrays, token_row_bytes
+from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, distinct_tokens, to_arrays,
+                          token_row_bytes)
 from .bank_view import QueryView
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
@@ -176,7 +177,8 @@ class MemoryBank(QueryView):
         array (anchors owned, count, answer length), each count the narrowest unsigned type of the
         bank's current largest value (no anchors-owned entry while every prototype owns one anchor);
         one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16) of
-        the ids no other prototype's answer uses (``token_users``: how many prototypes use
+        the ids no other prototype's answer uses, or 3 bytes per token where the bank's answers are
+        stored without a dictionary (``dictionary_pays``) (``token_users``: how many prototypes use
         each id, counted here when not given); the radius byte."""
         cfg, H = self.config, self.n_embd
         isz = self._per_proto_itemsizes()
@@ -184,9 +186,12 @@ class MemoryBank(QueryView):
         b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + isz["acnt"])
         b += isz["per"] + isz["cnt"]
         if cfg.payload != "mean":
-            users = self._token_users() if token_users is None else token_users
-            own = sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
-            b += len(p.tokens) * isz["idx"] + own + isz["len"]
+            if isz["dict"]:
+                users = self._token_users() if token_users is None else token_users
+                b += len(p.tokens) * isz["idx"] + sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
+            else:
+                b += 3 * len(p.tokens)
+            b += isz["len"]
         return b + (1 if cfg.relevance else 0)
 
     def _token_users(self) -> Counter:
@@ -197,6 +202,7 @@ class MemoryBank(QueryView):
         ids = distinct_tokens(protos) if self.config.payload != "mean" else np.zeros(0, np.int64)
         per = [len(q.anchors) for q in protos]
         return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize,
+                "dict": self.config.payload != "mean" and dictionary_pays(ids, sum(len(q.tokens) for q in protos)),
                 # no anchor_per array while every prototype owns one anchor
                 "per": np.dtype(uint_for(max(per))).itemsize if any(n != 1 for n in per) else 0,
                 "cnt": np.dtype(uint_for(max((q.n for q in protos), default=0))).itemsize,

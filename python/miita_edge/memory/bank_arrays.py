@@ -11,7 +11,7 @@ import numpy as np
 from . import codecs
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
-__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "decode_token_dict", "distinct_tokens",
+__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "decode_token_dict", "dictionary_pays", "distinct_tokens",
            "encode_token_dict", "to_arrays", "token_row_bytes"]
 
 #: The largest count an anchor stores (uint16's); a centroid of more keys is stored as standing for this many.
@@ -28,11 +28,12 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     each prototype's n (``anchor_per`` only where some prototype owns more than one anchor), the
     answer tokens as a dictionary (each distinct id once, ascending: ``tok_dict`` uint16 for ids
     below 2^16, ``tok_dict3`` 3-byte little-endian rows for the rest, vocabularies up to 2^24) and
-    ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type) with
+    ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type), or, where
+    that is not smaller (``dictionary_pays``), ``tok3``, every token as a 3-byte id in place; with
     ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Why a dictionary: answers
     share most of their tokens (Banking77's 77 labels: 332 tokens, 114 distinct), so each
     token costs one byte and each distinct id its two or three once, where a tight budget's
-    keys need every byte. Earlier memories (``tok3``: 3-byte ids in place; format 1's
+    keys need every byte. Earlier memories (always ``tok3``; format 1's
     ``anchor_owner`` and int32 ``tokens`` with separators) are still read."""
     cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
     key_bytes_cols = codecs.bytes_per_vector("bit", bank.key_dim) if cfg.key_precision == "bit" else bank.key_dim
@@ -64,12 +65,15 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         out["counts"] = fake((J,), cnt_dt)
         if cfg.payload != "mean":
             ids = distinct_tokens(bank.protos)
-            wide = int(np.count_nonzero(ids >= WIDE_TOKEN))
-            if len(ids) - wide:
-                out["tok_dict"] = fake((len(ids) - wide,), np.uint16)
-            if wide:
-                out["tok_dict3"] = fake((wide, 3), np.uint8)
-            out["tok_idx"] = fake((sum(lens),), uint_for(max(len(ids) - 1, 0)))
+            if dictionary_pays(ids, sum(lens)):
+                wide = int(np.count_nonzero(ids >= WIDE_TOKEN))
+                if len(ids) - wide:
+                    out["tok_dict"] = fake((len(ids) - wide,), np.uint16)
+                if wide:
+                    out["tok_dict3"] = fake((wide, 3), np.uint8)
+                out["tok_idx"] = fake((sum(lens),), uint_for(max(len(ids) - 1, 0)))
+            else:
+                out["tok3"] = fake((sum(lens), 3), np.uint8)
             out["tok_len"] = fake((J,), len_dt)
         if cfg.relevance:
             out["radius"] = fake((J,), np.int8)
@@ -96,8 +100,12 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         if len(flat) and (flat.min() < 0 or flat.max() >= 1 << 24):
             raise ValueError("answer token ids must lie in 0..2^24-1 to be stored in 3 bytes")
         ids = np.unique(flat)
-        out.update(encode_token_dict(ids))
-        out["tok_idx"] = np.searchsorted(ids, flat).astype(uint_for(max(len(ids) - 1, 0)))
+        if dictionary_pays(ids, len(flat)):
+            out.update(encode_token_dict(ids))
+            out["tok_idx"] = np.searchsorted(ids, flat).astype(uint_for(max(len(ids) - 1, 0)))
+        else:
+            out["tok3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8) \
+                if len(flat) else np.zeros((0, 3), np.uint8)
         out["tok_len"] = np.array(lens, len_dt)
     if cfg.relevance:
         out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in bank.protos],
@@ -267,6 +275,15 @@ def distinct_tokens(protos) -> np.ndarray:
 
 #: Token ids from here on take 3-byte dictionary rows (``tok_dict3``), those below it 2 (``tok_dict``).
 WIDE_TOKEN = 1 << 16
+
+
+def dictionary_pays(ids: np.ndarray, n_tokens: int) -> bool:
+    """Whether a dictionary of the distinct ``ids`` and an index per token take fewer bytes than
+    ``n_tokens`` 3-byte ids in place: answers that share their tokens (labels) are stored through a
+    dictionary, answers of mostly distinct tokens (extractive spans) are not made dearer by one."""
+    ids = np.asarray(ids, np.int64)
+    rows = 2 * len(ids) + int(np.count_nonzero(ids >= WIDE_TOKEN))
+    return rows + n_tokens * np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize < 3 * n_tokens
 
 
 def token_row_bytes(token: int) -> int:
