@@ -1,0 +1,132 @@
+"""OP and BWT against the byte budget: the table and the figure of docs/method.md ("The budget curve"),
+from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_budget.txt``.
+
+    python bench/budget_curve.py --sweep bench-results/budget [--out docs/budget_curve.png]
+
+Why a curve: the paper claims its method is strongest at tight budgets (its default is 1% of the
+training stream; its budget figure spans 0.1% to 2%), and a memory can fall off a cliff between two
+budgets that a three-budget table does not show. Per model, benchmark and method, one point per
+budget: OP and BWT of the stream orders run there (their mean; the 1% points average three orders).
+Beside them, the paper's Banking77 point at 1% (Qwen3-0.6B, its Table 1: OP 77.67, BWT −6.17), a
+larger model's figure for orientation, not a comparison. Budgets a memory cannot hold are listed
+with the reason. The figure needs matplotlib (not a dependency of the package); the table does not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+#: The paper's Banking77 result at its default 1% budget (miita.tex, Table 1, Qwen3-0.6B).
+PAPER_BANKING77_1PCT = {"op": 77.67, "bwt": -6.17}
+
+
+def budget_value(text: str) -> float:
+    """A plan budget ("0.25%") as a number of percent; ValueError for anything else."""
+    if not text.endswith("%"):
+        raise ValueError(f"budget {text!r} is not a percentage")
+    return float(text[:-1])
+
+
+def collect(done: list[dict]) -> dict:
+    """{(model, benchmark, method): {budget %: {"op": [...], "bwt": [...], "errors": [...]}}} from the
+    sweep's done records (frozen runs, and budgets that are not percentages, are left out)."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: {"op": [], "bwt": [], "errors": []}))
+    for rec in done:
+        if rec.get("method") == "frozen":
+            continue
+        try:
+            b = budget_value(rec["budget"])
+        except ValueError:
+            continue
+        model = (rec.get("plan_keys") or {}).get("model", "bundled")
+        cell = out[(model, rec["benchmark"], rec["method"])][b]
+        if rec.get("rc") == 0 and rec.get("op") is not None:
+            cell["op"].append(float(rec["op"]))
+            cell["bwt"].append(float(rec["bwt"]) if rec.get("bwt") is not None else float("nan"))
+        else:
+            cell["errors"].append(rec.get("error") or f"rc {rec.get('rc')}")
+    return out
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def table(curves: dict) -> str:
+    """Markdown: one row per (model, benchmark, method), OP / BWT at each budget (orders run)."""
+    budgets = sorted({b for c in curves.values() for b in c})
+    head = "| model | benchmark | method | " + " | ".join(f"{b:g}%" for b in budgets) + " |"
+    rows = [head, "|" + "---|" * (3 + len(budgets))]
+    for (model, bench, method), cells in sorted(curves.items()):
+        vals = []
+        for b in budgets:
+            c = cells.get(b)
+            if c is None:
+                vals.append("")
+            elif c["op"]:
+                n = f" ({len(c['op'])} orders)" if len(c["op"]) > 1 else ""
+                vals.append(f"{mean(c['op']):.1f} / {mean(c['bwt']):+.1f}{n}")
+            else:
+                vals.append("does not fit" if any("cannot hold" in e for e in c["errors"]) else "failed")
+        rows.append(f"| {model} | {bench} | {method} | " + " | ".join(vals) + " |")
+    return "\n".join(rows)
+
+
+def plot(curves: dict, path: Path) -> None:
+    """OP (top) and BWT (bottom) against the budget on a log axis, a column per benchmark."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # the table above is printed either way
+        raise SystemExit(f"the figure needs matplotlib ({exc}); pip install matplotlib") from None
+    benches = sorted({k[1] for k in curves})
+    fig, axes = plt.subplots(2, len(benches), figsize=(5.5 * len(benches), 7), squeeze=False)
+    for col, bench in enumerate(benches):
+        for (model, b, method), cells in sorted(curves.items()):
+            if b != bench:
+                continue
+            xs = [x for x in sorted(cells) if cells[x]["op"]]
+            style = "-" if method == "miita-default" else "--"
+            for row, metric in enumerate(("op", "bwt")):
+                axes[row][col].plot(xs, [mean(cells[x][metric]) for x in xs], style, marker="o",
+                                    label=f"{method}, {model}")
+        if bench == "banking77":
+            for row, metric in enumerate(("op", "bwt")):
+                axes[row][col].plot([1.0], [PAPER_BANKING77_1PCT[metric]], "k*", markersize=12,
+                                    label="paper, Qwen3-0.6B (Table 1)")
+        for row, metric in enumerate(("OP", "BWT")):
+            ax = axes[row][col]
+            ax.set_xscale("log")
+            ax.set_xlabel("budget, % of the training stream")
+            ax.set_ylabel(metric)
+            ax.set_title(f"{bench}: {metric}")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][col].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sweep", type=Path, required=True, help="the sweep's output directory (its done/ records)")
+    ap.add_argument("--out", type=Path, help="write the figure here (PNG)")
+    args = ap.parse_args(argv)
+    files = sorted((args.sweep / "done").glob("*.json"))
+    if not files:
+        raise SystemExit(f"{args.sweep / 'done'}: no finished jobs")
+    done = [json.loads(f.read_text("utf-8")) for f in files]
+    curves = collect(done)
+    print(table(curves))
+    if args.out:
+        plot(curves, args.out)
+        print(f"figure: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

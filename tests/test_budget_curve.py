@@ -1,0 +1,43 @@
+"""bench/budget_curve.py: the budget curve's table, from sweep records, re-derived by hand."""
+from __future__ import annotations
+
+import math
+
+from test_split_guard import load_bench
+
+
+def rec(bench, method, budget, op=None, bwt=None, seed=0, model=None, error=None):
+    keys = {"seed": seed, **({"model": model} if model else {})}
+    r = {"benchmark": bench, "method": method, "budget": budget, "plan_keys": keys, "rc": 1 if error else 0}
+    return dict(r, error=error) if error else dict(r, op=op, bwt=bwt)
+
+
+def test_points_average_the_orders_and_say_what_did_not_fit():
+    bc = load_bench("budget_curve")
+    done = [rec("banking77", "frozen", "none", 5.0, 0.0),
+            rec("banking77", "miita-default", "1%", 50.0, -10.0, seed=0),
+            rec("banking77", "miita-default", "1%", 56.0, -4.0, seed=1),
+            rec("banking77", "miita-default", "1%", 59.0, -7.0, seed=2),
+            rec("banking77", "miita-default", "5%", 70.0, -6.0),
+            rec("banking77", "miita-default", "0.1%", error="BudgetError: budget of 214 bytes cannot hold even one prototype"),
+            rec("banking77", "miita-default", "1%", 40.0, -1.0, model="smollm2")]
+    curves = bc.collect(done)
+    assert set(curves) == {("bundled", "banking77", "miita-default"), ("smollm2", "banking77", "miita-default")}
+    cell = curves[("bundled", "banking77", "miita-default")][1.0]
+    assert cell["op"] == [50.0, 56.0, 59.0] and math.isclose(bc.mean(cell["bwt"]), -7.0)
+    lines = bc.table(curves).splitlines()
+    assert lines[0] == "| model | benchmark | method | 0.1% | 1% | 5% |"
+    assert lines[2] == "| bundled | banking77 | miita-default | does not fit | 55.0 / -7.0 (3 orders) | 70.0 / -6.0 |"
+    assert lines[3] == "| smollm2 | banking77 | miita-default |  | 40.0 / -1.0 |  |"
+
+
+def test_only_percentage_budgets_are_points():
+    bc = load_bench("budget_curve")
+    assert bc.budget_value("0.25%") == 0.25
+    try:
+        bc.budget_value("64KiB")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a byte budget is not a point of the curve")
+    assert bc.collect([rec("dsc", "example-mem", "64KiB", 10.0, 0.0)]) == {}
