@@ -1,5 +1,5 @@
 """OP and BWT against the byte budget: the table and the figure of docs/method.md ("The budget curve"),
-from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_budget.txt``.
+from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report_budget.txt``.
 
     python bench/budget_curve.py --sweep bench-results/budget [--out docs/budget_curve.png]
 
