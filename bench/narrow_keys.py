@@ -1,0 +1,171 @@
+"""What a narrow key can tell: one centroid per answer at K stored bits, under other key frames and
+other nearest-question bars (docs/method.md, "Tried and not adopted").
+
+Why: at Banking77's 1% budget every answer keeps one centroid of few bits (40 before the token
+dictionary, 80 after), and the vote and the relevance gate read only those bits. Before spending
+bytes differently, this asks whether the bits themselves could carry more (a projection derived
+from the model, not stored) and whether the gate's nearest-question margin is what declines
+in-domain queries. A numpy re-derivation of the default's keys (calibration centring, per-layer
+blocks, sign bits), no memory and no generation:
+
+    python bench/narrow_keys.py extract [--model GGUF] --benchmark banking77 --data ../shared/data/banking77 --out keys.npz
+    python bench/narrow_keys.py frames keys.npz
+    python bench/narrow_keys.py gate keys.npz
+
+Rows: the stream's training rows (dev rows left out) make the centroids, the dev rows are asked.
+``frames``: the vote's accuracy (float query · stored bits) at K bits for the shipped order and for
+alternatives. ``gate``: the share of dev rows the gate keeps and the vote gets right, and the share of
+``key_whitening.GROUPS``' everyday requests (no benchmark's intents) it lets through, per margin.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+WIDTHS = (32, 40, 64, 80, 96, 128, 256)
+
+
+def extract(args) -> None:
+    sys.path.insert(0, str(ROOT / "python"))
+    from miita_edge import Miita
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.method import key_whitening as kw
+    from miita_edge.method.calibration import CALIBRATION_INPUTS, raw_key
+    from miita_edge.method.relevance import GENERIC_QUESTIONS
+
+    spec = get_benchmark(args.benchmark)
+    _, stages = load_benchmark(spec, args.data, split="dev")
+    train = [e for s in stages for e in s.train]
+    dev = [it.example for s in stages for it in s.test]
+    with tempfile.TemporaryDirectory() as tmp, Miita(args.model, Path(tmp) / "mem", template=spec.template) as m:
+        eng = m.keyed_engine()
+
+        def keys(xs):
+            return np.stack([raw_key(eng, m.template, x, m.preset.skip_bos) for x in xs]).astype(np.float32)
+
+        out = dict(train=keys([e.input for e in train]), train_y=np.array([e.output for e in train]),
+                   dev=keys([e.input for e in dev]), dev_y=np.array([e.output for e in dev]),
+                   para=kw.paraphrase_keys(eng, m.template, m.preset.skip_bos, m.fingerprint()),
+                   para_g=kw.group_ids(), generic=keys(GENERIC_QUESTIONS), calib=keys(CALIBRATION_INPUTS),
+                   mean=np.asarray(m.bank.key_mean, np.float32), parts=len(m.key_layers),
+                   order=np.asarray(m.bank.key_order))
+    np.savez(args.out, **out)
+
+
+def load(path):
+    sys.path.insert(0, str(ROOT / "python"))
+    from miita_edge.method import key_whitening as kw
+    d = np.load(path, allow_pickle=False)
+    d = {k: d[k] for k in d.files}
+    parts = int(d["parts"])
+
+    def prep(raw):
+        return kw.prepared(raw, d["mean"], parts)
+    return d, prep, kw
+
+
+def frames(d, prep, kw) -> dict:
+    """Each frame: a function from prepared keys (N, n) to coordinates in the order bits are kept."""
+    z = prep(d["train"])
+    n = z.shape[1]
+    gen = prep(np.concatenate([d["para"], d["generic"], d["calib"]]))
+    zp = prep(d["para"])
+    out = {"shipped order": lambda x: x[:, d["order"]]}
+    _, _, vt = np.linalg.svd(gen - gen.mean(0), full_matrices=False)
+    out["general prompts' principal axes"] = lambda x, v=vt.T: x @ v
+    M = kw.whitening_matrix(kw.within_scatter(zp, d["para_g"]), kw.SHRINK)
+    gm = np.stack([(zp @ M)[d["para_g"] == i].mean(0) for i in np.unique(d["para_g"])])
+    _, _, vt3 = np.linalg.svd(gm - gm.mean(0), full_matrices=False)
+    out["whitened group axes"] = lambda x, M=M, v=vt3.T: (x @ M) @ v
+    xc = prep(d["calib"])
+    spread = ((xc - xc.mean(0)) ** 2).mean(0)
+    out["one order over both blocks"] = lambda x, o=np.argsort(-spread, kind="stable"): x[:, o]
+    R = np.random.default_rng(0).standard_normal((n, 512))
+    out["random projection"] = lambda x, R=R: x @ R
+    return out
+
+
+def centroid_bits(Z: np.ndarray, y: np.ndarray, labels: list) -> np.ndarray:
+    """±1 sign of each answer's sum of unit keys (what one folded centroid per answer stores)."""
+    idx = {lab: i for i, lab in enumerate(labels)}
+    C = np.zeros((len(labels), Z.shape[1]))
+    for i, lab in enumerate(y):
+        C[idx[lab]] += Z[i] / np.linalg.norm(Z[i])
+    return np.where(C >= 0, 1.0, -1.0)
+
+
+def cmd_frames(path) -> None:
+    d, prep, kw = load(path)
+    z, q = prep(d["train"]), prep(d["dev"])
+    labels = sorted(set(d["train_y"].tolist()))
+    gold = np.array([labels.index(y) if y in labels else -1 for y in d["dev_y"].tolist()])
+    print("| frame | " + " | ".join(f"{k} bits" for k in WIDTHS) + " |")
+    print("|---|" + "---|" * len(WIDTHS))
+    for name, f in frames(d, prep, kw).items():
+        Z, Q = f(z), f(q)
+        cells = []
+        for K in WIDTHS:
+            if K > Z.shape[1]:
+                cells.append("–")
+                continue
+            B = centroid_bits(Z[:, :K], d["train_y"].tolist(), labels)
+            cells.append(f"{100 * np.mean((Q[:, :K] @ B.T).argmax(1) == gold):.1f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def cmd_gate(path) -> None:
+    """The gate's per-answer null (mean + 1.64 sd over the general questions) and its nearest-question
+    bar with three margins, on sign-bit cosines, as ``relevance.gate`` compares them."""
+    from miita_edge.method.relevance import NEAREST_Z
+    d, prep, _ = load(path)
+    o = d["order"]
+    Z, Q, G, P = (prep(d[k])[:, o] for k in ("train", "dev", "generic", "para"))
+    labels = sorted(set(d["train_y"].tolist()))
+    gold = np.array([labels.index(y) if y in labels else -1 for y in d["dev_y"].tolist()])
+    print("| bits | margin | dev rows kept and right % | everyday requests let through % |")
+    print("|---|---|---|---|")
+    for K in (32, 48, 80, 128, 304):
+        B = centroid_bits(Z[:, :K], d["train_y"].tolist(), labels)
+
+        def sg(X):
+            return np.where(X[:, :K] >= 0, 1.0, -1.0)
+        gb = sg(G) @ B.T / K
+        null = gb.mean(0) + NEAREST_Z * gb.std(0)
+        for name, margin in (("1/√K (shipped)", 1 / np.sqrt(K)), ("2/K", 2.0 / K), ("none", 0.0)):
+            kept = []
+            for X in (Q, P):
+                vote = (X[:, :K] @ B.T).argmax(1)
+                best = (sg(X) @ B.T / K)[np.arange(len(X)), vote]
+                floor = (sg(X) @ sg(G).T / K).max(1) + margin
+                kept.append((best > np.maximum(null[vote], floor), vote))
+            (kq, vq), (kp, _) = kept
+            print(f"| {K} | {name} | {100 * np.mean(kq & (vq == gold)):.1f} | {100 * kp.mean():.1f} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("extract")
+    e.add_argument("--model")
+    e.add_argument("--benchmark", default="banking77")
+    e.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "banking77")
+    e.add_argument("--out", type=Path, required=True)
+    for name in ("frames", "gate"):
+        sub.add_parser(name).add_argument("keys", type=Path)
+    args = ap.parse_args(argv)
+    if args.cmd == "extract":
+        extract(args)
+    elif args.cmd == "frames":
+        cmd_frames(args.keys)
+    else:
+        cmd_gate(args.keys)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
