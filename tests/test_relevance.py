@@ -167,7 +167,9 @@ def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer():
     import copy
 
     bank = copy.deepcopy(wide)
-    one_anchor_each = size(bank) - (bank.n_anchors - bank.n_prototypes) * (8 + 2)
+    # folding every answer to one anchor frees its other anchors (8 key bytes and a uint8 count
+    # each) and the anchors-owned array (one byte per answer)
+    one_anchor_each = size(bank) - (bank.n_anchors - bank.n_prototypes) * (8 + 1) - bank.n_prototypes
     budget = one_anchor_each - 10 * 3  # three bytes of key per answer too many
     log = bank.repair(budget, size)
     assert log.evicted == 0 and bank.n_prototypes == 10 and log.narrowed == 3
