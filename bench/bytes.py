@@ -27,6 +27,7 @@ every budget. A budget too small for one prototype is reported as such.
 
     python bench/bytes.py [--model GGUF] [--threads 1] [--benchmark banking77] [--stages 1-7]
         [--budgets 0.1%,0.25%,0.5%,1%,2%,5%] [--limit-train N] [--limit N] [--steered] [--cache DIR]
+        [--min-key-bits N]
 """
 from __future__ import annotations
 
@@ -212,9 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steered", action="store_true", help="also generate each steered answer (slower)")
     ap.add_argument("--cache", type=Path, default=ROOT / "bench-results" / "extract-cache",
                     help="extraction cache directory, shared by the budgets and by reruns")
+    ap.add_argument("--min-key-bits", type=int, default=None,
+                    help="a probe: the narrowing floor (memory.prototype.MIN_KEY_BITS) set to N in this process")
     args = ap.parse_args(argv)
     print_header(argv)
     sys.path.insert(0, str(ROOT / "python"))
+    if args.min_key_bits is not None:  # the bank reads the floor from both modules' globals
+        import miita_edge.memory.bank as bank_mod
+        import miita_edge.memory.prototype as proto_mod
+        if args.min_key_bits < 8 or args.min_key_bits % 8:
+            ap.error(f"--min-key-bits {args.min_key_bits}: a positive multiple of 8 (keys narrow by whole bytes)")
+        proto_mod.MIN_KEY_BITS = bank_mod.MIN_KEY_BITS = args.min_key_bits
+        print(f"# probe: MIN_KEY_BITS = {args.min_key_bits} (shipped: 32)", flush=True)
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.evaluation.extract_cache import ExtractCache
     from miita_edge.memory.budget import parse_budget

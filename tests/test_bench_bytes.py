@@ -3,6 +3,7 @@ coverage and accuracies as counted, and a budget too small for one prototype say
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from miita_edge.memory.accounting import account, answer_coverage
 from test_bytes_accounting import ANSWERS, CONFIGS, grown_bank
@@ -70,3 +71,10 @@ def test_the_detail_line_says_why_the_gate_declined_and_how_many_off_topic_promp
     by.print_detail(record(340), steered=False)
     out = capsys.readouterr().out
     assert "declined 5 ({'general questions': 5})" in out and "may steer: 3 of 202" in out
+
+
+def test_the_floor_probe_refuses_a_width_keys_cannot_narrow_to(capsys):
+    by = load_bench("bytes")
+    with pytest.raises(SystemExit):
+        by.main(["--min-key-bits", "60", "--budgets", "1%"])
+    assert "multiple of 8" in capsys.readouterr().err
