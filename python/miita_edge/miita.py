@@ -101,6 +101,7 @@ class Miita:
         self.max_prompt_tokens = max_prompt_tokens
         self.extract_cache = extract_cache
         self._fingerprint = None
+        self._longest: tuple[int, int] | None = None  # (memory version, tokens of its longest answer)
         if self.store.exists():
             self._open(preset, template)
         else:
@@ -178,6 +179,15 @@ class Miita:
     @property
     def stream_bytes(self) -> int:
         return self.counts.stream_bytes
+
+    @property
+    def longest_answer(self) -> int:
+        """Tokens in the longest stored answer (0 for an empty memory), cached per memory version:
+        the server lets an adapted reply run that long, so a taught reply is not cut short."""
+        if self._longest is None or self._longest[0] != self.version:
+            seqs = self.bank.answer_tokens() if self.bank.n_prototypes else []
+            self._longest = (self.version, max((len(s) for s in seqs), default=0))
+        return self._longest[1]
 
     # ---------------------------------------------------------------- life
     def close(self) -> None:

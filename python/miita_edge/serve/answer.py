@@ -125,16 +125,6 @@ class TokenTap:
 REPLY_MARGIN = 8  # tokens past the longest taught answer: its end newline, a differing tokenisation
 
 
-def longest_answer(m) -> int:
-    """Tokens in the memory's longest taught answer (0: empty), cached per memory version."""
-    cached = getattr(m, "_serve_longest", None)
-    if cached is None or cached[0] != m.version:
-        seqs = m.bank.answer_tokens() if m.bank.n_prototypes else []
-        cached = (m.version, max((len(s) for s in seqs), default=0))
-        m._serve_longest = cached
-    return cached[1]
-
-
 def reply_budget(m, adapt: bool, p: GenParams, prompt_len: int) -> int:
     """The answer's max_tokens: the request's; without one, the default, or for an adapted answer
     as many as the memory's longest taught answer needs (a taught reply is not cut at the
@@ -145,7 +135,7 @@ def reply_budget(m, adapt: bool, p: GenParams, prompt_len: int) -> int:
                        f"{n_ctx} tokens", "context_length_exceeded", "max_tokens")
     if not (p.default_max and adapt):
         return p.max_tokens
-    return min(max(p.max_tokens, longest_answer(m) + REPLY_MARGIN), n_ctx - prompt_len)
+    return min(max(p.max_tokens, m.longest_answer + REPLY_MARGIN), n_ctx - prompt_len)
 
 
 def taught_text(m, pid: int) -> str | None:
