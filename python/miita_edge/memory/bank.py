@@ -171,7 +171,7 @@ class MemoryBank(QueryView):
         return float(np.max(num / np.maximum(den, 1e-12)))
 
     # ------------------------------------------------------------ sizes and value (eq. 5)
-    def proto_bytes(self, p: Prototype, token_users: Counter | None = None) -> int:
+    def proto_bytes(self, p: Prototype, token_users: Counter | None = None, itemsizes: dict | None = None) -> int:
         """Bytes this prototype adds to the stored arrays (its share of Size(B)), as ``to_arrays``
         lays them out now: payload, anchors with their counts, and one entry in each per-prototype
         array (anchors owned, count, answer length), each count the narrowest unsigned type of the
@@ -179,9 +179,9 @@ class MemoryBank(QueryView):
         one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16) of
         the ids no other prototype's answer uses, or 3 bytes per token where the bank's answers are
         stored without a dictionary (``dictionary_pays``) (``token_users``: how many prototypes use
-        each id, counted here when not given); the radius byte."""
+        each id, counted here when not given; ``itemsizes``: the bank-wide widths, likewise); the radius byte."""
         cfg, H = self.config, self.n_embd
-        isz = self._per_proto_itemsizes()
+        isz = self._per_proto_itemsizes() if itemsizes is None else itemsizes
         b = len(p.dirs) * codecs.bytes_per_vector(cfg.dir_precision, H)
         b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + isz["acnt"])
         b += isz["per"] + isz["cnt"]
@@ -214,10 +214,10 @@ class MemoryBank(QueryView):
         """value(u_j) = log(1+n_j)·(1 − max_{r≠j} sim(d_j, d_r)) / Size(u_j)   (eq. 5)."""
         J = len(self.protos)
         out = np.zeros(J)
-        users = self._token_users()
+        users, isz = self._token_users(), self._per_proto_itemsizes()  # bank-wide: once, not per prototype
         for j, p in enumerate(self.protos):
             mx = max((self.similarity(p, q) for r, q in enumerate(self.protos) if r != j), default=0.0)
-            out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p, users)
+            out[j] = np.log1p(p.n) * (1.0 - mx) / self.proto_bytes(p, users, isz)
         return out
 
     # ------------------------------------------------------------ forgetting
