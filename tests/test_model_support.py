@@ -263,3 +263,18 @@ def test_check_model_survives_a_crash_of_llama_cpp(tiny_dir, capsys, monkeypatch
     cap = capsys.readouterr()
     assert cap.out.strip().splitlines()[-1] == "refused: llama.cpp crashed while loading or running this model (SIGABRT)"
     assert "Traceback" not in cap.err
+
+
+def test_the_check_child_imports_the_package_the_parent_loaded(tiny_dir, tmp_path, monkeypatch):
+    """A script may put another copy of the package first on ``sys.path`` (a checkout's ``python/``,
+    which has no compiled extension): the child must still import the one this process runs."""
+    from miita_edge.runtime.model_check import check_model, check_model_isolated
+
+    other = tmp_path / "other" / "miita_edge"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("raise ImportError('the other copy was imported')\n")
+    monkeypatch.syspath_prepend(str(other.parent))
+    path = tiny_gguf.make("gemma2", "Q8_0", False, tiny_dir)
+    rep = check_model_isolated(path, run_self_test=False)
+    assert rep.reason == check_model(path, run_self_test=False).reason
+    assert "soft-caps its logits" in rep.reason

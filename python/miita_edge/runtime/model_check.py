@@ -88,6 +88,16 @@ def _report_from_json(js: dict) -> CheckReport:
     return rep
 
 
+def _child_pythonpath() -> str:
+    """The child imports this very package: the directory it was loaded from comes first. The parent's
+    ``sys.path`` follows (for the package's own dependencies), but it may also hold a source tree
+    without the compiled extension (a script that put a checkout's ``python/`` on it), which must not
+    win over the installed package."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rest = [p for p in sys.path if p and os.path.abspath(p) != here]
+    return os.pathsep.join([here] + rest)
+
+
 def check_model_isolated(path=None, threads: int = 0, key_layer: int | None = None, run_self_test: bool = True,
                          seed: int = 0, timeout: float = 1800.0) -> CheckReport:
     """``check_model`` in a child process: llama.cpp aborts the process on some malformed models
@@ -96,7 +106,7 @@ def check_model_isolated(path=None, threads: int = 0, key_layer: int | None = No
     args = {"path": None if path is None else str(path), "threads": threads, "key_layer": key_layer,
             "run_self_test": run_self_test, "seed": seed}
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env["PYTHONPATH"] = _child_pythonpath()
     code = "from miita_edge.runtime.model_check import _child_main; _child_main()"
     t0 = time.perf_counter()
     try:
