@@ -7,7 +7,7 @@ stored arrays and the manifest with the store's own layout arithmetic (``store_f
 its parts add up to exactly the bytes the budget counts (``encoded_size``); :func:`account` checks
 that before it returns.
 
-Parts (by stored array; docs/method.md "Where the bytes go"):
+Parts (by stored array; docs/results/bytes.md):
 
 * ``keys``: the anchors' key bits (``anchors``, and ``anchor_scale`` for int8 keys). An anchor that
   stands for more than one key (``anchor_count`` > 1) is a centroid that repair folded; its bytes
