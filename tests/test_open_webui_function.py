@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FUNCTIONS = ROOT / "integrations" / "open_webui"
 DATA = Path(__file__).parent / "data" / "open_webui"
 MEMORIES = ("plain", "edit", "outlet", "tasks", "action", "fail", "support",  # support: the recording's
-            "cont", "button", "qedit", "restart", "forget")
+            "cont", "button", "qedit", "restart", "forget", "anew")
 # the tiny model answers these with something else until taught; "billing" is one token for it,
 # so a steered answer reproduces it whole (longer corrections drift after a few tokens)
 QUESTION, CORRECTION = "Can I get a refund?", "billing"
@@ -430,6 +430,34 @@ def test_teach_button_then_next_message_teaches_once(srv, model_id):
     version, emitted, _ = run_action(srv, chat, first["id"], "teach")
     assert version == 1 and emitted[-1]["data"]["description"].startswith(
         f"Not taught again: memory button already holds \u201c{QUESTION}\u201d")
+
+
+def test_a_memory_made_anew_is_taught_again(srv, model_id, state_dir):
+    """The state file says an example was taught to memory "anew" at version 3 (or 9), but the
+    memory of that name is now at a lower version: it was made anew and does not hold the example,
+    so the Filter's edit and the Action's button teach it instead of saying "already holds"."""
+    flt = load_function("miita_feedback")
+    entry = {"memory": "anew", "version": 3, "message_id": "an-earlier-chat", "by": "edit", "at": 1.0}
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "miita-edge-open-webui.json").write_text(json.dumps({"answers": {}, "taught": {
+        flt.taught_key("anew", QUESTION, CORRECTION): {**entry, "input": QUESTION, "output": CORRECTION},
+        flt.taught_key("anew", "Where is my parcel?", "shipping desk"):
+            {**entry, "version": 9, "input": "Where is my parcel?", "output": "shipping desk"}}}))
+    assert memory(srv, "anew")["version"] == 0
+    chat = Chat(srv, make_filter(srv), f"{model_id}:anew")
+    first = chat.send(QUESTION)
+    chat.edit(first["id"], CORRECTION)
+    chat.send("Thanks.")
+    assert memory(srv, "anew")["version"] == 1
+    assert chat.last_status().startswith("Taught memory anew (version 1)"), chat.statuses()
+    version, emitted, _ = run_action(srv, chat, first["id"], "teach")  # now it does hold it
+    assert version == 1 and emitted[-1]["data"]["description"].startswith("Not taught again")
+    second = chat.send("Where is my parcel?")
+    chat.edit(second["id"], "shipping desk")
+    version, emitted, _ = run_action(srv, chat, second["id"], "teach")
+    assert version == 2 and emitted[-1]["data"]["description"].startswith("Taught memory anew (version 2)")
+    assert flt.made_anew({"version": 3}, 2) and not flt.made_anew({"version": 3}, 3)
+    assert not flt.made_anew({"version": 3}, None) and not flt.made_anew({}, 0)
 
 
 def test_forget_button_lists_and_forgets(srv, model_id):

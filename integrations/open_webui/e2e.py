@@ -13,7 +13,12 @@ TITLE), not Open WebUI's fallback; 3. "Continue Response" on the last answer, th
 message: nothing taught (the doubled text is the model's); 4. a new chat asks QUESTION again: the
 answer must be CORRECTION; 5. "Wrong answer" on it, a second correction typed in the dialog: the
 version must move by one more; 6. "Teach this answer" on it: already taught, the version must not
-move; 7. "Forget", entry 1 picked: the version must move. Each step waits for the answer's last
+move; 7. "Forget", entry 1 picked: the version must move; 8. a new chat asks LONG_QUESTION, its
+answer is edited to LONG (multi-line, about 40 tokens) and taught by the next message; asked again
+in that chat and then as a new chat's first question, it must show every line of LONG (a request
+without max_tokens is not cut), and the new chat's first text must come no more than a second
+after the same question's later in a chat (the title request Open WebUI sends just before a new
+chat's first question must not hold it up). Each step waits for the answer's last
 status line (the Filter's outlet: the answer is complete) before its screenshot and check.
 Screenshots go to ``--shots``. Exit status 0 when every check passes.
 
@@ -33,6 +38,9 @@ HERE = Path(__file__).resolve().parent
 QUESTION = "my parcel never arrived"
 CORRECTION = "Sorry about that! Please write to the shipping desk: shipping@example.com."
 SECOND = "Please contact the shipping desk; a lost parcel is refunded after 14 days."
+LONG_QUESTION = "what do I need to open an account"
+LONG = ("You need:\n- a passport or an identity card with a photo\n- a proof of address from the last three months\n"
+        "- a phone number where we can reach you\nThe account opens the same day, and the card follows by post.")
 TITLE = "My parcel never arrived"  # the server's title rule (serve/task_reply.py) on QUESTION
 STATUS = "text=/(Not s|S)teered by memory/"  # the Filter's outlet line: the answer is complete
 
@@ -138,6 +146,26 @@ def main(argv=None) -> int:
             settle(n_answers)
             return page.locator("#response-content-container").nth(n_answers - 1).inner_text()
 
+        def first_text_after(text: str, n_answers: int) -> tuple[float, str]:
+            """Send ``text``; the seconds until the ``n_answers``-th answer shows its first text (what
+            a user waits for) and that text; then wait for the answer to complete."""
+            box = page.locator("#chat-input")
+            box.click()
+            box.fill(text)
+            t0 = time.perf_counter()
+            page.keyboard.press("Enter")
+            seen = ""
+            while time.perf_counter() - t0 < 300:
+                shown = page.locator("#response-content-container")
+                if shown.count() >= n_answers:
+                    seen = shown.nth(n_answers - 1).inner_text().strip()
+                    if seen:
+                        break
+                time.sleep(0.05)
+            waited = time.perf_counter() - t0
+            settle(n_answers)
+            return waited, seen
+
         def click_under_answer(button: str) -> None:
             page.locator(f"button[aria-label='{button}']:visible").last.click()
             time.sleep(1.5)
@@ -199,6 +227,24 @@ def main(argv=None) -> int:
         info = memory_info()
         check("Forget removes the picked answer", info["version"] == v0 + 3 and info["examples"] < examples,
               f"version {info['version']}, examples {examples} -> {info['examples']}")
+
+        # a long, multi-line correction comes back whole (Open WebUI sends no max_tokens), and a new
+        # chat's first answer is not held up by the title request Open WebUI sends just before it
+        new_chat()
+        send(LONG_QUESTION, 1)
+        type_into("Edit", "textarea", LONG, "10-long-edit.png", "button:text-is('Save'):visible")
+        send("thanks!", 2)
+        check("a long multi-line edit is taught", version() == v0 + 4, f"version {version()}")
+        later_wait, _ = first_text_after(LONG_QUESTION, 3)  # the same question later in a chat
+        new_chat()
+        first_wait, seen = first_text_after(LONG_QUESTION, 1)  # and as a new chat's first question
+        whole = page.locator("#response-content-container").nth(0).inner_text()
+        page.screenshot(path=str(args.shots / "11-long-answer.png"))
+        lines = [ln.removeprefix("- ") for ln in LONG.splitlines()]
+        check("the long multi-line correction comes back whole", all(ln in whole for ln in lines), repr(whole))
+        check("a new chat's first answer waits no longer than the same question later in a chat (+1 s)",
+              first_wait <= later_wait + 1.0, f"first text after {first_wait:.2f} s ({seen[:30]!r}), "
+              f"later in a chat {later_wait:.2f} s")
         browser.close()
     failed = [c for c in checks if not c[1]]
     print(f"{len(checks) - len(failed)}/{len(checks)} checks passed; screenshots in {args.shots}")

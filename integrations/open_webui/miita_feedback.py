@@ -1,7 +1,7 @@
 """
 title: miita-edge feedback
 author: miita-edge
-version: 0.2.0
+version: 0.2.1
 license: Apache-2.0
 description: Teaches the miita-edge memory behind a chat the answers users correct by editing them, and shows what steered each answer.
 required_open_webui_version: 0.5.17
@@ -132,6 +132,26 @@ def post_examples(base_url: str, api_key: str, memory: str, examples: list[dict]
         raise TeachError(f"HTTP {e.code}: {message}") from None
     except (OSError, ValueError) as e:
         raise TeachError(f"{url}: {e}") from None
+
+
+def memory_version(base_url: str, api_key: str, memory: str, timeout: float) -> Optional[int]:
+    """`GET {base}/v1/memories/{memory}`'s version, or None when it cannot be read."""
+    url = f"{base_url.rstrip('/')}/v1/memories/{urllib.request.quote(memory, safe='')}"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            v = json.loads(r.read()).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return v if isinstance(v, int) else None
+
+
+def made_anew(entry: dict, version_now: Optional[int]) -> bool:
+    """Whether the memory that ``entry`` says was taught has since been made anew (deleted and
+    created again under its name, or replaced): a memory's version only grows, so one now below the
+    version the teach reported is another memory, which does not hold the example."""
+    taught_at = entry.get("version")
+    return isinstance(taught_at, int) and version_now is not None and version_now < taught_at
 
 
 def steering_summary(miita: dict) -> str:
@@ -379,6 +399,9 @@ class Filter:
                 continue
             key = taught_key(memory, rec.question, e.text)
             done = self.taught.get(key)
+            if done is not None and not done.get("forgotten") and made_anew(done, await asyncio.to_thread(
+                    memory_version, self.valves.base_url, self.valves.api_key, memory, self.valves.timeout)):
+                done = None  # the memory it was taught to is gone: teach this one
             if done is not None:  # taught already (here, by the Action, by another worker), or forgotten
                 own = done.get("message_id") == rec.message_id and not done.get("forgotten")  # its own teach
                 if not own and (rec.message_id, key) not in self.noted:

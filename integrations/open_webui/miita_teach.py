@@ -1,7 +1,7 @@
 """
 title: miita-edge teach
 author: miita-edge
-version: 0.2.0
+version: 0.2.1
 license: Apache-2.0
 description: Buttons under an answer: teach the miita-edge memory this answer, mark it wrong and type the right one, or see and forget what was taught.
 required_open_webui_version: 0.5.0
@@ -70,7 +70,8 @@ def _key(memory: str, question: str, answer: str) -> str:  # miita_feedback.taug
 def _request(method: str, base_url: str, api_key: str, path: str, body: Any, timeout: float) -> dict:
     url = f"{base_url.rstrip('/')}{path}"
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method=method, headers=headers)
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
@@ -228,6 +229,14 @@ class Action:
         v = self.valves
         key = _key(memory, question, answer)
         done = _load_taught(v.state_file).get(key) if v.state_file else None
+        if isinstance(done, dict) and not done.get("forgotten") and isinstance(done.get("version"), int):
+            try:  # a memory made anew (its version now below the one taught) does not hold it
+                now = await asyncio.to_thread(_request, "GET", v.base_url, v.api_key,
+                                              _examples_path(memory).rsplit("/", 1)[0], None, v.timeout)
+                if isinstance(now.get("version"), int) and now["version"] < done["version"]:
+                    done = None
+            except (RuntimeError, AttributeError):
+                pass
         if isinstance(done, dict) and not done.get("forgotten"):
             await _status(emit, f"Not taught again: memory {memory} already holds \u201c{_short(question)}\u201d "
                                 f"\u2192 \u201c{_short(answer)}\u201d (version {done.get('version')})")
