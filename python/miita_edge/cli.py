@@ -150,8 +150,8 @@ def _add_serve_info_demo(sub) -> None:
                    "keeps under --memory-root, counted on disk (default: 64)")
     p.add_argument("--allow-unlimited-budget", action="store_true", help="let clients set a memory's budget to "
                    "'none' (create, teach); off: 403")
-    p.add_argument("--max-teach-rows", type=int, default=2000, metavar="N", help="most examples one teach request "
-                   f"may carry (413 beyond; default: 2000); a teach of at most {TEACH_WAIT_ROWS} answers its "
+    p.add_argument("--max-teach-rows", type=int, default=10000, metavar="N", help="most examples one teach request "
+                   f"may carry (413 beyond; default: 10000); a teach of at most {TEACH_WAIT_ROWS} answers its "
                    "report, a larger one 202 and a job to poll")
 
     p = sub.add_parser("info", help="show a memory: counts, bytes against the budget, model, hyper-parameters",

@@ -46,7 +46,7 @@ class Settings:
     # request waits for its job and answers the ingest report, above it answers 202 and the job at
     # once (?wait=true|false decides instead); a job decodes teach_batch examples per worker job, so
     # an answer waits for at most one batch.
-    max_teach_rows: int = 2000
+    max_teach_rows: int = 10000
     teach_wait_rows: int = TEACH_WAIT_ROWS
     teach_batch: int = 8
     max_teach_jobs: int = 16  # queued or running at once (429 beyond)
