@@ -80,3 +80,30 @@ def test_order_seed_zero_is_the_given_order_and_others_permute_only_the_order():
         assert s.test == by[s.name].test
     with pytest.raises(InputError, match="order seed"):
         splits.order_permutation(-1, 3)
+
+
+def test_orders_of_different_seeds_differ_while_n_factorial_allows():
+    """Brute force over small n: the seeds' orders are permutations, pairwise distinct for every
+    seed below n!, and each seed's first shuffle is kept unless an earlier seed had it."""
+    import numpy as np
+
+    for n in range(1, 9):
+        orders = [tuple(splits.order_permutation(s, n)) for s in range(min(6, math.factorial(n)))]
+        assert all(sorted(o) == list(range(n)) for o in orders)
+        assert len(set(orders)) == len(orders), (n, orders)
+        for s in range(1, len(orders)):
+            first = tuple(int(i) for i in np.random.default_rng(s).permutation(n))
+            if first not in orders[:s]:
+                assert orders[s] == first
+    assert splits.order_permutation(1, 4) != [0, 1, 2, 3]  # it was the identity before the rule
+    assert splits.order_permutation(3, 2) in ([0, 1], [1, 0])  # 2! < 4 seeds: repeats are unavoidable
+
+
+@pytest.mark.parametrize("bench", ["banking77", "dsc", "xquad", "superni"])
+def test_three_stream_orders_differ_in_stages_and_in_every_stage_rows(bench):
+    spec = get_benchmark(bench)
+    runs = [load_benchmark(spec, DATA / spec.data_name, order_seed=s)[1] for s in (0, 1, 2)]
+    assert len({tuple(st.name for st in r) for r in runs}) == 3
+    for name in (st.name for st in runs[0]):
+        rows = [tuple(e.input for e in next(st for st in r if st.name == name).train) for r in runs]
+        assert len(set(rows)) == 3, (bench, name)

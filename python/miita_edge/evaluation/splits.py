@@ -90,12 +90,21 @@ def window(stage: str, items: list[T], rows: tuple[int, int | None] | None) -> t
 
 
 def order_permutation(seed: int, n: int) -> list[int]:
-    """The stream order of seed ``seed`` over ``n`` things: identity for 0, else a seeded shuffle."""
+    """The stream order of seed ``seed`` over ``n`` things: identity for 0, else a seeded shuffle
+    that differs from the orders of every smaller seed while n! allows (a shuffle that repeats one
+    is drawn again from the same generator). Without that rule seed 1 put four stages in the
+    identity order, so "three orders" of a four-stage benchmark were two."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise InputError(f"order seed must be an integer >= 0, got {seed!r}")
-    if seed == 0:
-        return list(range(n))
-    return [int(i) for i in np.random.default_rng(int(seed)).permutation(n)]
+    seen = {tuple(range(n))}
+    order = list(range(n))
+    for s in range(1, int(seed) + 1):
+        rng = np.random.default_rng(s)
+        order = [int(i) for i in rng.permutation(n)]
+        while tuple(order) in seen and len(seen) < math.factorial(n):
+            order = [int(i) for i in rng.permutation(n)]
+        seen.add(tuple(order))
+    return order
 
 
 def shuffle_rows(seed: int, stage: str, items: list[T]) -> list[T]:
