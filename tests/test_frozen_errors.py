@@ -33,11 +33,3 @@ def test_token_f1_and_the_summary():
     assert a["ratio"] == pytest.approx((5 / 3 + 2 / 3) / 2)  # words of the answer / of the gold, median of two
     assert a["first_word"] == 1 and a["restate"] == 1  # "The ..." opens the first
 
-
-def test_the_raises_histogram_counts_what_the_shipped_cap_changes():
-    from collections import Counter
-
-    rs = load_bench("raises")
-    lines = rs.histogram_lines(Counter({0: 10, 1: 5, 4: 2, 6: 1}), gave_up=3, cap=16, shipped=4)
-    assert lines[0] == "held steps: 21"
-    assert lines[-1].startswith("steps the shipped cap (4) changes: 1 of 21") and "3 did not lead even after 16" in lines[-1]
