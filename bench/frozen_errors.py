@@ -13,7 +13,7 @@ cache every dev run of that model and benchmark shares) against its gold answers
     unrelated  none of the above
     empty      nothing but whitespace
 
-and reports, per benchmark stage and overall: the kinds' shares, the answer's length against the
+and reports, per benchmark stage and overall: the benchmark's mean score, the kinds' shares, the answer's length against the
 gold's (median word ratio), whether its first word is the gold's, and how many answers open with
 a restatement ("The ...", "Answer:", the question's own first words). Nothing here reads a test
 row: the dev rows come from ``load_benchmark(..., split="dev")``, as the dev runs' do.
@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FULL = 1.0 - 1e-9  # a full score, up to rounding
 KINDS = ("right", "overlong", "partial", "copied", "unrelated", "empty")
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -83,22 +84,22 @@ def question_of(prompt: str) -> str:
     return last.split(":", 1)[1] if last.startswith("Question:") else last
 
 
-def analyse(rows: list[tuple[str, str, list[str], str, bool]]) -> dict:
-    """rows: (stage, prediction, golds, prompt, full score?) -> the counts the report prints."""
+def analyse(rows: list[tuple[str, str, list[str], str, float]]) -> dict:
+    """rows: (stage, prediction, golds, prompt, the benchmark's score in 0..1) -> what the report prints."""
     kinds = Counter()
     ratios, first_word, restate = [], 0, 0
-    for _, pred, golds, prompt, full in rows:
-        kinds[kind_of(pred, golds, prompt, full)] += 1
+    for _, pred, golds, prompt, score in rows:
+        kinds[kind_of(pred, golds, prompt, score >= FULL)] += 1
         g = min(golds, key=lambda s: len(words(s))) if golds else ""
         if words(g):
             ratios.append(len(words(pred)) / len(words(g)))
             first_word += bool(words(pred)) and words(pred)[0] == words(g)[0]
         restate += restates(pred, question_of(prompt))
-    return {"n": len(rows), "kinds": kinds, "ratio": statistics.median(ratios) if ratios else float("nan"),
+    return {"n": len(rows), "kinds": kinds, "score": 100 * statistics.fmean(r[4] for r in rows) if rows else 0.0, "ratio": statistics.median(ratios) if ratios else float("nan"),
             "first_word": first_word, "restate": restate}
 
 
-def load_rows(benchmark: str, data: Path, cache: Path) -> list[tuple[str, str, list[str], str, bool]]:
+def load_rows(benchmark: str, data: Path, cache: Path) -> list[tuple[str, str, list[str], str, float]]:
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.evaluation.run_cells import per_example
@@ -118,7 +119,7 @@ def load_rows(benchmark: str, data: Path, cache: Path) -> list[tuple[str, str, l
             raise SystemExit(f"{cache}: stage {st.name!r} has {len(preds)} predictions for {len(st.test)} dev rows")
         scores = per_example(spec, preds, st.test)
         for pred, item, s in zip(preds, st.test, scores):
-            rows.append((st.name, pred, item.golds, item.example.input, s >= 1.0 - 1e-9))
+            rows.append((st.name, pred, item.golds, item.example.input, float(s)))
     return rows
 
 
@@ -128,15 +129,15 @@ def report(rows, show: int) -> list[str]:
     def line(name: str, a: dict) -> str:
         n = a["n"]
         shares = "  ".join(f"{k} {100 * a['kinds'][k] / n:5.1f}" for k in KINDS)
-        return (f"{name:<28} n={n:4d}  {shares}  | length ×{a['ratio']:.1f} of gold (median), first word "
+        return (f"{name[:28]:<28} n={n:4d}  score {a['score']:5.1f}  {shares}  | length ×{a['ratio']:.1f} of gold (median), first word "
                 f"{100 * a['first_word'] / n:.1f}%, restates {100 * a['restate'] / n:.1f}%")
 
     for st in dict.fromkeys(r[0] for r in rows):
         out.append(line(st, analyse([r for r in rows if r[0] == st])))
     out.append(line("all", analyse(rows)))
     shown = Counter()
-    for st, pred, golds, prompt, full in rows:
-        k = kind_of(pred, golds, prompt, full)
+    for st, pred, golds, prompt, score in rows:
+        k = kind_of(pred, golds, prompt, score >= FULL)
         if k != "right" and shown[k] < show:
             shown[k] += 1
             out.append(f"  {k:<9} {st}: {pred.strip()[:90]!r}  gold {golds[0][:60]!r}")

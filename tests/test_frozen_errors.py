@@ -26,10 +26,10 @@ def test_token_f1_and_the_summary():
     fe = load_bench("frozen_errors")
     assert fe.token_f1("shipping desk", "the shipping desk") == pytest.approx(2 * 1.0 * (2 / 3) / (1 + 2 / 3))
     assert fe.token_f1("", "x") == 0.0 and fe.token_f1("a b", "c") == 0.0
-    rows = [("en", "The shipping desk, in Leeds", ["the shipping desk"], PROMPT, False),
-            ("en", "shipping desk", ["the shipping desk"], PROMPT, False)]
+    rows = [("en", "The shipping desk, in Leeds", ["the shipping desk"], PROMPT, 0.0),
+            ("en", "shipping desk", ["the shipping desk"], PROMPT, 0.5)]
     a = fe.analyse(rows)
-    assert a["n"] == 2 and a["kinds"]["overlong"] == 1 and a["kinds"]["partial"] == 1
+    assert a["n"] == 2 and a["kinds"]["overlong"] == 1 and a["kinds"]["partial"] == 1 and a["score"] == 25.0
     assert a["ratio"] == pytest.approx((5 / 3 + 2 / 3) / 2)  # words of the answer / of the gold, median of two
     assert a["first_word"] == 1 and a["restate"] == 1  # "The ..." opens the first
 
