@@ -138,14 +138,6 @@ def main(argv=None) -> int:
                 last = now
                 time.sleep(1)
 
-        def send(text: str, n_answers: int) -> str:
-            box = page.locator("#chat-input")
-            box.click()
-            box.fill(text)
-            page.keyboard.press("Enter")
-            settle(n_answers)
-            return page.locator("#response-content-container").nth(n_answers - 1).inner_text()
-
         def first_text_after(text: str, n_answers: int) -> tuple[float, str]:
             """Send ``text``; the seconds until the ``n_answers``-th answer shows its first text (what
             a user waits for) and that text; then wait for the answer to complete."""
@@ -165,6 +157,11 @@ def main(argv=None) -> int:
             waited = time.perf_counter() - t0
             settle(n_answers)
             return waited, seen
+
+        def send(text: str, n_answers: int) -> str:
+            """Send ``text``; the ``n_answers``-th answer's text once it is complete."""
+            first_text_after(text, n_answers)
+            return page.locator("#response-content-container").nth(n_answers - 1).inner_text()
 
         def click_under_answer(button: str) -> None:
             page.locator(f"button[aria-label='{button}']:visible").last.click()

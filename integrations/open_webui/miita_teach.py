@@ -85,8 +85,12 @@ def _request(method: str, base_url: str, api_key: str, path: str, body: Any, tim
         raise RuntimeError(f"{url}: {e}") from None
 
 
+def _memory_path(memory: str) -> str:
+    return f"/v1/memories/{urllib.request.quote(memory, safe='')}"
+
+
 def _examples_path(memory: str) -> str:
-    return f"/v1/memories/{urllib.request.quote(memory, safe='')}/examples"
+    return f"{_memory_path(memory)}/examples"
 
 
 def _load_taught(path: str) -> dict:
@@ -232,7 +236,7 @@ class Action:
         if isinstance(done, dict) and not done.get("forgotten") and isinstance(done.get("version"), int):
             try:  # a memory made anew (its version now below the one taught) does not hold it
                 now = await asyncio.to_thread(_request, "GET", v.base_url, v.api_key,
-                                              _examples_path(memory).rsplit("/", 1)[0], None, v.timeout)
+                                              _memory_path(memory), None, v.timeout)
                 if isinstance(now.get("version"), int) and now["version"] < done["version"]:
                     done = None
             except (RuntimeError, AttributeError):
