@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTHS = (32, 40, 64, 80, 96, 128, 256)
+WIDTHS = (32, 40, 64, 80, 104, 128, 256, 512, 992)
 
 
 def extract(args) -> None:
@@ -85,6 +85,31 @@ def frames(d, prep, kw) -> dict:
     xc = prep(d["calib"])
     spread = ((xc - xc.mean(0)) ** 2).mean(0)
     out["one order over both blocks"] = lambda x, o=np.argsort(-spread, kind="stable"): x[:, o]
+    # the shipped order's rule (per block, by spread, highest first) over more prompts: the 16
+    # calibration prompts and the general ones (paraphrase groups, generic questions), all model-derived
+    parts = int(d["parts"])
+    H = n // parts
+    sp = ((gen - gen.mean(0)) ** 2).mean(0).reshape(parts, H)
+    wide = np.concatenate([b * H + np.argsort(-sp[b], kind="stable") for b in range(parts)])
+    out["spread over general prompts"] = lambda x, o=wide: x[:, o]
+    # a complete rotation (every width, not only the general prompts' rank): eigenvectors of their
+    # covariance, highest variance first; jointly over both blocks, or per block, block by block
+    def eig_order(x):
+        w, v = np.linalg.eigh(np.cov(x, rowvar=False))
+        return v[:, np.argsort(-w, kind="stable")]
+    out["principal axes, completed"] = lambda x, v=eig_order(gen): x @ v
+    # the same without the gate's generic questions (the paraphrase groups and calibration inputs,
+    # both cached per model): what a memory can derive at open without 40 more key passes
+    pc = prep(np.concatenate([d["para"], d["calib"]]))
+    out["principal axes of paraphrases + calibration, completed"] = lambda x, v=eig_order(pc): x @ v
+    R2 = np.zeros((n, n))
+    for b in range(parts):
+        R2[b * H:(b + 1) * H, b * H:(b + 1) * H] = eig_order(gen[:, b * H:(b + 1) * H])
+    out["principal axes per block, completed"] = lambda x, v=R2: x @ v
+    if parts == 2:  # the other layer's block first
+        ship = d["order"]
+        out["shipped order, second block first"] = lambda x, o=np.r_[ship[H:], ship[:H]]: x[:, o]
+        out["general spread, second block first"] = lambda x, o=np.r_[wide[H:], wide[:H]]: x[:, o]
     R = np.random.default_rng(0).standard_normal((n, 512))
     out["random projection"] = lambda x, R=R: x @ R
     return out
