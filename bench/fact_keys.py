@@ -5,7 +5,10 @@ sign bit per coordinate): how often the nearest taught question is the right fac
 on the nearest cosine (reach) and on its lead over the second-nearest (margin) would keep right and
 let through wrong, with how many unrelated questions it would open on. The model's own paraphrase
 statistics (``key_whitening.GROUPS``: nearest sibling against nearest non-sibling) are printed
-beside them, since a gate may only use what the model says, never the facts.
+beside them, since a gate may only use what the model says, never the facts. Two key frames: the
+default's (a memory of short answers is not whitened) and the same keys whitened by the model's own
+paraphrase groups (what a memory of replies does), to see whether that whitening would tell
+paraphrases of one fact from another's better.
 
 Why: the teach-once targets ask for >= 70% of paraphrases right with <= 2% another fact's answer. If
 the nearest taught key is the wrong fact for a third of the paraphrases, no gate over these keys
@@ -30,37 +33,23 @@ def cosines(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return 1.0 - 2.0 * (X[:, None, :] != Y[None]).mean(axis=2)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--split", default="dev", choices=["dev", "test"])
-    ap.add_argument("--model", default=None, help="GGUF path (default: the embedded Gemma-3-270M)")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    from miita_edge import Example, Miita
-    from miita_edge.evaluation.facts import load_facts
-    from miita_edge.method.calibration import raw_key
-    from miita_edge.method.key_whitening import GROUPS
-    from miita_edge.runtime.engine import Engine, EngineConfig
+def report(m, fs, raw_key, GROUPS) -> None:
+    """The nearest taught question's share right, and a reach / margin gate's table, in ``m``'s
+    stored key form."""
+    e, t, bank = m.keyed_engine(), m.template, m.bank
+    skip, K = m.pipeline.preset.skip_bos, bank.key_dim
 
-    fs = load_facts(split=args.split)
-    eng = Engine(args.model, EngineConfig(n_threads=args.threads))
-    with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=eng) as m:
-        m.ingest([Example(f.teach[0], f.answer) for f in fs.facts], budget="none", progress=False)
-        e, t, bank = m.keyed_engine(), m.template, m.bank
-        skip, K = m.pipeline.preset.skip_bos, bank.key_dim
+    def bits(texts):
+        return np.stack([bank.prepare_key(raw_key(e, t, x, skip))[:K] >= 0 for x in texts])
 
-        def bits(texts):
-            return np.stack([bank.prepare_key(raw_key(e, t, x, skip))[:K] >= 0 for x in texts])
-
-        taught = bits([f.teach[0] for f in fs.facts])
-        asked, fact = [], []
-        for i, f in enumerate(fs.facts):
-            asked += list(f.ask)
-            fact += [i] * len(f.ask)
-        S, fact = cosines(bits(asked), taught), np.asarray(fact)
-        SU = cosines(bits(fs.unrelated), taught)
-        G = [bits(g) for g in GROUPS]
-    eng.close()
+    taught = bits([f.teach[0] for f in fs.facts])
+    asked, fact = [], []
+    for i, f in enumerate(fs.facts):
+        asked += list(f.ask)
+        fact += [i] * len(f.ask)
+    S, fact = cosines(bits(asked), taught), np.asarray(fact)
+    SU = cosines(bits(fs.unrelated), taught)
+    G = [bits(g) for g in GROUPS]
     allg = np.concatenate(G)
     gid = np.concatenate([[j] * len(g) for j, g in enumerate(G)])
     SG = cosines(allg, allg)
@@ -83,6 +72,33 @@ def main() -> int:
             keep = (top >= r) & (lead >= d)
             opened = (usrt[:, -1] >= r) & (usrt[:, -1] - usrt[:, -2] >= d)
             print(f"{r:5.2f}  {d:6.2f}  {np.mean(keep & right):6.1%}  {np.mean(keep & ~right):7.1%}  {opened.mean():8.1%}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--split", default="dev", choices=["dev", "test"])
+    ap.add_argument("--model", default=None, help="GGUF path (default: the embedded Gemma-3-270M)")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    from miita_edge import Example, Miita
+    from miita_edge.evaluation.facts import load_facts
+    from miita_edge.method.calibration import raw_key
+    from miita_edge.method.key_whitening import GROUPS
+    from miita_edge.method.presets import default_preset
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    fs = load_facts(split=args.split)
+    eng = Engine(args.model, EngineConfig(n_threads=args.threads))
+    frames = [("the default's stored form", default_preset())]
+    whitened = default_preset()
+    whitened.key_whitening = "paraphrase"  # every memory whitened by the model's paraphrase groups
+    frames.append(("whitened by the model's paraphrase groups", whitened))
+    for title, preset in frames:
+        print(f"== {title}")
+        with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=eng, preset=preset) as m:
+            m.ingest([Example(f.teach[0], f.answer) for f in fs.facts], budget="none", progress=False)
+            report(m, fs, raw_key, GROUPS)
+    eng.close()
     return 0
 
 
