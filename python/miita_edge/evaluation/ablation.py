@@ -78,6 +78,8 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("abstain", "all", _set(abstain=True),
               "where the nearest retrieved answer is not trusted, nothing steers"),
     Mechanism("reach-abstain", "all", _set(single_reach="paraphrase", abstain=True), "both of the above"),
+    Mechanism("general-axes", "all", _set(key_axes="general"),
+              "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
 )}
 
 

@@ -128,7 +128,8 @@ class QueryView:
 
     def _whiten_order_cut(self, k: np.ndarray) -> np.ndarray:
         if self.key_whiten is not None:
-            k = self.key_whiten @ k
+            # without an order after it, only the rows of the coordinates kept are needed
+            k = (self.key_whiten if self.key_order is not None else self.key_whiten[:self.key_dim]) @ k
         if self.key_order is not None:
             k = k[self.key_order]
         k = k[:self.key_dim]

@@ -25,6 +25,7 @@ from ..runtime.engine import Engine, QueryState
 from ..runtime.engine_types import Generation
 from .calibration import calibration_keys, key_order, raw_key
 from .head_geometry import HeadGeometry, head_geometry
+from .key_axes import cached_axes_for
 from .key_layers import choose_key_layers
 from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
 from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
@@ -37,8 +38,10 @@ __all__ = ["KeyFrame", "Pipeline", "Steered"]
 
 class KeyFrame(NamedTuple):
     """How a memory's keys are prepared before they are stored or compared: the centring vector,
-    the coordinate order a narrowed key keeps the head of, and the whitening (each None when the
-    preset does not use it). Derived from the model and the template, never stored."""
+    the coordinate order a narrowed key keeps the head of, and the linear map applied before that
+    order (the whitening, the rotation onto the general prompts' axes, or the one after the other;
+    each None when the preset does not use it). Derived from the model and the template, never
+    stored."""
 
     mean: np.ndarray | None
     order: np.ndarray | None
@@ -108,11 +111,17 @@ class Pipeline:
         keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
         whiten = None
+        parts = len(self.key_layers)
         if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and whitened):
             raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
             # centred as the bank centres (its mean is stored as float16)
-            whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), len(self.key_layers))
-        order = key_order(keys, len(self.key_layers), whiten) if pr.key_order == "calibration" else None
+            whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
+        if pr.key_axes == "general":  # rotated: the axes come in variance order, no coordinate order
+            raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
+                                                  self.fingerprint), keys])
+            axes = cached_axes_for(raw, mean.astype(np.float16).astype(np.float32), parts, whiten)
+            return KeyFrame(mean, None, axes)
+        order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         return KeyFrame(mean, order, whiten)
 
     @property

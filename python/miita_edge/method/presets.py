@@ -86,6 +86,10 @@ class Preset:
     # (their median is at least key_whitening.REPLY_MIN_TOKENS), "none" for one of labels, decided at its
     # first ingest and kept in its manifest (method/key_whitening.whiten_replies).
     key_whitening: str = "none"
+    # The key frame's axes (method/key_axes.py): "coordinates", the model's own (ordered by
+    # key_order); or "general", rotated onto the principal axes of the model's general prompts
+    # (highest variance first, after any whitening; key_order is then not read). Derived at open.
+    key_axes: str = "coordinates"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
     # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
     # (relevance.paraphrase_reach over key_whitening.GROUPS in the memory's key frame).
@@ -174,6 +178,10 @@ class Preset:
             raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none', 'paraphrase' or 'replies'")
         if self.key_whitening != "none" and not self.center_keys:
             raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
+        if self.key_axes not in ("coordinates", "general"):
+            raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates' or 'general'")
+        if self.key_axes != "coordinates" and not self.center_keys:
+            raise StoreError("preset key_axes 'general' needs center_keys (the axes are of centred keys)")
         if self.single_reach not in ("repeat", "paraphrase"):
             raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat' or 'paraphrase'")
         if not isinstance(self.abstain, bool):

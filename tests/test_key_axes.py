@@ -1,0 +1,124 @@
+"""The key frame rotated onto the principal axes of the model's general prompts
+(method/key_axes.py): the rotation against an SVD re-derivation, the bank's narrowed keys against a
+plain numpy recomputation, the cache, and a memory that opens with the same frame it was built with."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from miita_edge.errors import StoreError
+from miita_edge.memory.bank import MemoryBank
+from miita_edge.method import key_axes as ka
+from miita_edge.method import key_whitening as kw
+from miita_edge.method.presets import Preset, default_preset
+
+
+def test_principal_axes_are_the_svd_s_right_vectors_by_variance():
+    """Rows orthonormal and complete; the first rows span what an SVD of the centred keys gives,
+    in falling order of variance; the projected keys' covariance is diagonal."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((40, 12)) @ np.diag(np.linspace(5, 0.2, 12)) @ np.linalg.qr(
+        rng.standard_normal((12, 12)))[0]
+    R = ka.principal_axes(z)
+    assert R.shape == (12, 12)
+    np.testing.assert_allclose(R @ R.T, np.eye(12), atol=1e-10)
+    x = z - z.mean(0)
+    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    for i in range(12):  # the same axis up to its sign
+        assert abs(abs(R[i] @ vt[i]) - 1.0) < 1e-8
+    C = np.cov(x @ R.T, rowvar=False)
+    np.testing.assert_allclose(C, np.diag(np.diag(C)), atol=1e-9)
+    np.testing.assert_allclose(np.diag(C), s ** 2 / (len(z) - 1), rtol=1e-9)
+    # each row's sign: its largest entry positive
+    assert (R[np.arange(12), np.abs(R).argmax(1)] > 0).all()
+
+
+def test_principal_axes_complete_a_basis_beyond_the_prompts_rank():
+    rng = np.random.default_rng(1)
+    z = rng.standard_normal((5, 9))  # rank 4 after centring
+    R = ka.principal_axes(z)
+    np.testing.assert_allclose(R @ R.T, np.eye(9), atol=1e-10)
+    x = z - z.mean(0)
+    np.testing.assert_allclose(x @ R[4:].T, 0.0, atol=1e-10)  # the rest carries no variance
+    with pytest.raises(ValueError, match="two rows"):
+        ka.principal_axes(z[:1])
+
+
+@pytest.mark.parametrize("key_dim", [1280, 104])
+def test_a_rotated_bank_keeps_the_first_axes(key_dim):
+    """prepare_key and prepare_query against numpy: centre, block norms, rotate, cut, unit."""
+    H, parts = 640, 2
+    rng = np.random.default_rng(2)
+    full = H * parts
+    mean = rng.standard_normal(full).astype(np.float32)
+    R = ka.principal_axes(rng.standard_normal((60, full))).astype(np.float32)
+    bank = MemoryBank(default_preset().bank, H, mean, parts, None, key_dim, key_whiten=R)
+    for _ in range(3):
+        raw = (rng.standard_normal(full) * 3).astype(np.float32)
+        x = raw.astype(np.float64) - np.float16(mean).astype(np.float64)
+        x = np.concatenate([x[:H] / np.linalg.norm(x[:H]), x[H:] / np.linalg.norm(x[H:])])
+        x = (R.astype(np.float64) @ x)[:key_dim]
+        ref = x / np.linalg.norm(x)
+        got = bank.prepare_key(raw)
+        np.testing.assert_allclose(got, ref, atol=2e-6)
+        q = bank.prepare_query(raw)
+        np.testing.assert_allclose(q, got, atol=2e-6)
+
+
+def test_cached_axes_are_the_computed_ones_follow_the_whitening_and_are_read_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(ka, "cache_dir", lambda: tmp_path)
+    rng = np.random.default_rng(3)
+    raw = rng.standard_normal((30, 16)).astype(np.float32)
+    mean = rng.standard_normal(16).astype(np.float32)
+    z = kw.prepared(raw, mean, 2)
+    want = ka.principal_axes(z).astype(np.float32)
+    np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)
+    assert len(list(tmp_path.glob("axes-*.npy"))) == 1
+    real = ka.principal_axes
+    monkeypatch.setattr(ka, "principal_axes", lambda *a: pytest.fail("recomputed cached axes"))
+    np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)
+    monkeypatch.setattr(ka, "principal_axes", real)
+    # whitened first: the axes of the whitened keys, composed with the whitening
+    A = rng.standard_normal((16, 16))
+    M = (A @ A.T / 16 + np.eye(16)).astype(np.float32)
+    got = ka.cached_axes_for(raw, mean, 2, M)
+    ref = ka.principal_axes(z @ M.astype(np.float64).T) @ M.astype(np.float64)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert len(list(tmp_path.glob("axes-*.npy"))) == 2
+    for f in tmp_path.glob("axes-*.npy"):  # a damaged file is recomputed, not trusted
+        f.write_bytes(b"not a matrix")
+    np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)
+
+
+def test_the_preset_checks_its_axes():
+    p = default_preset()
+    assert p.key_axes == "coordinates"
+    p.key_axes = "general"
+    p.validate_keys()
+    back = Preset.from_json(p.to_json())
+    assert back.key_axes == "general"
+    p.key_axes = "pca"
+    with pytest.raises(StoreError, match="key_axes"):
+        p.validate_keys()
+
+
+def test_a_rotated_memory_opens_with_its_frame(engine, tmp_path):
+    """A memory built with the general axes stores keys in that frame, keeps the setting in its
+    manifest, and answers the same after it is opened again."""
+    from miita_edge import Example, Miita
+
+    p = default_preset()
+    p.key_axes = "general"
+    rows = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
+           [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
+    d = tmp_path / "mem"
+    with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
+        m.ingest(rows, budget="none")
+        assert m.bank.key_order is None and m.bank.key_whiten is not None
+        R = m.bank.key_whiten.astype(np.float64)
+        np.testing.assert_allclose(R @ R.T, np.eye(len(R)), atol=1e-4)
+        asked = m.ask("how can I change my PIN", max_tokens=4)
+    with Miita(engine=engine, memory=d, template="plain") as m:
+        assert m.preset.key_axes == "general"
+        np.testing.assert_array_equal(m.bank.key_whiten, R.astype(np.float32))
+        assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text
