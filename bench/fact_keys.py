@@ -5,10 +5,11 @@ sign bit per coordinate): how often the nearest taught question is the right fac
 on the nearest cosine (reach) and on its lead over the second-nearest (margin) would keep right and
 let through wrong, with how many unrelated questions it would open on. The model's own paraphrase
 statistics (``key_whitening.GROUPS``: nearest sibling against nearest non-sibling) are printed
-beside them, since a gate may only use what the model says, never the facts. Two key frames: the
-default's (a memory of short answers is not whitened) and the same keys whitened by the model's own
-paraphrase groups (what a memory of replies does), to see whether that whitening would tell
-paraphrases of one fact from another's better.
+beside them, since a gate may only use what the model says, never the facts. Three key frames: the
+default's (a memory of short answers is not whitened), the same keys whitened by the model's own
+paraphrase groups (what a memory of replies does), and rotated onto the principal axes of the
+model's general prompts (``Preset.key_axes``), to see whether either tells paraphrases of one fact
+from another's better.
 
 Why: the teach-once targets ask for >= 70% of paraphrases right with <= 2% another fact's answer. If
 the nearest taught key is the wrong fact for a third of the paraphrases, no gate over these keys
@@ -93,6 +94,9 @@ def main() -> int:
     whitened = default_preset()
     whitened.key_whitening = "paraphrase"  # every memory whitened by the model's paraphrase groups
     frames.append(("whitened by the model's paraphrase groups", whitened))
+    axes = default_preset()
+    axes.key_axes = "general"  # rotated onto the principal axes of the model's general prompts
+    frames.append(("rotated onto the general prompts' principal axes", axes))
     for title, preset in frames:
         print(f"== {title}")
         with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=eng, preset=preset) as m:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTHS = (32, 40, 64, 80, 104, 128, 256, 512, 992)
+WIDTHS = (32, 40, 64, 80, 104, 128, 256, 512, 992, 1152, 1280)
 
 
 def extract(args) -> None:
@@ -102,6 +102,10 @@ def frames(d, prep, kw) -> dict:
     # both cached per model): what a memory can derive at open without 40 more key passes
     pc = prep(np.concatenate([d["para"], d["calib"]]))
     out["principal axes of paraphrases + calibration, completed"] = lambda x, v=eig_order(pc): x @ v
+
+    from miita_edge.method.key_axes import principal_axes  # the candidate's frame (Preset.key_axes)
+    out["axes of paraphrases + calibration, then shipped coordinates"] = \
+        lambda x, v=principal_axes(pc, d["order"]).T: x @ v
     R2 = np.zeros((n, n))
     for b in range(parts):
         R2[b * H:(b + 1) * H, b * H:(b + 1) * H] = eig_order(gen[:, b * H:(b + 1) * H])

@@ -13,35 +13,48 @@ from miita_edge.method import key_whitening as kw
 from miita_edge.method.presets import Preset, default_preset
 
 
-def test_principal_axes_are_the_svd_s_right_vectors_by_variance():
-    """Rows orthonormal and complete; the first rows span what an SVD of the centred keys gives,
-    in falling order of variance; the projected keys' covariance is diagonal."""
-    rng = np.random.default_rng(0)
-    z = rng.standard_normal((40, 12)) @ np.diag(np.linspace(5, 0.2, 12)) @ np.linalg.qr(
-        rng.standard_normal((12, 12)))[0]
-    R = ka.principal_axes(z)
-    assert R.shape == (12, 12)
-    np.testing.assert_allclose(R @ R.T, np.eye(12), atol=1e-10)
+def _gram_schmidt_reference(z, order):
+    """The basis written out: SVD axes of the centred keys with non-zero singular values, then each
+    coordinate of ``order`` minus its projection on the rows so far, kept if anything is left."""
     x = z - z.mean(0)
     _, s, vt = np.linalg.svd(x, full_matrices=False)
-    for i in range(12):  # the same axis up to its sign
-        assert abs(abs(R[i] @ vt[i]) - 1.0) < 1e-8
-    C = np.cov(x @ R.T, rowvar=False)
+    rows = [r for r, sv in zip(vt, s) if sv ** 2 > 1e-9 * s[0] ** 2]
+    n = z.shape[1]
+    for i in order:
+        if len(rows) == n:
+            break
+        e = np.zeros(n)
+        e[i] = 1.0
+        r = e - sum((row @ e) * row for row in rows)
+        r -= sum((row @ r) * row for row in rows)  # twice, for rounding
+        rows.append(r / np.linalg.norm(r))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("N,n", [(40, 12), (5, 9)])
+def test_principal_axes_are_the_svd_axes_then_the_ordered_coordinates(N, n):
+    """Against a plain Gram-Schmidt over the SVD's axes: the same rows up to sign; orthonormal and
+    complete; the projected keys' covariance diagonal, falling; the tail carries no variance of the
+    prompts when they span less than the key."""
+    rng = np.random.default_rng(N)
+    z = rng.standard_normal((N, n)) @ np.diag(np.linspace(5, 0.2, n)) @ np.linalg.qr(
+        rng.standard_normal((n, n)))[0]
+    order = rng.permutation(n)
+    R = ka.principal_axes(z, order)
+    ref = _gram_schmidt_reference(z, order)
+    assert R.shape == ref.shape == (n, n)
+    np.testing.assert_allclose(R @ R.T, np.eye(n), atol=1e-10)
+    np.testing.assert_allclose(np.abs(np.sum(R * ref, axis=1)), 1.0, atol=1e-8)
+    rank = min(N - 1, n)
+    C = np.cov((z - z.mean(0)) @ R[:rank].T, rowvar=False)
     np.testing.assert_allclose(C, np.diag(np.diag(C)), atol=1e-9)
-    np.testing.assert_allclose(np.diag(C), s ** 2 / (len(z) - 1), rtol=1e-9)
-    # each row's sign: its largest entry positive
-    assert (R[np.arange(12), np.abs(R).argmax(1)] > 0).all()
-
-
-def test_principal_axes_complete_a_basis_beyond_the_prompts_rank():
-    rng = np.random.default_rng(1)
-    z = rng.standard_normal((5, 9))  # rank 4 after centring
-    R = ka.principal_axes(z)
-    np.testing.assert_allclose(R @ R.T, np.eye(9), atol=1e-10)
-    x = z - z.mean(0)
-    np.testing.assert_allclose(x @ R[4:].T, 0.0, atol=1e-10)  # the rest carries no variance
+    assert (np.diff(np.diag(C)) <= 1e-9).all()
+    np.testing.assert_allclose((z - z.mean(0)) @ R[rank:].T, 0.0, atol=1e-9)
+    assert (R[np.arange(n), np.abs(R).argmax(1)] > 0).all()  # each row's sign: its largest entry positive
     with pytest.raises(ValueError, match="two rows"):
         ka.principal_axes(z[:1])
+    with pytest.raises(ValueError, match="permutation"):
+        ka.principal_axes(z, order[:-1])
 
 
 @pytest.mark.parametrize("key_dim", [1280, 104])
@@ -51,7 +64,7 @@ def test_a_rotated_bank_keeps_the_first_axes(key_dim):
     rng = np.random.default_rng(2)
     full = H * parts
     mean = rng.standard_normal(full).astype(np.float32)
-    R = ka.principal_axes(rng.standard_normal((60, full))).astype(np.float32)
+    R = ka.principal_axes(rng.standard_normal((60, full)), rng.permutation(full)).astype(np.float32)
     bank = MemoryBank(default_preset().bank, H, mean, parts, None, key_dim, key_whiten=R)
     for _ in range(3):
         raw = (rng.standard_normal(full) * 3).astype(np.float32)
@@ -72,8 +85,11 @@ def test_cached_axes_are_the_computed_ones_follow_the_whitening_and_are_read_bac
     mean = rng.standard_normal(16).astype(np.float32)
     z = kw.prepared(raw, mean, 2)
     want = ka.principal_axes(z).astype(np.float32)
+    order = rng.permutation(16)
+    np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2, order=order),
+                               ka.principal_axes(z, order), atol=1e-6)  # another order: another file
     np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)
-    assert len(list(tmp_path.glob("axes-*.npy"))) == 1
+    assert len(list(tmp_path.glob("axes-*.npy"))) == 2
     real = ka.principal_axes
     monkeypatch.setattr(ka, "principal_axes", lambda *a: pytest.fail("recomputed cached axes"))
     np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)
@@ -84,7 +100,7 @@ def test_cached_axes_are_the_computed_ones_follow_the_whitening_and_are_read_bac
     got = ka.cached_axes_for(raw, mean, 2, M)
     ref = ka.principal_axes(z @ M.astype(np.float64).T) @ M.astype(np.float64)
     np.testing.assert_allclose(got, ref, atol=1e-5)
-    assert len(list(tmp_path.glob("axes-*.npy"))) == 2
+    assert len(list(tmp_path.glob("axes-*.npy"))) == 3
     for f in tmp_path.glob("axes-*.npy"):  # a damaged file is recomputed, not trusted
         f.write_bytes(b"not a matrix")
     np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2), want, atol=1e-6)

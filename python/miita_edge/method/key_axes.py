@@ -6,9 +6,10 @@ a coordinate that hardly varies across prompts tells prompts apart no better tha
 the raw coordinates by their spread over the 16 calibration inputs keeps the widest coordinates of
 each layer block; rotating onto the principal axes of a few hundred prompts the model reads (the
 paraphrase groups of ``key_whitening.GROUPS`` and the calibration inputs, both cached per model)
-keeps the widest *directions* across both blocks instead. Nothing of it is stored: like the
-centring vector it is rebuilt from the model at open, so it costs no budget byte. The rotation is
-complete (an orthonormal basis of the whole key), so an unnarrowed key loses nothing to it.
+keeps the widest *directions* across both blocks instead, and after them the memory's own
+coordinates in their usual order (``principal_axes``). Nothing of it is stored: like the centring
+vector it is rebuilt from the model at open, so it costs no budget byte. The basis is complete
+(orthonormal over the whole key), so an unnarrowed key loses nothing to it.
 """
 from __future__ import annotations
 
@@ -24,29 +25,42 @@ __all__ = ["cached_axes_for", "principal_axes"]
 VERSION = 1  # of the rule and the cache file
 
 
-def principal_axes(z: np.ndarray) -> np.ndarray:
-    """(n, n) float64 orthonormal rows: the eigenvectors of the covariance of ``z`` (N, n), the
-    highest eigenvalue first (ties and the null space: ``eigh``'s order, reversed stably), each
-    row's sign fixed so its largest-magnitude entry is positive (an eigenvector's sign is
-    arbitrary; fixing it makes the rotation one function of ``z``)."""
+def principal_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """(n, n) float64 orthonormal rows: first the principal axes of ``z`` (N, n), the eigenvectors
+    of its covariance with a non-zero eigenvalue (above 1e-9 of the largest), highest first; then
+    the coordinates in ``order`` (default: index order), each orthogonalised against every row
+    before it (Gram-Schmidt, by a QR decomposition), until the basis is complete.
+
+    Why the tail: a few hundred prompts span a few hundred of the key's directions. A basis
+    completed arbitrarily would give an unnarrowed key bits of random directions (a random
+    rotation before the sign lost DSC's dev rows, docs/method.md §13); completed this way, the
+    tail is the memory's own coordinates, in the order it would keep them, as nearly as an
+    orthonormal basis allows. Each row's sign is fixed so that its largest-magnitude entry is
+    positive, which makes the basis one function of ``z`` and ``order``."""
     z = np.asarray(z, np.float64)
     if z.ndim != 2 or len(z) < 2:
         raise ValueError(f"principal axes need at least two rows of keys, got shape {z.shape}")
+    n = z.shape[1]
+    order = np.arange(n) if order is None else np.asarray(order, np.int64)
+    if sorted(order.tolist()) != list(range(n)):
+        raise ValueError(f"order is not a permutation of the {n} key coordinates")
     x = z - z.mean(axis=0)
     w, v = np.linalg.eigh(x.T @ x / (len(z) - 1))
-    v = v[:, np.argsort(-w, kind="stable")].T
-    big = np.abs(v).argmax(axis=1)
-    v *= np.where(v[np.arange(len(v)), big] < 0, -1.0, 1.0)[:, None]
-    return v
+    lead = np.argsort(-w, kind="stable")[: int((w > 1e-9 * max(float(w.max()), 1e-300)).sum())]
+    M = np.concatenate([v[:, lead], np.eye(n)[:, order[: n - len(lead)]]], axis=1)
+    q = np.linalg.qr(M)[0].T
+    big = np.abs(q).argmax(axis=1)
+    q *= np.where(q[np.arange(n), big] < 0, -1.0, 1.0)[:, None]
+    return q
 
 
 def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
-                    whiten: np.ndarray | None = None) -> np.ndarray:
+                    whiten: np.ndarray | None = None, order: np.ndarray | None = None) -> np.ndarray:
     """The key frame's rotation (float32, (L·H, L·H)), for ``MemoryBank``'s ``key_whiten`` slot
     (applied as ``R @ k`` to a centred, block-normalised key): the principal axes of the general
     prompts' raw keys ``raw`` prepared as a memory prepares keys (centred on ``mean``, blocks at
     unit norm, and whitened by ``whiten`` where the memory whitens, which the rotation then
-    follows: ``R @ whiten``).
+    follows: ``R @ whiten``), completed by the coordinates in ``order`` (``principal_axes``).
 
     Read from the user cache directory when computed before (an eigendecomposition of an
     (L·H)² matrix takes about a second on one core, and a memory derives its frame at every open);
@@ -56,6 +70,7 @@ def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
     h.update(raw.tobytes())
     h.update(b"-" if mean is None else np.ascontiguousarray(mean, np.float32).tobytes())
     h.update(b"-" if whiten is None else np.ascontiguousarray(whiten, np.float32).tobytes())
+    h.update(b"-" if order is None else np.ascontiguousarray(order, np.int64).tobytes())
     h.update(f"{parts}|{raw.shape}|v{VERSION}".encode())
     path = cache_dir() / f"axes-{h.hexdigest()}.npy"
     n = raw.shape[1]
@@ -69,7 +84,7 @@ def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
     W = None if whiten is None else np.asarray(whiten, np.float64)
     if W is not None:
         z = z @ W.T
-    R = principal_axes(z)
+    R = principal_axes(z, order)
     if W is not None:
         R = R @ W
     R = R.astype(np.float32)

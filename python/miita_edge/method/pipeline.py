@@ -116,12 +116,12 @@ class Pipeline:
             raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
-        if pr.key_axes == "general":  # rotated: the axes come in variance order, no coordinate order
+        order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
+        if pr.key_axes == "general":  # rotated: the axes, then the coordinates in that order
             raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
                                                   self.fingerprint), keys])
-            axes = cached_axes_for(raw, mean.astype(np.float16).astype(np.float32), parts, whiten)
+            axes = cached_axes_for(raw, mean.astype(np.float16).astype(np.float32), parts, whiten, order)
             return KeyFrame(mean, None, axes)
-        order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         return KeyFrame(mean, order, whiten)
 
     @property
