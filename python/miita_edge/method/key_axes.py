@@ -13,11 +13,9 @@ vector it is rebuilt from the model at open, so it costs no budget byte. The bas
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
-from ..runtime.fingerprint import cache_dir, write_cached
+from ..runtime.fingerprint import cache_dir, cached_matrix
 from .key_whitening import prepared
 
 __all__ = ["cached_axes_for", "principal_axes"]
@@ -66,27 +64,16 @@ def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
     (L·H)² matrix takes about a second on one core, and a memory derives its frame at every open);
     the file is named by a hash of every input."""
     raw = np.ascontiguousarray(raw, np.float32)
-    h = hashlib.blake2b(digest_size=12)
-    h.update(raw.tobytes())
-    h.update(b"-" if mean is None else np.ascontiguousarray(mean, np.float32).tobytes())
-    h.update(b"-" if whiten is None else np.ascontiguousarray(whiten, np.float32).tobytes())
-    h.update(b"-" if order is None else np.ascontiguousarray(order, np.int64).tobytes())
-    h.update(f"{parts}|{raw.shape}|v{VERSION}".encode())
-    path = cache_dir() / f"axes-{h.hexdigest()}.npy"
-    n = raw.shape[1]
-    try:
-        R = np.load(path)
-        if R.shape == (n, n) and R.dtype == np.float32 and np.isfinite(R).all():
-            return R
-    except (OSError, ValueError):
-        pass
+    as32 = (lambda a: None if a is None else np.asarray(a, np.float32))
+    key = [raw, as32(mean), as32(whiten), None if order is None else np.asarray(order, np.int64),
+           f"{parts}|{raw.shape}|v{VERSION}"]
+    return cached_matrix(cache_dir(), "axes", key, raw.shape[1], lambda: _axes(raw, mean, parts, whiten, order))
+
+
+def _axes(raw, mean, parts, whiten, order) -> np.ndarray:
     z = prepared(raw, mean, parts)
     W = None if whiten is None else np.asarray(whiten, np.float64)
     if W is not None:
         z = z @ W.T
     R = principal_axes(z, order)
-    if W is not None:
-        R = R @ W
-    R = R.astype(np.float32)
-    write_cached(path, lambda tmp: np.save(tmp, R))
-    return R
+    return R if W is None else R @ W

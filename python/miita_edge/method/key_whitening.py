@@ -19,12 +19,10 @@ plain re-derivation; ``paraphrase_keys`` does the model passes.
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 from ..runtime.engine import Engine
-from ..runtime.fingerprint import cache_dir, write_cached
+from ..runtime.fingerprint import cache_dir, cached_matrix
 from .calibration import cached_raw_keys
 from .key_layers import PARAPHRASES
 from .templates import Template
@@ -197,21 +195,9 @@ def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, p
     raw keys, the centring vector, the block count, the shrinkage), so a changed input never
     reads a stale matrix."""
     raw = np.ascontiguousarray(raw_paraphrases, np.float32)
-    h = hashlib.blake2b(digest_size=12)
-    h.update(raw.tobytes())
-    h.update(b"-" if mean is None else np.ascontiguousarray(mean, np.float32).tobytes())
-    h.update(f"{parts}|{float(shrink)!r}|{raw.shape}|v{VERSION}".encode())
-    path = cache_dir() / f"whitening-{h.hexdigest()}.npy"
-    n = raw.shape[1]
-    try:
-        M = np.load(path)
-        if M.shape == (n, n) and M.dtype == np.float32 and np.isfinite(M).all():
-            return M
-    except (OSError, ValueError):
-        pass
-    M = whitening_for(raw, mean, parts, shrink)
-    write_cached(path, lambda tmp: np.save(tmp, M))
-    return M
+    m = None if mean is None else np.asarray(mean, np.float32)
+    return cached_matrix(cache_dir(), "whitening", [raw, m, f"{parts}|{float(shrink)!r}|{raw.shape}|v{VERSION}"],
+                         raw.shape[1], lambda: whitening_for(raw, mean, parts, shrink))
 
 
 def whiten_replies(answer_tokens: list[int], min_tokens: int = REPLY_MIN_TOKENS) -> bool | None:

@@ -5,11 +5,13 @@ open, so the digest is cached in the user cache directory.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 from platformdirs import user_cache_dir
 
 from .gguf_model import file_sha256
@@ -35,6 +37,27 @@ def write_cached(path: Path, write: Callable[[Path], None]) -> None:
             tmp.unlink()
         except OSError:
             pass
+
+
+def cached_matrix(directory: Path, name: str, inputs: Sequence, n: int,
+                  compute: Callable[[], np.ndarray]) -> np.ndarray:
+    """An (n, n) float32 matrix derived from the model, read from ``directory/NAME-HASH.npy`` when
+    a finite file of that shape is there, else ``compute()``'d and written there (``write_cached``).
+    The hash covers every input (an array's bytes, None as "-", a text's UTF-8), so a changed input
+    never reads a stale file; a damaged one is recomputed."""
+    h = hashlib.blake2b(digest_size=12)
+    for x in inputs:
+        h.update(b"-" if x is None else x.encode() if isinstance(x, str) else np.ascontiguousarray(x).tobytes())
+    path = directory / f"{name}-{h.hexdigest()}.npy"
+    try:
+        M = np.load(path)
+        if M.shape == (n, n) and M.dtype == np.float32 and np.isfinite(M).all():
+            return M
+    except (OSError, ValueError):
+        pass
+    M = np.asarray(compute(), np.float32)
+    write_cached(path, lambda tmp: np.save(tmp, M))
+    return M
 
 
 def _cache_file() -> Path:
