@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-WIDTHS = (32, 40, 64, 80, 104, 128, 256, 512, 992, 1152, 1280)
+WIDTHS = (32, 40, 64, 80, 104, 128, 256, 512, 992, 1152, 1280, 1408, 1536)
 
 
 def extract(args) -> None:
@@ -114,6 +114,11 @@ def frames(d, prep, kw) -> dict:
         ship = d["order"]
         out["shipped order, second block first"] = lambda x, o=np.r_[ship[H:], ship[:H]]: x[:, o]
         out["general spread, second block first"] = lambda x, o=np.r_[wide[H:], wide[:H]]: x[:, o]
+    # the leading axes' projections stored before every coordinate (n + P bits unnarrowed): narrow
+    # keys are the axes, wide keys mostly the coordinates
+    for P in (128, 256):
+        out[f"{P} general axes, then all coordinates (overcomplete)"] = \
+            lambda x, v=principal_axes(pc, d["order"])[:P].T, o=d["order"]: np.concatenate([x @ v, x[:, o]], axis=1)
     R = np.random.default_rng(0).standard_normal((n, 512))
     out["random projection"] = lambda x, R=R: x @ R
     return out
