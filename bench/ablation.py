@@ -13,7 +13,7 @@ the same memory stream) and prints the markdown table: ΔOP with a paired bootst
 times noisy, the ratio within one run pair less so).
 
     python bench/ablation.py run --benchmark banking77 --budget 5% [--model GGUF] [--tag gemma]
-           [--mechanisms a,b] [--stages 1-4] [--limit-per-stage N] [--out bench-results/ablation]
+           [--mechanisms a,b] [--stages 1-4] [--limit-per-stage N] [--limit-train-per-stage N] [--out bench-results/ablation]
            [--data ../shared/data] [--threads 1]
     python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
 """
@@ -52,8 +52,9 @@ def run(args) -> int:
     unknown = [m for m in chosen if m not in MECHANISMS]
     if unknown:
         raise SystemExit(f"unknown mechanism(s) {', '.join(unknown)}; known: {', '.join(MECHANISMS)}")
-    part = (f"-stages{args.stages}" if args.stages else "") + (f"-rows{args.limit_per_stage}"
-                                                              if args.limit_per_stage else "")
+    part = ((f"-stages{args.stages}" if args.stages else "")
+            + (f"-rows{args.limit_per_stage}" if args.limit_per_stage else "")
+            + (f"-train{args.limit_train_per_stage}" if args.limit_train_per_stage else ""))
     base = Path(args.out) / args.tag / args.benchmark / (args.budget.replace("%", "pct") + part)
     shared = Path(args.out) / args.tag / args.benchmark
     methods = ["miita-default"] + [f"miita-default-without-{m}" for m in chosen
@@ -74,7 +75,9 @@ def run(args) -> int:
         if args.stages:
             cmd += ["--stages", args.stages]
         if args.limit_per_stage:
-            cmd += ["--limit-per-stage", str(args.limit_per_stage), "--limit-train-per-stage", "0"]
+            cmd += ["--limit-per-stage", str(args.limit_per_stage)]
+        if args.limit_per_stage or args.limit_train_per_stage is not None:
+            cmd += ["--limit-train-per-stage", str(args.limit_train_per_stage or 0)]
         print("$ " + " ".join(cmd), flush=True)
         rc = subprocess.call(cmd)
         if rc != 0:
@@ -141,6 +144,9 @@ def main(argv=None) -> int:
     r.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--stages", help="a subset of stages (miita-edge bench --stages), for the costly benchmarks")
+    r.add_argument("--limit-train-per-stage", type=int, metavar="N",
+                   help="the first N training rows of each stage (default: all), as the reporting runs of "
+                   "XQuAD and SuperNI learn")
     r.add_argument("--limit-per-stage", type=int, help="the first N dev rows of each stage (every training row "
                    "is still learned)")
     t = sub.add_parser("table")

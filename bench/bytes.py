@@ -27,7 +27,7 @@ every budget. A budget too small for one prototype is reported as such.
 
     python bench/bytes.py [--model GGUF] [--threads 1] [--benchmark banking77] [--stages 1-7]
         [--budgets 0.1%,0.25%,0.5%,1%,2%,5%] [--limit-train N] [--limit N] [--steered] [--cache DIR]
-        [--min-key-bits N]
+        [--min-key-bits N] [--set FIELD=VALUE]
 """
 from __future__ import annotations
 
@@ -121,6 +121,26 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopi
     return out
 
 
+def preset_with(settings: list[str]):
+    """The default preset with ``FIELD=VALUE`` settings (``bank.tau_k=0.7``, ``k_anchors=8``): a
+    probe's variant, typed as the field it replaces."""
+    from miita_edge.method.presets import default_preset
+
+    preset = default_preset()
+    for kv in settings:
+        name, _, value = kv.partition("=")
+        obj = preset
+        *path, last = name.split(".")
+        try:
+            for part in path:
+                obj = getattr(obj, part)
+            old = getattr(obj, last)
+        except AttributeError:
+            raise SystemExit(f"--set {kv}: the default preset has no field {name}") from None
+        setattr(obj, last, type(old)(value))
+    return preset
+
+
 def one_budget(engine, cache, spec, stages, items, spec_text: str, limit: int | None, args) -> dict:
     """A fresh memory learns every stage under ``limit`` bytes (None: unlimited); its account and
     its dev answers."""
@@ -129,8 +149,8 @@ def one_budget(engine, cache, spec, stages, items, spec_text: str, limit: int | 
 
     answers = [ex.output.strip() for s in stages for ex in s.train]
     with tempfile.TemporaryDirectory() as tmp:
-        m = Miita(memory=Path(tmp) / "mem", template=spec.template, engine=engine, extract_cache=cache,
-                  max_prompt_tokens=spec.max_prompt_tokens)
+        m = Miita(memory=Path(tmp) / "mem", preset=preset_with(args.set), template=spec.template, engine=engine,
+                  extract_cache=cache, max_prompt_tokens=spec.max_prompt_tokens)
         try:
             t0 = time.perf_counter()
             for s in stages:
@@ -207,12 +227,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="the benchmark's data directory "
                     "(default: ../shared/data/<its data name>)")
     ap.add_argument("--stages", default=None, help="stages taught, e.g. 1-3 (default: all)")
-    ap.add_argument("--budgets", default=BUDGETS, help=f"comma-separated (default {BUDGETS})")
+    ap.add_argument("--budgets", default=BUDGETS, help="comma-separated (default " + BUDGETS.replace("%", "%%") + ")")
     ap.add_argument("--limit-train", type=int, default=None, help="training rows taught per stage (default: all)")
     ap.add_argument("--limit", type=int, default=None, help="dev rows asked per stage (default: all)")
     ap.add_argument("--steered", action="store_true", help="also generate each steered answer (slower)")
     ap.add_argument("--cache", type=Path, default=ROOT / "bench-results" / "extract-cache",
                     help="extraction cache directory, shared by the budgets and by reruns")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a probe: a default-preset field set to VALUE (bank.tau_k=0.7); repeatable")
     ap.add_argument("--min-key-bits", type=int, default=None,
                     help="a probe: the narrowing floor (memory.prototype.MIN_KEY_BITS) set to N in this process")
     args = ap.parse_args(argv)

@@ -11,6 +11,7 @@ blocks, sign bits), no memory and no generation:
     python bench/narrow_keys.py extract [--model GGUF] --benchmark banking77 --data ../shared/data/banking77 --out keys.npz
     python bench/narrow_keys.py frames keys.npz
     python bench/narrow_keys.py gate keys.npz
+    python bench/narrow_keys.py sizes keys.npz
 
 Rows: the stream's training rows (dev rows left out) make the centroids, the dev rows are asked.
 ``frames``: the vote's accuracy (float query · stored bits) at K bits for the shipped order and for
@@ -181,6 +182,95 @@ def cmd_gate(path) -> None:
             print(f"| {K} | {name} | {100 * np.mean(kq & (vq == gold)):.1f} | {100 * kp.mean():.1f} |")
 
 
+def _vote_right(Z, y, Q, gold, labels, K) -> float:
+    """The one-centroid-per-answer vote's accuracy % at the first K kept coordinates."""
+    B = centroid_bits(Z[:, :K], y, labels)
+    return 100 * float(np.mean((Q[:, :K] @ B.T).argmax(1) == gold))
+
+
+def _gate_shares(Z, y, Q, gold, P, G, labels, K) -> tuple[float, float]:
+    """The shipped gate's (null at 1.64 sd, nearest-question bar at 1/sqrt(K)) share of dev rows kept
+    and right, and share of everyday requests ``P`` let through, with generic questions ``G``."""
+    from miita_edge.method.relevance import NEAREST_Z
+    B = centroid_bits(Z[:, :K], y, labels)
+
+    def sg(X):
+        return np.where(X[:, :K] >= 0, 1.0, -1.0)
+    gb = sg(G) @ B.T / K
+    null = gb.mean(0) + NEAREST_Z * gb.std(0)
+    out = []
+    for X in (Q, P):
+        vote = (X[:, :K] @ B.T).argmax(1)
+        best = (sg(X) @ B.T / K)[np.arange(len(X)), vote]
+        floor = (sg(X) @ sg(G).T / K).max(1) + 1 / np.sqrt(K)
+        out.append((best > np.maximum(null[vote], floor), vote))
+    (kq, vq), (kp, _) = out
+    return 100 * float(np.mean(kq & (vq == gold))), 100 * float(kp.mean())
+
+
+def cmd_sizes(path, halves: int = 20, seed: int = 0) -> None:
+    """Are the hand-written sets large enough? Each set decides one thing (the calibration inputs: the
+    centring and the coordinate order; the generic questions: the gate's bars; the paraphrase groups:
+    the whitening of a memory of replies); that thing is measured with the whole set and with
+    ``halves`` random halves of it. A set is large enough where its halves already agree with it
+    within a fraction of the spread that a dev-row interval resolves (one query of 308 is 0.3)."""
+    from miita_edge.method.calibration import key_order
+    d, _, kw = load(path)
+    parts = int(d["parts"])
+    rng = np.random.default_rng(seed)
+    labels = sorted(set(d["train_y"].tolist()))
+    y = d["train_y"].tolist()
+    gold = np.array([labels.index(v) if v in labels else -1 for v in d["dev_y"].tolist()])
+    n = d["train"].shape[1]
+    widths = (104, n)
+    shipped_order = key_order(d["calib"], parts)
+    print(f"shipped order re-derived from the 16 calibration keys: "
+          f"{'equal' if np.array_equal(shipped_order, d['order']) else 'DIFFERENT'}")
+
+    def frame(calib):
+        mean, order = calib.mean(0), key_order(calib, parts)
+        return (lambda raw: kw.prepared(raw, mean, parts)[:, order])
+
+    def summary(full, subs):
+        subs = np.asarray(subs)
+        return (f"{full:.1f} | {subs.mean():.1f} | {subs.min():.1f}–{subs.max():.1f} | "
+                f"{np.abs(subs - full).mean():.1f}")
+
+    print("| set (size) | measure | whole set | halves: mean | halves: range | mean distance |")
+    print("|---|---|---|---|---|---|")
+    c = d["calib"]
+    picks = [rng.choice(len(c), len(c) // 2, replace=False) for _ in range(halves)]
+    for K in widths:
+        f = frame(c)
+        full = _vote_right(f(d["train"]), y, f(d["dev"]), gold, labels, K)
+        subs = []
+        for s in picks:
+            g = frame(c[s])
+            subs.append(_vote_right(g(d["train"]), y, g(d["dev"]), gold, labels, K))
+        print(f"| calibration inputs ({len(c)}) | vote right %, {K} bits | {summary(full, subs)} |")
+    f = frame(c)
+    Z, Q, P, G = (f(d[k]) for k in ("train", "dev", "para", "generic"))
+    picks = [rng.choice(len(G), len(G) // 2, replace=False) for _ in range(halves)]
+    for K in widths:
+        full = _gate_shares(Z, y, Q, gold, P, G, labels, K)
+        subs = [_gate_shares(Z, y, Q, gold, P, G[s], labels, K) for s in picks]
+        for i, what in enumerate(("dev rows kept and right %", "everyday requests let through %")):
+            print(f"| generic questions ({len(G)}) | {what}, {K} bits | "
+                  f"{summary(full[i], [v[i] for v in subs])} |")
+    zp = kw.prepared(d["para"], c.mean(0), parts)
+    groups = d["para_g"]
+    ug = np.unique(groups)
+    zt, zq = kw.prepared(d["train"], c.mean(0), parts), kw.prepared(d["dev"], c.mean(0), parts)
+
+    def whitened_vote(sel):
+        keep = np.isin(groups, sel)
+        M = kw.whitening_matrix(kw.within_scatter(zp[keep], groups[keep]), kw.SHRINK)
+        return _vote_right(zt @ M, y, zq @ M, gold, labels, n)
+    full = whitened_vote(ug)
+    subs = [whitened_vote(rng.choice(ug, len(ug) // 2, replace=False)) for _ in range(halves)]
+    print(f"| paraphrase groups ({len(ug)}) | whitened vote right %, {n} bits | {summary(full, subs)} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -189,13 +279,15 @@ def main(argv=None) -> int:
     e.add_argument("--benchmark", default="banking77")
     e.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "banking77")
     e.add_argument("--out", type=Path, required=True)
-    for name in ("frames", "gate"):
+    for name in ("frames", "gate", "sizes"):
         sub.add_parser(name).add_argument("keys", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "extract":
         extract(args)
     elif args.cmd == "frames":
         cmd_frames(args.keys)
+    elif args.cmd == "sizes":
+        cmd_sizes(args.keys)
     else:
         cmd_gate(args.keys)
     return 0
