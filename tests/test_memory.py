@@ -1438,3 +1438,30 @@ def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():
         other = copy.deepcopy(bank)
         del other.protos[j]
         assert total - nbytes_size(other) == bank.proto_bytes(p)
+
+
+@pytest.mark.parametrize("tau_d,tau_merge", [(0.85, 0.5), (1.0, -1.0), (-1.0, 1.0)])
+def test_token_payloads_leave_tau_d_and_tau_merge_nothing_to_decide(tau_d, tau_merge):
+    """With token payloads (the default preset's) a write joins the prototype of an equal answer
+    (their similarity is 1, at or above any tau_d) and only equal answers may merge, so a memory
+    holds one prototype per distinct answer and repair never merges, whatever the two thresholds:
+    docs/method.md lists both as deciding nothing for the default. Checked against a count of the
+    distinct answers written, through a repair that must then evict."""
+    H = 16
+    rng = np.random.default_rng(7)
+    bank = MemoryBank(BankConfig(payload="tokens", key_precision="bit", tau_d=tau_d, tau_k=0.8,
+                                 tau_merge=tau_merge, shrink_keys=False), H)
+    answers = [np.array(t, np.int32) for t in ([5, 6], [5, 7], [9], [5, 6, 8])]
+    written = []
+    for i in range(40):
+        a = answers[int(rng.integers(len(answers)))]
+        bank.write(np.zeros((0, H), np.float32), a, rng.standard_normal(H).astype(np.float32))
+        written.append(tuple(a.tolist()))
+    assert sorted(tuple(p.tokens.tolist()) for p in bank.protos) == sorted(set(written))
+    assert sum(p.n for p in bank.protos) == 40
+    assert not bank.merge_one_pair()
+    logs = []
+    while len(bank.protos) > 1:  # down past pruning until evictions follow
+        logs.append(bank.repair(nbytes_size(bank) - 1, nbytes_size))
+    assert sum(log.merged for log in logs) == 0
+    assert sum(log.pruned for log in logs) >= 30 and sum(log.evicted for log in logs) == len(set(written)) - 1
