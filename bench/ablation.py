@@ -13,7 +13,8 @@ the same memory stream) and prints the markdown table: ΔOP with a paired bootst
 times noisy, the ratio within one run pair less so).
 
     python bench/ablation.py run --benchmark banking77 --budget 5% [--model GGUF] [--tag gemma]
-           [--mechanisms a,b] [--stages 1-4] [--limit-per-stage N] [--limit-train-per-stage N] [--out bench-results/ablation]
+           [--mechanisms a,b] [--stages 1-4] [--limit-per-stage N] [--limit-train-per-stage N] [--cells final]
+           [--out bench-results/ablation]
            [--data ../shared/data] [--threads 1]
     python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
 """
@@ -54,7 +55,8 @@ def run(args) -> int:
         raise SystemExit(f"unknown mechanism(s) {', '.join(unknown)}; known: {', '.join(MECHANISMS)}")
     part = ((f"-stages{args.stages}" if args.stages else "")
             + (f"-rows{args.limit_per_stage}" if args.limit_per_stage else "")
-            + (f"-train{args.limit_train_per_stage}" if args.limit_train_per_stage else ""))
+            + (f"-train{args.limit_train_per_stage}" if args.limit_train_per_stage else "")
+            + ("-final" if args.cells == "final" else ""))
     base = Path(args.out) / args.tag / args.benchmark / (args.budget.replace("%", "pct") + part)
     shared = Path(args.out) / args.tag / args.benchmark
     methods = ["miita-default"] + [f"miita-default-without-{m}" for m in chosen
@@ -67,7 +69,7 @@ def run(args) -> int:
             continue
         cmd = [sys.executable, "-m", "miita_edge.cli", "bench", "--benchmark", args.benchmark,
                "--data", str(Path(args.data) / DATA_DIRS[args.benchmark]), "--method", method,
-               "--budget", args.budget, "--split", "dev", "--cells", "summary", "--threads", str(args.threads),
+               "--budget", args.budget, "--split", "dev", "--cells", args.cells, "--threads", str(args.threads),
                "--out", str(out), "--extract-cache", str(shared / "extract"),
                "--baseline-cache", str(shared / "baseline"), "--answer-start", "text"]
         if args.model:
@@ -112,7 +114,8 @@ def table(args) -> int:
         a = _final(rd)
         T = len(rd["final_row_scores"])
         t_a = _seconds_per_query(default.parent, T)
-        rows.append(f"| {tag} | {bench} | {budget} | (default: OP {rd['op']:.1f}, BWT {rd['bwt']:+.1f}) | | | "
+        bwt = "not measured" if rd["bwt"] is None else f"{rd['bwt']:+.1f}"
+        rows.append(f"| {tag} | {bench} | {budget} | (default: OP {rd['op']:.1f}, BWT {bwt}) | | | "
                     f"{t_a:.2f} | {a.size} |")
         for res in sorted([*budget_dir.glob("miita-default-without-*/result.json"),
                            *budget_dir.glob("miita-default-with-*/result.json")]):
@@ -123,7 +126,7 @@ def table(args) -> int:
             mean, lo, hi = paired_interval(a, b, args.boot)
             name = res.parent.name.removeprefix("miita-default-")
             rows.append(f"| {tag} | {bench} | {budget} | {name} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
-                        f"{rv['bwt'] - rd['bwt']:+.1f} | {t_a:.2f} → {_seconds_per_query(res.parent, T):.2f} | "
+                        f"{'–' if rd['bwt'] is None else format(rv['bwt'] - rd['bwt'], '+.1f')} | {t_a:.2f} → {_seconds_per_query(res.parent, T):.2f} | "
                         f"{b.size} |")
     print("\n".join(rows))
     return 0
@@ -144,6 +147,8 @@ def main(argv=None) -> int:
     r.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     r.add_argument("--threads", type=int, default=1)
     r.add_argument("--stages", help="a subset of stages (miita-edge bench --stages), for the costly benchmarks")
+    r.add_argument("--cells", default="summary", choices=("summary", "final"),
+                   help="summary: OP, BWT and FWT (default); final: the final row alone, for the costly benchmarks")
     r.add_argument("--limit-train-per-stage", type=int, metavar="N",
                    help="the first N training rows of each stage (default: all), as the reporting runs of "
                    "XQuAD and SuperNI learn")

@@ -248,6 +248,22 @@ def test_summary_cells_compute_only_what_op_bwt_fwt_read(bench_dir, tmp_path, st
     assert (res["op"], res["bwt"], res["fwt"]) == (full["op"], full["bwt"], full["fwt"])
     assert not (tmp_path / "sum" / "cells" / "A-00-02.json").exists()
     assert "7 of 9 filled" in (tmp_path / "sum" / "result.md").read_text()
+
+
+def test_final_cells_compute_the_final_row_alone(bench_dir, tmp_path, stubs):
+    full = _run(bench_dir, tmp_path / "full")
+    stubs["predict"].clear()
+    res = _run(bench_dir, tmp_path / "fin", cells="final")
+    assert len(stubs["predict"]) == 3 and res["cells_filled"] == 3 and res["cells"] == "final"
+    A = res["matrix"].A
+    for t in range(3):
+        for tau in range(3):
+            if t == 2:
+                assert A[t, tau] == EXPECTED_A[t][tau]
+            else:
+                assert A[t, tau] != A[t, tau]  # NaN: not computed
+    assert res["op"] == full["op"]
+    assert res["final_row_scores"] == full["final_row_scores"]
     with pytest.raises(InputError, match="cells"):
         _run(bench_dir, tmp_path / "bad", cells="some")
 

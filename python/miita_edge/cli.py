@@ -236,9 +236,10 @@ def _add_bench(sub) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the frozen baseline (no FWT)")
     p.add_argument("--extract-cache", metavar="DIR", help="cache the frozen model's decode pass per training "
                    "example in DIR and reuse it across budgets and methods (results are unchanged; default: none)")
-    p.add_argument("--cells", choices=["all", "summary"], default="all", help="all: fill the whole matrix A "
-                   "(default); summary: only the cells OP, BWT and FWT read (final row, diagonal, first "
-                   "super-diagonal: 3T-2 of T*T), the others left empty; for sweeps on small machines")
+    p.add_argument("--cells", choices=["all", "summary", "final"], default="all", help="all: fill the whole matrix "
+                   "A (default); summary: only the cells OP, BWT and FWT read (final row, diagonal, first "
+                   "super-diagonal: 3T-2 of T*T), the others left empty; final: the final row alone (OP); for "
+                   "sweeps and ablations on small machines")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress on stderr (default: when stderr is a terminal)")
     p.add_argument("--model", metavar="GGUF", help="GGUF model file (default: $MIITA_EDGE_MODEL or the embedded "

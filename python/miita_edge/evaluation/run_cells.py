@@ -27,7 +27,10 @@ __all__ = ["Cells", "Learner", "baseline_cells", "cell_wanted", "fill_matrix", "
 
 
 def cell_wanted(mode: str, t: int, tau: int, T: int) -> bool:
-    """Whether cell A[t, τ] is computed: all of them, or only those OP/BWT/FWT read."""
+    """Whether cell A[t, τ] is computed: all of them, only those OP/BWT/FWT read ("summary"), or
+    only the final row ("final": OP alone, what a paired comparison of two variants reads)."""
+    if mode == "final":
+        return t == T - 1
     return mode == "all" or t == T - 1 or tau == t or tau == t + 1
 
 

@@ -24,7 +24,7 @@ __all__ = ["AUTO", "CELL_MODES", "RESULT_FORMAT", "RunSetup", "claim_out_dir", "
            "sha", "stage_records_frozen", "write_json"]
 
 RESULT_FORMAT = "miita-edge-bench/1"
-CELL_MODES = ("all", "summary")
+CELL_MODES = ("all", "summary", "final")
 AUTO = "auto"  # max_prompt_tokens: the benchmark's own limit
 
 

@@ -78,7 +78,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
     is loaded from ``model`` with ``threads`` only when something has to be computed).
     ``cells``: ``"all"`` fills the whole matrix A (the protocol); ``"summary"`` computes only the
     cells that OP, BWT and FWT read — the final row, the diagonal and the first super-diagonal
-    (3T−2 of T² cells; 43 instead of 225 on SuperNI) — and leaves the rest empty (NaN). It is for
+    (3T−2 of T² cells; 43 instead of 225 on SuperNI) — and leaves the rest empty (NaN); ``"final"``
+    only the final row (OP; T cells), what a paired comparison of two variants reads. It is for
     sweeps on small machines and is recorded in the result.
     ``answer_start``: ``"newline"`` = the newline stop ends an answer wherever it comes, so a model
     that opens with a newline answers "" (the archived results' rule); ``"text"`` = only after the
@@ -129,7 +130,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
 def _per_stage(setup: RunSetup, A: CLMatrix, base_scores, records) -> list[dict]:
     T = setup.T
     return [{"stage": s.name, "index_in_meta": s.index + 1, "n_train": len(s.train), "n_test": len(s.test),
-             "rows": s.rows, "score_just_learned": A.A[tau, tau], "score_final": A.A[T - 1, tau],
+             "rows": s.rows, "score_just_learned": None if math.isnan(A.A[tau, tau]) else A.A[tau, tau],
+             "score_final": A.A[T - 1, tau],
              "baseline": None if base_scores is None else base_scores[tau],
              "learn_seconds": records[tau]["learn_seconds"], "memory_bytes_after": int(records[tau]["memory_bytes"]),
              "stream_bytes_learned": int(records[tau]["stream_bytes_learned"])}
@@ -160,6 +162,7 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
     eval_s = math.fsum(c["seconds"] for c in cell_data.values())
     base_s = math.fsum(c.get("seconds", 0.0) for c in base)
     limit_test, limit_train = setup.limits
+    final_only = setup.cells_mode == "final"  # no diagonal: BWT and FWT are not measured
     result: dict[str, Any] = {
         "format": RESULT_FORMAT, "benchmark": setup.spec.name, "data_dir": str(Path(data_dir).expanduser()),
         "benchmark_meta": str(setup.meta.get("benchmark")), "method": setup.method,
@@ -173,8 +176,8 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "row_window": setup.config["row_window"], "rows_used": {s.name: s.rows for s in setup.stages},
         "order_seed": setup.config["order_seed"], "replies_file": setup.config.get("replies_file"),
         "answer_start": setup.answer_start,
-        "matrix": A, "op": A.op(), "bwt": A.bwt(),
-        "fwt": None if base_scores is None else A.fwt(base_scores),
+        "matrix": A, "op": A.op(), "bwt": None if final_only else A.bwt(),
+        "fwt": None if base_scores is None or final_only else A.fwt(base_scores),
         "baseline": base_scores, "baseline_method": setup.baseline,
         "per_stage": _per_stage(setup, A, base_scores, records),
         "budget_spec": setup.budget, "stream_bytes": setup.learned_stream, "budget_bytes": setup.budget_bytes,
