@@ -17,6 +17,7 @@ times noisy, the ratio within one run pair less so).
            [--out bench-results/ablation]
            [--data ../shared/data] [--threads 1]
     python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
+    python bench/ablation.py matrix [--out bench-results/ablation]   (one row per mechanism)
 """
 from __future__ import annotations
 
@@ -132,6 +133,36 @@ def table(args) -> int:
     return 0
 
 
+def matrix(args) -> int:
+    """The same pairs as ``table``, one row per mechanism and one column per (benchmark, budget, model):
+    ΔOP without the mechanism, bold where the paired 95% interval excludes 0; blank where not run."""
+    root = Path(args.out)
+    cells: dict[tuple, dict[str, tuple]] = {}
+    for default in sorted(root.glob("*/*/*/miita-default/result.json")):
+        budget_dir = default.parent.parent
+        col = (budget_dir.parent.name, budget_dir.name, budget_dir.parent.parent.name)
+        a = _final(json.loads(default.read_text("utf-8")))
+        for res in sorted(budget_dir.glob("miita-default-without-*/result.json")):
+            b = _final(json.loads(res.read_text("utf-8")))
+            cells.setdefault(col, {})[res.parent.name.removeprefix("miita-default-without-")] = \
+                paired_interval(a, b, args.boot)
+    cols = sorted(cells, key=lambda c: (c[0], c[1], c[2]))
+    names = sorted({m for c in cells.values() for m in c})
+    print("| without | " + " | ".join(f"{b} {bud.split('-')[0]} {tag}" for b, bud, tag in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for m in names:
+        row = []
+        for c in cols:
+            if m not in cells[c]:
+                row.append("")
+                continue
+            mean, lo, hi = cells[c][m]
+            v = f"{mean:+.1f}"
+            row.append(f"**{v}**" if lo > 0 or hi < 0 else v)
+        print(f"| {m} | " + " | ".join(row) + " |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -157,8 +188,11 @@ def main(argv=None) -> int:
     t = sub.add_parser("table")
     t.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     t.add_argument("--boot", type=int, default=10_000)
+    mx = sub.add_parser("matrix", help="one row per mechanism, one column per benchmark, budget and model")
+    mx.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
+    mx.add_argument("--boot", type=int, default=10000)
     args = ap.parse_args(argv)
-    return run(args) if args.cmd == "run" else table(args)
+    return {"run": run, "table": table, "matrix": matrix}[args.cmd](args)
 
 
 if __name__ == "__main__":
