@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,10 @@ def matrix(args) -> int:
                 paired_interval(a, b, args.boot)
     cols = sorted(cells, key=lambda c: (c[0], c[1], c[2]))
     names = sorted({m for c in cells.values() for m in c})
-    print("| without | " + " | ".join(f"{b} {bud.split('-')[0]} {tag}" for b, bud, tag in cols) + " |")
+    def label(bench, budget, tag):  # the row limits are in table.md; a named run (1pct-repair) keeps its name
+        short = re.sub(r"-(stages[\d,-]+?(?=-rows|-train|-final|$)|rows\d+|train\d+|final)", "", budget)
+        return f"{bench} {short} {tag}"
+    print("| without | " + " | ".join(label(*c) for c in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for m in names:
         row = []
