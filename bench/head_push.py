@@ -26,18 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import ROOT, print_header  # noqa: E402
 
 
-def statistics(engine, stride: int):
-    """(μ, precision) as ``head_geometry.head_statistics`` computes them, with another row stride."""
-    from miita_edge.method import head_geometry as hg
-
-    old = hg.COV_STRIDE
-    hg.COV_STRIDE = stride
-    try:
-        return hg.head_statistics(engine)
-    finally:
-        hg.COV_STRIDE = old
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF path (default: the embedded Gemma-3-270M)")
@@ -56,8 +44,8 @@ def main(argv=None) -> int:
         states = hg._states(engine, tpl)
         mult = engine.info.logit_mult
         words = hg.word_tokens(engine, hg.N_WORDS * args.draws)
-        mu4, P4 = statistics(engine, hg.COV_STRIDE)
-        mu1, P1 = statistics(engine, 1)
+        mu4, P4 = hg.head_statistics(engine)
+        mu1, P1 = hg.head_statistics(engine, stride=1)
 
         def push(mu, P, toks, pct=hg.PUSH_PERCENTILE):
             s = hg.needed_steps(engine, mu, P, states, toks, mult)

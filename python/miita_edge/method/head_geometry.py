@@ -71,8 +71,9 @@ class HeadGeometry:
         return (d / gain).astype(np.float32)
 
 
-def head_statistics(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
-    """(μ, (Σ + ridge·I)⁻¹) of the head rows, streamed in chunks (the head is never held dense)."""
+def head_statistics(engine: Engine, stride: int = COV_STRIDE) -> tuple[np.ndarray, np.ndarray]:
+    """(μ, (Σ + ridge·I)⁻¹) of the head rows, streamed in chunks (the head is never held dense);
+    the covariance from every ``stride``-th row."""
     lm = engine.lm_head
     V, H = lm.head.n_vocab, lm.head.n_embd
     total = np.zeros(H, np.float64)
@@ -82,7 +83,7 @@ def head_statistics(engine: Engine) -> tuple[np.ndarray, np.ndarray]:
     S = np.zeros((H, H), np.float64)
     n = 0
     for a in range(0, V, CHUNK):
-        R = lm.rows(np.arange(a, min(V, a + CHUNK), COV_STRIDE)).astype(np.float64) - mu
+        R = lm.rows(np.arange(a, min(V, a + CHUNK), stride)).astype(np.float64) - mu
         S += R.T @ R
         n += len(R)
     S /= max(n, 1)
