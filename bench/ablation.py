@@ -4,7 +4,7 @@ place? (docs/method.md, "Ablation".)
 ``run`` runs ``miita-edge bench --split dev --cells summary`` for the default and for every
 ``miita-default-without-X`` whose mechanism acts on the benchmark (``evaluation/ablation.py``:
 label mechanisms on labels, reply mechanisms on the canned replies, repair mechanisms only under a
-budget tight enough to repair), one after another in one process each, sharing one extraction cache
+byte budget), one after another in one process each, sharing one extraction cache
 and one frozen baseline, so only the answers differ. Resumable: a finished run is read back.
 
 ``table`` pairs each variant with the default query by query on the final row (the same dev rows,
@@ -42,8 +42,8 @@ def acts(mechanism_acts_on: str, benchmark: str, budget: str) -> bool:
     """Whether a mechanism can change an answer of this benchmark at this budget."""
     if mechanism_acts_on == "replies":
         return benchmark in REPLIES
-    if mechanism_acts_on == "tight":
-        return budget.endswith("%") and float(budget[:-1]) <= 1.0
+    if mechanism_acts_on == "repair":
+        return budget not in ("none", "")
     return True
 
 

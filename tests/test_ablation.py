@@ -24,7 +24,7 @@ def _changed(a: dict, b: dict, prefix: str = "") -> set[str]:
 
 EXPECTED = {
     "centroid-vote": {"centroid_vote"}, "generic-null": {"null_gate"},
-    "relevance-gate": {"relevance_gate", "null_gate"}, "recovery": {"recover"},
+    "relevance-gate": {"relevance_gate", "null_gate"},
     "head-direction": {"direction", "eta_unit", "eta", "gate"}, "measured-layers": {"key_select"},
     "hold": {"hold_min_tokens"}, "whitening": {"key_whitening"},
     "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"},
@@ -51,7 +51,7 @@ def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
     from miita_edge.evaluation.ablation import CANDIDATES, with_candidate
 
     want = {"paraphrase-reach": {"single_reach"}, "abstain": {"abstain"}, "reach-abstain": {"single_reach", "abstain"},
-            "general-axes": {"key_axes"}}
+            "general-axes": {"key_axes"}, "push-x0.8": {"eta"}, "push-x1.25": {"eta"}}
     assert set(CANDIDATES) == set(want)
     for name, fields in want.items():
         assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields

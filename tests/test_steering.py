@@ -197,79 +197,6 @@ def test_prefix_direction_matches_bruteforce(seed, step, J):
     assert calls == [(j, step) for j in consistent]
 
 
-def ref_recover_members(step, generated, seqs, ids):
-    """Recovery, re-derived: exact prefix matches if any; else answers that begin with the generated
-    first token and differ elsewhere before ``step`` in at most ceil(step / 8) places."""
-    exact = [int(j) for j in ids if len(seqs[j]) > step and list(seqs[j][:step]) == list(generated[:step])]
-    if exact or step == 0:
-        return exact
-    out = []
-    for j in ids:
-        seq = list(seqs[j])
-        if len(seq) <= step or seq[0] != generated[0]:
-            continue
-        diffs = sum(1 for a, b in zip(seq[:step], generated[:step]) if a != b)
-        if diffs <= math.ceil(step / 8):
-            out.append(int(j))
-    return out
-
-
-@settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), step=st.integers(0, 20), J=st.integers(0, 6))
-def test_recovery_matches_bruteforce(seed, step, J):
-    rng = np.random.default_rng(seed)
-    vocab = 4
-    seqs = [rng.integers(0, vocab, size=rng.integers(0, 24)).tolist() for _ in range(J)]
-    generated = rng.integers(0, vocab, size=step + 1).tolist()
-    if J and rng.random() < 0.7:  # an answer that was followed, then slipped in a few places
-        base = (seqs[0] + [0] * (step + 1))[: step + 1]
-        for i in rng.choice(step + 1, size=rng.integers(0, 4), replace=True):
-            base[int(i)] = int(rng.integers(0, vocab))
-        generated = base
-    ids = rng.permutation(J)[: rng.integers(0, J + 1)] if J else np.zeros(0, int)
-    weights = rng.dirichlet(np.ones(len(ids))) if len(ids) else np.zeros(0)
-    H = 8
-    dirs = {(j, s): rng.standard_normal(H) for j in range(J) for s in range(24)}
-    calls = []
-
-    def dir_fn(j, s):
-        calls.append(j)
-        return dirs[(j, s)]
-
-    got = steering.prefix_direction(step, generated, seqs, ids, weights, dir_fn, recover=True)
-    members = ref_recover_members(step, generated, seqs, ids)
-    assert sorted(calls) == sorted(members)
-    if not members:
-        assert got is None
-    else:
-        w = {int(j): float(x) for j, x in zip(ids, weights)}
-        acc = sum(w[j] * dirs[(j, step)] for j in members)
-        assert np.allclose(got, acc / np.linalg.norm(acc), atol=1e-6)
-    # without recovery, only exact prefixes count (the rule before it)
-    calls.clear()
-    steering.prefix_direction(step, generated, seqs, ids, weights, dir_fn)
-    assert sorted(calls) == sorted(int(j) for j in ids
-                                   if len(seqs[j]) > step and list(seqs[j][:step]) == list(generated[:step]))
-
-
-def test_recovery_by_hand():
-    """A 20-token reply with its 5th token replaced keeps steering to its own next tokens; a second
-    slip within the first 8 positions, or a wrong first token, ends it."""
-    reply = list(range(10, 30))
-    e = {s: np.eye(30)[t] for s, t in enumerate(reply)}
-    fn = lambda j, s: e[s]  # noqa: E731
-    slipped = reply[:4] + [99] + reply[5:12]
-    d = steering.prefix_direction(12, slipped, [reply], np.array([0]), np.array([1.0]), fn, recover=True)
-    assert d is not None and int(np.argmax(d)) == reply[12]
-    assert steering.prefix_direction(12, slipped, [reply], np.array([0]), np.array([1.0]), fn) is None
-    assert steering.slips_allowed(5) == 1 and steering.slips_allowed(12) == 2
-    two_early = reply[:2] + [98] + reply[3:4] + [99] + reply[5:7]
-    assert steering.prefix_direction(7, two_early, [reply], np.array([0]), np.array([1.0]), fn, recover=True) is None
-    wrong_first = [97] + reply[1:12]
-    assert steering.prefix_direction(12, wrong_first, [reply], np.array([0]), np.array([1.0]), fn,
-                                     recover=True) is None
-
-
 def test_prefix_direction_by_hand():
     e = np.eye(3)
     seqs = [[7, 8, 9], [7, 5], [7, 8], [4]]
@@ -328,12 +255,12 @@ def test_unit_anchor_fast_path_matches_reference_path():
 
 # ------------------------------------------------------------------ the hold
 
-def ref_hold_target(step, generated, seqs, ids, weights, min_tokens, recover):
-    """Brute force: the steering members (``ref_recover_members`` or exact prefixes), each token's
+def ref_hold_target(step, generated, seqs, ids, weights, min_tokens):
+    """Brute force: the steering members (exact prefixes), each token's
     summed weight, the lead (largest; ties: the token met first in weight order), and whether the
     heaviest member giving the lead stores at least min_tokens tokens."""
     exact = [int(j) for j in ids if len(seqs[j]) > step and list(seqs[j][:step]) == list(generated[:step])]
-    members = exact if (exact or not recover) else ref_recover_members(step, generated, seqs, ids)
+    members = exact
     if not members:
         return None
     w = {int(j): float(x) for j, x in zip(ids, weights)}
@@ -357,8 +284,8 @@ def ref_hold_target(step, generated, seqs, ids, weights, min_tokens, recover):
 
 @settings(max_examples=300, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), step=st.integers(0, 12), J=st.integers(0, 6),
-       min_tokens=st.integers(1, 20), recover=st.booleans())
-def test_hold_target_matches_bruteforce(seed, step, J, min_tokens, recover):
+       min_tokens=st.integers(1, 20))
+def test_hold_target_matches_bruteforce(seed, step, J, min_tokens):
     rng = np.random.default_rng(seed)
     vocab = 3
     seqs = [rng.integers(0, vocab, size=rng.integers(0, 24)).tolist() for _ in range(J)]
@@ -367,8 +294,8 @@ def test_hold_target_matches_bruteforce(seed, step, J, min_tokens, recover):
     weights = rng.dirichlet(np.ones(len(ids))) if len(ids) else np.zeros(0)
     if len(ids) > 1 and rng.random() < 0.3:
         weights = np.full(len(ids), 1.0 / len(ids))  # exact ties between tokens
-    got = steering.hold_target(step, generated, seqs, ids, weights, min_tokens, recover)
-    assert got == ref_hold_target(step, generated, seqs, ids, weights, min_tokens, recover)
+    got = steering.hold_target(step, generated, seqs, ids, weights, min_tokens)
+    assert got == ref_hold_target(step, generated, seqs, ids, weights, min_tokens)
 
 
 def test_hold_target_by_hand():

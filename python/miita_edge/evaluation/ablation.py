@@ -21,7 +21,7 @@ __all__ = ["CANDIDATES", "MECHANISMS", "Mechanism", "with_candidate", "without"]
 @dataclass(frozen=True)
 class Mechanism:
     name: str
-    acts_on: str  # "all", "labels" or "replies" (answers of 16 tokens or more), "tight" (repair under a budget)
+    acts_on: str  # "all", "labels" or "replies" (answers of 16 tokens or more), "repair" (acts only where a byte budget makes repair run)
     off: Callable[[Preset], None]  # switches it off in place (a candidate's: on)
     what: str
 
@@ -57,7 +57,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("centroid-vote", "all", _set(centroid_vote=False), "the vote reads anchors only, not each answer's centroid"),
     Mechanism("generic-null", "all", _set(null_gate=False), "the relevance gate without the generic-question null"),
     Mechanism("relevance-gate", "all", _no_gate, "no relevance gate at all: every query is steered by its vote"),
-    Mechanism("recovery", "all", _set(recover=False), "a divergent token lets the reply go"),
     Mechanism("head-direction", "all", _steer_rows,
               "steer along unit head rows at 0.3 of the hidden norm, gated (the default's steering before the "
               "head geometry and the measured push)"),
@@ -65,8 +64,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               "key layers at 2/3 and 1/2 of the depth instead of the two measured on the model"),
     Mechanism("hold", "replies", _set(hold_min_tokens=0), "no hold: a token no steering answer has ends the steering"),
     Mechanism("whitening", "replies", _set(key_whitening="none"), "reply memories keep unwhitened keys"),
-    Mechanism("ward-fold", "tight", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
-    Mechanism("narrowing", "tight", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
+    Mechanism("ward-fold", "repair", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
+    Mechanism("narrowing", "repair", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
 )}
 
 
@@ -78,6 +77,10 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("abstain", "all", _set(abstain=True),
               "where the nearest retrieved answer is not trusted, nothing steers"),
     Mechanism("reach-abstain", "all", _set(single_reach="paraphrase", abstain=True), "both of the above"),
+    Mechanism("push-x0.8", "all", _set(eta=0.8),
+              "the measured push G scaled by 0.8: the low end of its estimate (other word draws, lower percentiles)"),
+    Mechanism("push-x1.25", "all", _set(eta=1.25),
+              "the measured push G scaled by 1.25: the high end of its estimate (higher percentiles)"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
 )}

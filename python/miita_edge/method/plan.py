@@ -204,10 +204,10 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
 
     def plan(step: int, generated) -> np.ndarray | None:
         return prefix_direction(step, generated, index.seqs, ids, weights, dir_fn,
-                                normalize=pr.direction != "head", recover=pr.recover)
+                                normalize=pr.direction != "head")
 
     # the leading stored answer's rest: Engine.generate verifies it in one batched decode (runtime.draft)
-    plan.draft = lambda generated: leading_answer(generated, index.seqs, ids, weights, pr.recover)
+    plan.draft = lambda generated: leading_answer(generated, index.seqs, ids, weights)
 
     held = pr.hold_min_tokens > 0 and len(ids) > 0 and engine is not None  # no engine: nothing generates
     hold = _hold(pr, engine, index, ids, weights, geometry) if held else None
@@ -224,7 +224,7 @@ def _hold(pr: Preset, engine: Engine, index: RetrievalIndex, ids: np.ndarray, we
     precision = geometry.precision if geometry is not None else None
 
     def hold(step: int, generated, logits: np.ndarray, token: int) -> np.ndarray | None:
-        target = hold_target(step, generated, index.seqs, ids, weights, pr.hold_min_tokens, pr.recover)
+        target = hold_target(step, generated, index.seqs, ids, weights, pr.hold_min_tokens)
         if target is None or token in target[1]:
             return None
         return lead_push(logits, target[0], engine.lm_head.rows, precision, mult)

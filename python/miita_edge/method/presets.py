@@ -71,10 +71,6 @@ class Preset:
     # What eta is relative to: "hidden", the query's hidden norm ‖h_q‖ (the addition is
     # eta·‖h_q‖·α·d̄); or "push", the model's measured logit push G (eta·G·α·Σ w d, in logits).
     eta_unit: str = "hidden"
-    # After a generated token that no steering answer has at its position, answers that began with
-    # the generated first token and differ in at most one token per 8 positions keep steering
-    # (steering.prefix_direction's recovery) instead of the memory letting go of the reply.
-    recover: bool = False
     # While a reply leads the steering (its answer stores at least hold_min_tokens tokens), a
     # produced token that none of the steering answers has at that position is replaced: the step is
     # decoded again with an addition that puts the leading token one logit above it
@@ -192,8 +188,6 @@ class Preset:
             raise StoreError(f"preset direction {self.direction!r} is not 'row' or 'head'")
         if self.eta_unit not in ("hidden", "push"):
             raise StoreError(f"preset eta_unit {self.eta_unit!r} is not 'hidden' or 'push'")
-        if not isinstance(self.recover, bool):
-            raise StoreError(f"preset recover {self.recover!r} is not true or false")
         if not (isinstance(self.hold_min_tokens, int) and not isinstance(self.hold_min_tokens, bool)
                 and self.hold_min_tokens >= 0):
             raise StoreError(f"preset hold_min_tokens {self.hold_min_tokens!r} is not a whole number >= 0")
@@ -217,7 +211,7 @@ def default_preset() -> Preset:
         key_depths=DEFAULT_KEY_DEPTHS, key_pooling=("last", "mean"), key_select="paraphrase",
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
-        recover=True, hold_min_tokens=16,
+        hold_min_tokens=16,
         version=12)
 
 
@@ -246,18 +240,18 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
                      "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_depths": [0.5],
                      "key_pooling": [], "key_order": "index", "relevance_gate": False, "centroid_vote": False,
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
+                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 2): {"bank": {"anchor_fold": "closest"}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3,
                      "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths",
-                     "null_gate": False, "null_rule": "tail", "eta_unit": "hidden", "recover": False,
+                     "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
                      "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 3): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_pooling": [],
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
+                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 4): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "direction": "row",
                      "key_select": "depths", "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
-                     "recover": False, "hold_min_tokens": 0, "key_whitening": "none"},
-    ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "recover": False,
+                     "hold_min_tokens": 0, "key_whitening": "none"},
+    ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail",
                      "hold_min_tokens": 0, "key_whitening": "none"},
     ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "hold_min_tokens": 0,
                      "key_whitening": "none"},
@@ -277,7 +271,12 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
 _RERANK = ("the rerank (the model read the vote's leading replies and rescaled their weights, versions "
            "8-12) was removed: the ablation on dev rows measured no gain for it, at over a third of a "
            "reply's time (docs/method.md, Ablation)")
+_RECOVERY = ("recovery (after a generated token no steering answer had, answers that began with the "
+             "generated first token and differed in at most one token per 8 positions kept steering; versions "
+             "6-12) was removed: on dev rows it changed no answer, greedy or sampled at temperature 0.8, on "
+             "labels or replies, on either model (docs/method.md, Ablation)")
 RETIRED_FIELDS: dict[str, str] = {
+    "recover": _RECOVERY,
     "rerank_lambda": _RERANK,
     "rerank_top": _RERANK,
     "rerank_min_tokens": _RERANK + "; its other use, the whitening's reply length, is key_whitening.REPLY_MIN_TOKENS",

@@ -96,33 +96,17 @@ def vote(ids: np.ndarray, weights: np.ndarray, labels: Sequence[object]):
     return max(acc.items(), key=lambda kv: kv[1])[0] if acc else None
 
 
-def slips_allowed(step: int) -> int:
-    """How many generated tokens may differ from a steering answer's own before ``step`` while it
-    still steers (``prefix_direction``'s recovery): one per 8 answer positions begun. A reply that
-    began right survives a sampled (or a weakly pushed) token now and then; an answer that has
-    turned into another text is no longer pushed."""
-    return (step + 7) // 8
-
-
 def consistent_members(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
-                       weights: np.ndarray, recover: bool = False) -> list[tuple[int, float]]:
+                       weights: np.ndarray) -> list[tuple[int, float]]:
     """The (prototype, weight) pairs that steer at ``step``: those whose answer is longer than
-    ``step`` and whose first ``step`` tokens equal ``generated[:step]``; with ``recover``, when there
-    are none, those whose first token was generated and whose other tokens before ``step`` differ
-    from the generated ones in at most ``slips_allowed(step)`` places (``prefix_direction``)."""
+    ``step`` and whose first ``step`` tokens equal ``generated[:step]`` (``prefix_direction``)."""
     prefix = [int(t) for t in generated[:step]]
-    members = [(int(j), float(w)) for j, w in zip(ids, weights)
-               if len(seqs[j]) > step and [int(t) for t in seqs[j][:step]] == prefix]
-    if not members and recover and step > 0:
-        limit = slips_allowed(step)
-        members = [(int(j), float(w)) for j, w in zip(ids, weights)
-                   if len(seqs[j]) > step and int(seqs[j][0]) == prefix[0]
-                   and sum(int(a) != b for a, b in zip(seqs[j][:step], prefix)) <= limit]
-    return members
+    return [(int(j), float(w)) for j, w in zip(ids, weights)
+            if len(seqs[j]) > step and [int(t) for t in seqs[j][:step]] == prefix]
 
 
 def hold_target(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
-                weights: np.ndarray, min_tokens: int, recover: bool = False) -> tuple[int, frozenset[int]] | None:
+                weights: np.ndarray, min_tokens: int) -> tuple[int, frozenset[int]] | None:
     """What the hold (``Preset.hold_min_tokens``) defends at ``step``: (the leading token, every
     steering answer's token), or None where the memory does not steer a reply here.
 
@@ -131,7 +115,7 @@ def hold_target(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray],
     giving it stores at least ``min_tokens`` tokens. A produced token among the steering answers'
     tokens is the model choosing between the memory's candidates and stands; one outside them
     (a near-identical row that the push raised as well, "if" for "If") is what the hold replaces."""
-    members = consistent_members(step, generated, seqs, ids, weights, recover)
+    members = consistent_members(step, generated, seqs, ids, weights)
     if not members:
         return None
     by_token: dict[int, float] = {}
@@ -179,7 +163,7 @@ def lead_push(logits: np.ndarray, lead: int, rows: Callable[[list[int]], np.ndar
 
 def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
                      weights: np.ndarray, dir_fn: Callable[[int, int], np.ndarray],
-                     normalize: bool = True, recover: bool = False) -> np.ndarray | None:
+                     normalize: bool = True) -> np.ndarray | None:
     """Norm(Σ_{j consistent} w_j d_{j,step}) or None when no retrieved answer continues the prefix.
 
     A prototype j is consistent at ``step`` when its answer is longer than
@@ -188,12 +172,8 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
     geometry), W_lead being the largest total weight that the consistent answers give one token at
     this step: the vote's leading token gets the full push (a gain of one unit) and every other
     candidate its share of the lead's weight, however the weights are spread.
-    ``recover``: when no answer is consistent, those whose first token was generated and whose
-    other tokens before ``step`` differ from the generated ones in at most ``slips_allowed(step)``
-    places, position by position, are taken as consistent: a reply that started right is pushed
-    back onto its own next token after a divergent one, instead of losing the memory for the rest.
-    """
-    members = consistent_members(step, generated, seqs, ids, weights, recover)
+"""
+    members = consistent_members(step, generated, seqs, ids, weights)
     acc = None
     by_token: dict[int, float] = {}
     for j, w in members:
@@ -210,14 +190,14 @@ def prefix_direction(step: int, generated: Sequence[int], seqs: Sequence[np.ndar
     return (acc / n).astype(np.float32) if n > 0 else None
 
 
-def leading_answer(generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray, weights: np.ndarray,
-                   recover: bool = False) -> list[int]:
+def leading_answer(generated: Sequence[int], seqs: Sequence[np.ndarray], ids: np.ndarray,
+                   weights: np.ndarray) -> list[int]:
     """The rest of the steering answer of largest weight after ``generated`` (ties: the first in
     ``ids`` order), [] when none steers there: what the memory expects the model to say next, the
     draft that ``runtime.draft`` verifies in one batched decode. The members are
     ``consistent_members``' at step ``len(generated)``, so the draft follows the answers that steer."""
     step = len(generated)
-    members = consistent_members(step, generated, seqs, ids, weights, recover)
+    members = consistent_members(step, generated, seqs, ids, weights)
     if not members:
         return []
     j = max(members, key=lambda m: m[1])[0]  # max keeps the first of equal weights
