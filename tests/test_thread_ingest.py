@@ -154,14 +154,19 @@ def test_only_one_prompt_per_decode_keeps_verbatim_inputs_exact_repeats(engine, 
     the key the same prompt gets at ask time, so every verbatim training input is steered; a
     batched key is within rounding of it, enough to flip sign bits, so the repeat is not exact."""
     from miita_edge.miita import KeyOptions, Miita
+    from miita_edge.method.presets import default_preset
     from miita_edge.streams import Example
 
     rows = [Example(x, f"unique answer {i}", line=i + 1) for i, (x, _) in enumerate(ROWS[10:18])]
+    repeat_only = default_preset()
+    repeat_only.single_reach = "repeat"
     steered = {}
-    for contexts in (1, 2):
-        m = Miita(engine=engine, memory=tmp_path / f"c{contexts}", template="plain",
-                  keys=KeyOptions(contexts=contexts))
-        m.ingest(rows, budget="none", progress=False)
-        steered[contexts] = sum(m.ask(r.input, max_tokens=2).adapted for r in rows)
-    assert steered[1] == len(rows)
-    assert steered[2] < len(rows)
+    for reach, preset in (("repeat", repeat_only), ("default", default_preset())):
+        for contexts in (1, 2):
+            m = Miita(engine=engine, memory=tmp_path / f"{reach}-c{contexts}", template="plain", preset=preset,
+                      keys=KeyOptions(contexts=contexts))
+            m.ingest(rows, budget="none", progress=False)
+            steered[reach, contexts] = sum(m.ask(r.input, max_tokens=2).adapted for r in rows)
+    assert steered["repeat", 1] == len(rows)
+    assert steered["repeat", 2] < len(rows)
+    assert steered["default", 1] == steered["default", 2] == len(rows)

@@ -66,21 +66,16 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("whitening", "replies", _set(key_whitening="none"), "reply memories keep unwhitened keys"),
     Mechanism("ward-fold", "repair", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
     Mechanism("narrowing", "repair", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
+    Mechanism("paraphrase-reach", "all", _set(single_reach="repeat"),
+              "an answer taught once steers only on an exact repeat, not as far as the model's paraphrases come"),
+    Mechanism("abstain", "all", _set(abstain=False),
+              "where the nearest retrieved answer is not trusted, the vote goes to the other retrieved answers"),
 )}
 
 
 #: Mechanisms not (yet) in the default, measured the same way before any is adopted: the default
 #: with each one switched on (``miita-default-with-NAME``).
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
-    Mechanism("paraphrase-reach", "all", _set(single_reach="paraphrase"),
-              "an answer taught once steers where a query is as near as the model's paraphrases come"),
-    Mechanism("abstain", "all", _set(abstain=True),
-              "where the nearest retrieved answer is not trusted, nothing steers"),
-    Mechanism("reach-abstain", "all", _set(single_reach="paraphrase", abstain=True), "both of the above"),
-    Mechanism("push-x0.8", "all", _set(eta=0.8),
-              "the measured push G scaled by 0.8: the low end of its estimate (other word draws, lower percentiles)"),
-    Mechanism("push-x1.25", "all", _set(eta=1.25),
-              "the measured push G scaled by 1.25: the high end of its estimate (higher percentiles)"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
 )}
