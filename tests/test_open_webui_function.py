@@ -596,6 +596,16 @@ def test_a_recorded_open_webui_run_replays(srv):
     chat = Chat(srv, make_filter(srv, teach_edits=False), "x:support")
     _, miita = chat.complete([{"role": "user", "content": question}], {})
     assert miita["adapted"] and miita["steered_by"][0]["answer"] == edited
+    # taught once, the correction also answers its question asked otherwise in a new chat (a capital
+    # and an exclamation mark; a paraphrase as near as the model's own paraphrases come), and leaves
+    # an unrelated support question to the frozen model
+    for variant in ("My parcel never arrived!", "my parcel has never arrived"):
+        _, miita = Chat(srv, make_filter(srv, teach_edits=False), "x:support").complete(
+            [{"role": "user", "content": variant}], {})
+        assert miita["adapted"] and miita["steered_by"][0]["answer"] == edited, (variant, miita)
+    _, miita = Chat(srv, make_filter(srv, teach_edits=False), "x:support").complete(
+        [{"role": "user", "content": "how do I close my account?"}], {})
+    assert not miita["adapted"], miita
 
     act = load_function("miita_teach").Action()
     act.valves = act.Valves(base_url=srv.url, api_key=API_KEY)
