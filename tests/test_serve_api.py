@@ -61,23 +61,29 @@ def test_frozen_chat_and_completion(srv):
 
 
 def test_teach_then_ask_round_trip(srv, taught):
-    """On the demo stream: test queries whose answer was taught get it with adapt on, never frozen."""
+    """On the demo stream: test queries whose answer was taught are steered by taught answers only,
+    or, where the answer nearest them is not trusted, left to the frozen model with the reason; most
+    are steered and get the taught answer."""
     c = srv.client()
     taught_outputs = {r["output"] for r in taught}
     tests = [r for r in demo_rows("test") if r["output"] in taught_outputs][:10]
-    hits_on = hits_off = 0
+    hits_on = hits_off = adapted = 0
     for r in tests:
         on = chat(c, "gemma:demo", r["input"])
         off = chat(c, "gemma:demo", r["input"], adapt=False)
         x = on.model_extra["miita"]
-        assert x["adapted"] and x["version"] == 1 and x["memory"] == "demo"
-        assert x["steered_by"] and all(s["answer"].strip() in taught_outputs for s in x["steered_by"])
-        assert 1 <= len(x["alphas"]) <= on.usage.completion_tokens
+        assert x["version"] == 1 and x["memory"] == "demo"
+        if x["adapted"]:
+            adapted += 1
+            assert x["steered_by"] and all(s["answer"].strip() in taught_outputs for s in x["steered_by"])
+            assert 1 <= len(x["alphas"]) <= on.usage.completion_tokens
+        else:
+            assert x["reason"], x
         assert off.model_extra["miita"]["adapted"] is False
         hits_on += on.choices[0].message.content.strip() == r["output"]
         hits_off += off.choices[0].message.content.strip() == r["output"]
     assert hits_off == 0, "the frozen model already knows these labels: the round trip would prove nothing"
-    assert hits_on >= len(tests) // 2, (hits_on, len(tests))
+    assert hits_on >= len(tests) // 2 and adapted >= len(tests) // 2, (hits_on, adapted, len(tests))
 
 
 def test_streamed_equals_unstreamed(srv, taught):
@@ -89,7 +95,8 @@ def test_streamed_equals_unstreamed(srv, taught):
     assert text == full.choices[0].message.content and text.strip()
     last = chunks[-1]
     assert last.choices[0].finish_reason == full.choices[0].finish_reason
-    assert last.model_extra["miita"]["steered_by"] == full.model_extra["miita"]["steered_by"]
+    assert last.model_extra["miita"].get("steered_by") == full.model_extra["miita"].get("steered_by")
+    assert last.model_extra["miita"]["adapted"] == full.model_extra["miita"]["adapted"]
     comp = list(srv.client().completions.create(model="demo", prompt=q, max_tokens=8, stream=True))
     assert "".join(ch.choices[0].text for ch in comp) == full.choices[0].message.content
 
