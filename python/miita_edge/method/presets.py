@@ -236,32 +236,36 @@ PRESETS = {"paper": paper_preset, "default": default_preset}
 #: harness (``miita-default@N``); users choose a name, never a version. CHANGELOG.md tells why each
 #: version changed; tests/test_presets.py checks every entry against the settings archived when each
 #: version was current.
+#: What every default before version 13 had in common against it: an answer taught once steered only on an
+#: exact repeat, and a declined nearest answer left the vote to the others.
+_BEFORE_13 = {"single_reach": "repeat", "abstain": False}
+
 PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 1): {"bank": {"relevance": False, "shrink_keys": False, "anchor_fold": "closest"},
                      "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_depths": [0.5],
                      "key_pooling": [], "key_order": "index", "relevance_gate": False, "centroid_vote": False,
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", "single_reach": "repeat", "abstain": False},
+                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
     ("default", 2): {"bank": {"anchor_fold": "closest"}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3,
                      "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths",
                      "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
-                     "hold_min_tokens": 0, "key_whitening": "none", "single_reach": "repeat", "abstain": False},
+                     "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
     ("default", 3): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_pooling": [],
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", "single_reach": "repeat", "abstain": False},
+                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
     ("default", 4): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "direction": "row",
                      "key_select": "depths", "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
-                     "hold_min_tokens": 0, "key_whitening": "none", "single_reach": "repeat", "abstain": False},
+                     "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
     ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail",
-                     "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, "single_reach": "repeat", "abstain": False},
+                     "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
     ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "hold_min_tokens": 0,
-                     "key_whitening": "none", "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 7): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 8): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 9): {"hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, "single_reach": "repeat", "abstain": False},
-    ("default", 12): {"eta": 1.0, "single_reach": "repeat", "abstain": False},
+                     "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
+    ("default", 7): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
+    ("default", 8): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
+    ("default", 9): {"hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
+    ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
+    ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
+    ("default", 12): {"eta": 1.0, **_BEFORE_13},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 
