@@ -15,20 +15,22 @@ the subsample is fixed per benchmark below (LIMITS: the first N test rows). Keys
 ``rows=61-220`` a window of each stage's test rows instead, ``split=dev`` the dev rows instead of
 test rows (tuning only), ``seed=K`` the stream order (0 = the given one), ``train=N`` training rows
 per stage (0 = all), ``model=NAME`` a model named by ``--model NAME=GGUF`` (default: the bundled
-one). Every job runs with ``--cells summary`` and one llama.cpp thread; what it read is recorded in
-its result.json (``split``, ``rows_used``, ``order_seed``).
+one). Every job runs ``miita-edge bench`` with ``--cells summary`` and one llama.cpp thread; what
+it read is recorded in its result.json (``split``, ``rows_used``, ``order_seed``).
 
-One job alone, with the row options ``miita-edge bench`` does not take yet:
+A plan line without ``split=`` scores test rows, as it always did here (``miita-edge bench``
+itself defaults to dev rows), so every test-row job is passed ``--split test`` and the plan's
+purpose: the directive lines ``@purpose report|explore`` and ``@why TEXT`` of the plan file, or
+``--purpose`` and ``--why`` here (these win). A plan with test-row jobs and no purpose is refused
+before any job starts. Each finished test-row job appends its read to the ledger
+(docs/evaluation.md, "The ledger of reads"; ``--ledger FILE`` to choose which).
 
-    python bench/sweep.py cell --benchmark dsc --data ../shared/data/dsc --method frozen --budget none \
-        --test-rows 31-100 --order-seed 1 --out bench-results/one
+``python bench/sweep.py cell ARGS`` is ``miita-edge bench ARGS`` (kept for old commands).
 """
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import shlex
 import os
 import subprocess
 import sys
@@ -56,10 +58,38 @@ def job_name(bench: str, method: str, budget: str, opts: dict | None = None) -> 
     return f"{bench}__{method}__{budget.replace('%', 'pct')}{tail}"
 
 
-def parse_plan_line(line: str, where: str = "plan") -> tuple[str, str, str, dict] | None:
-    """(benchmark, method, budget, keys) of one plan line; None for a blank or comment line."""
+#: a plan file's directive lines: ``@purpose report`` or ``@purpose explore``, ``@why TEXT``
+DIRECTIVES = ("purpose", "why")
+
+
+def parse_directive(line: str, where: str = "plan") -> tuple[str, str] | None:
+    """(name, value) of an ``@NAME VALUE`` line (a ``#`` ends it); None for any other line."""
     line = line.split("#", 1)[0].strip()
-    if not line:
+    if not line.startswith("@"):
+        return None
+    name, _, value = line[1:].partition(" ")
+    value = value.strip()
+    if name not in DIRECTIVES or not value:
+        raise SystemExit(f"{where}: a directive is @purpose report|explore or @why TEXT, got {line!r}")
+    if name == "purpose" and value not in ("report", "explore"):
+        raise SystemExit(f"{where}: @purpose must be report or explore, got {value!r}")
+    return name, value
+
+
+def read_directives(path: Path) -> dict[str, str]:
+    """The plan file's ``@purpose`` and ``@why`` (the last of each wins)."""
+    out = {}
+    for i, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        d = parse_directive(line, f"{path}:{i}")
+        if d:
+            out[d[0]] = d[1]
+    return out
+
+
+def parse_plan_line(line: str, where: str = "plan") -> tuple[str, str, str, dict] | None:
+    """(benchmark, method, budget, keys) of one plan line; None for a blank, comment or directive line."""
+    line = line.split("#", 1)[0].strip()
+    if not line or line.startswith("@"):
         return None
     parts = line.split()
     if len(parts) < 3:
@@ -93,17 +123,30 @@ def claim(out: Path, name: str) -> bool:
         return False
 
 
+def job_split(opts: dict) -> str:
+    """A plan line's split: ``split=``, else test rows (the plans' meaning since the first sweep)."""
+    return opts.get("split", "test")
+
+
 def job_command(args, bench: str, method: str, budget: str, opts: dict) -> list[str]:
-    """The command of one plan job: ``miita-edge bench``, or this script's ``cell`` where the job
-    names rows, a split, an order or a model."""
+    """The ``miita-edge bench`` command of one plan job; a test-row job carries the sweep's
+    ``--purpose`` and ``--why`` (and ``--ledger`` where given)."""
     name = job_name(bench, method, budget, opts)
     tr, te = (LIMITS_V1 if args.limits == "v1" else LIMITS)[bench]
     tr = int(opts["train"]) if "train" in opts else tr
     rows = ["--test-rows", opts["rows"]] if "rows" in opts else ["--limit-per-stage", str(te)]
     head = ["miita-edge", "bench"]
-    if set(opts) - {"train"}:
-        head = [sys.executable, str(Path(__file__).resolve()), "cell"]
-        rows += ["--split", opts.get("split", "test"), "--order-seed", opts.get("seed", "0")]
+    split = job_split(opts)
+    rows += ["--split", split]
+    if split == "test":
+        purpose, why = getattr(args, "purpose", None), getattr(args, "why", None)
+        if not purpose or not why:
+            raise SystemExit(f"{name} scores test rows: give the plan @purpose and @why lines, or --purpose and --why")
+        rows += ["--purpose", purpose, "--why", why]
+        if getattr(args, "ledger", None):
+            rows += ["--ledger", str(args.ledger)]
+    if "seed" in opts:
+        rows += ["--order-seed", opts["seed"]]
     if "model" in opts:
         models = dict(m.split("=", 1) for m in args.model)
         if opts["model"] not in models:
@@ -163,27 +206,20 @@ def seed_from_archive(out: Path, archive: Path) -> int:
 
 
 def run_cell(argv: list[str]) -> int:
-    """One ``miita-edge bench`` run with the row options of ``evaluation.splits``
-    (``--split``, ``--test-rows``, ``--order-seed``) handed to ``run_benchmark``."""
-    import miita_edge.evaluation as ev
+    """``miita-edge bench`` with these arguments. It used to hand the row options to
+    ``run_benchmark`` past the command line, from before ``miita-edge bench`` took them; since it
+    does, that path dropped them (the run read every test row), so the options now go to the
+    command itself."""
     from miita_edge import cli
-    from miita_edge.evaluation.splits import add_protocol_arguments, protocol_kwargs
 
-    ap = argparse.ArgumentParser(prog="sweep.py cell", add_help=False)
-    add_protocol_arguments(ap)
-    known, rest = ap.parse_known_args(argv)
-    original = ev.run_benchmark
-    command = "python bench/sweep.py cell " + shlex.join(argv)
-    ev.run_benchmark = functools.partial(_with_rows, original, protocol_kwargs(known), command)
-    try:
-        return cli.main(["bench", *rest])
-    finally:
-        ev.run_benchmark = original
+    return cli.main(["bench", *argv])
 
 
-def _with_rows(run, rows_kw: dict, cell_command: str, *a, **kw):
-    kw["command"] = cell_command
-    return run(*a, **kw, **rows_kw)
+def check_purpose(args, jobs) -> None:
+    """Refuse, before any job, a plan with test-row jobs and no purpose or no reason."""
+    if any(job_split(o) == "test" for *_, o in jobs) and not (args.purpose and args.why):
+        raise SystemExit(f"{args.plan}: its jobs score test rows; give it @purpose report|explore and @why TEXT "
+                         "lines, or run with --purpose and --why")
 
 
 #: methods never timed in an archive, timed as the method they resemble most in cost
@@ -276,11 +312,20 @@ def main() -> int:
                     help="only print the plan's expected job times from these archives (docs/results/...), "
                          "later ones preferred; runs nothing")
     ap.add_argument("--workers", type=int, default=2, help="with --estimate: workers side by side")
+    ap.add_argument("--purpose", choices=("report", "explore"), help="why the test-row jobs read test rows: "
+                    "report or explore (default: the plan's @purpose line)")
+    ap.add_argument("--why", help="the reason recorded in the ledger for every test-row job (default: the "
+                    "plan's @why line)")
+    ap.add_argument("--ledger", type=Path, help="the ledger the jobs append to (default: miita-edge bench's)")
     args = ap.parse_args()
     if args.estimate:
         return estimate(args)
     if args.out is None:
         ap.error("--out is required (except with --estimate)")
+    plan_says = read_directives(args.plan)
+    args.purpose = args.purpose or plan_says.get("purpose")
+    args.why = args.why or plan_says.get("why")
+    check_purpose(args, read_plan(args.plan))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "done").mkdir(exist_ok=True)
     if args.resume_from:

@@ -24,6 +24,18 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def _session_ledger(tmp_path_factory):
+    return tmp_path_factory.mktemp("ledger") / "ledger.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def _ledger_off_the_repo(_session_ledger, monkeypatch):
+    """No test appends to the repository's ledger of reads (docs/results/ledger.jsonl): a
+    ``miita-edge bench --split test`` in a test writes to a temporary ledger unless it names one."""
+    monkeypatch.setenv("MIITA_EDGE_LEDGER", str(_session_ledger))
+
+
+@pytest.fixture(scope="session")
 def model_path():
     from miita_edge.runtime.default_model import embedded_model_path
 

@@ -394,8 +394,9 @@ def test_truncate_tokens_keeps_head_and_tail():
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--budget", "lots"], "not understood"),
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--limit-per-stage", "0"], ">= 1"),
     (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--limit-per-stage", "3",
-      "--test-rows", "61-220"], "not both"),
-    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--test-rows", "9-3"], "9-3"),
+      "--split", "dev", "--test-rows", "61-220"], "not both"),
+    (["--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--split", "dev", "--test-rows", "9-3"],
+     "9-3"),
 ])
 def test_bad_input_is_one_line(argv, needle, tmp_path, capsys):
     rc = main(["bench", *argv, "--out", str(tmp_path / "o")])
@@ -411,7 +412,7 @@ def test_help_names_every_option_and_method(capsys):
     for opt in ("--benchmark", "--data", "--method", "--budget", "--stages", "--limit-per-stage",
                 "--limit-train-per-stage", "--out", "--json",
                 "--baseline-cache", "--no-baseline", "--threads", "--model", "--split", "--test-rows",
-                "--order-seed", "--replies", "banking77-replies"):
+                "--order-seed", "--replies", "--purpose", "--why", "--ledger", "banking77-replies"):
         assert opt in text
     for name in ("frozen", "miita-default", "token-mem", "miita-paper", "miita-dense", "miita-ungated",
                  "miita-paper-random", "miita-paper-semantic", "miita-paper-uncertainty", "miita-paper-oracle",
@@ -541,7 +542,8 @@ def test_cli_smoke_banking77(tmp_path, capsys):
     out = tmp_path / "smoke"
     rc = main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "miita-default",
                "--stages", "1,2", "--limit-per-stage", "4", "--limit-train-per-stage", "20",
-               "--budget", "16KiB", "--threads", "1", "--out", str(out), "--json"])
+               "--budget", "16KiB", "--threads", "1", "--out", str(out), "--json",
+               "--split", "test", "--purpose", "explore", "--why", "the CLI smoke test"])  # conftest: a tmp ledger
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     res = json.loads(captured.out)
@@ -634,7 +636,10 @@ def test_protocol_options_reach_the_harness(tmp_path, monkeypatch, capsys):
     assert rc == 2 and "stop here" in capsys.readouterr().err
     assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("dev", "2-5", 3, "own.json")
     main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--out", str(tmp_path)])
-    assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("test", None, 0, None)
+    assert (seen["split"], seen["rows"], seen["order_seed"], seen["replies"]) == ("dev", None, 0, None)  # the default
+    main(["bench", "--benchmark", "banking77", "--data", str(BANKING), "--method", "frozen", "--out", str(tmp_path),
+          "--split", "test", "--purpose", "explore", "--why", "a test of the options"])
+    assert seen["split"] == "test"
 
 
 def test_a_pinned_preset_version_is_a_method_and_bad_pins_are_one_line():

@@ -123,21 +123,73 @@ def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
     import argparse
 
     args = argparse.Namespace(limits="v2", data=DATA, threads=1, out=tmp_path, baseline_dir=None,
-                              model=["smollm2=/models/smol.gguf"])
+                              model=["smollm2=/models/smol.gguf"], purpose="report", why="the tables",
+                              ledger=tmp_path / "l.jsonl")
     cmd = sweep.job_command(args, bench, method, budget, opts)
-    assert cmd[2] == "cell" and "--limit-per-stage" not in cmd
-    flags = {cmd[i]: cmd[i + 1] for i in range(3, len(cmd) - 1) if cmd[i].startswith("--")}
+    assert cmd[:2] == ["miita-edge", "bench"] and "--limit-per-stage" not in cmd
+    flags = {cmd[i]: cmd[i + 1] for i in range(2, len(cmd) - 1) if cmd[i].startswith("--")}
     assert (flags["--test-rows"], flags["--split"], flags["--order-seed"]) == ("31-100", "test", "2")
+    assert (flags["--purpose"], flags["--why"]) == ("report", "the tables")
+    assert flags["--ledger"] == str(tmp_path / "l.jsonl")
     assert (flags["--model"], flags["--limit-train-per-stage"]) == ("/models/smol.gguf", "100")
     name = sweep.job_name(bench, method, budget, opts)
     assert name == "dsc__miita-default__5pct__model-smollm2__rows-31-100__seed-2__train-100"
-    # an old plan line keeps its old job name and command
+    # an old plan line keeps its old job name, and still scores test rows, now said explicitly
     old = sweep.parse_plan_line("dsc miita-default 5%")
     assert sweep.job_name(*old) == "dsc__miita-default__5pct"
-    assert sweep.job_command(args, *old)[:2] == ["miita-edge", "bench"]
+    cmd = sweep.job_command(args, *old)
+    assert cmd[:2] == ["miita-edge", "bench"] and cmd[cmd.index("--split") + 1] == "test"
+    assert cmd[cmd.index("--limit-per-stage") + 1] == "30" and "--order-seed" not in cmd
+    # a dev line needs no purpose and gets none
+    dev = sweep.parse_plan_line("dsc miita-default 5% split=dev")
+    cmd = sweep.job_command(argparse.Namespace(**{**vars(args), "purpose": None, "why": None}), *dev)
+    assert cmd[cmd.index("--split") + 1] == "dev" and "--purpose" not in cmd and "--ledger" not in cmd
+    with pytest.raises(SystemExit, match="scores test rows"):
+        sweep.job_command(argparse.Namespace(**{**vars(args), "why": None}), *old)
     for bad in ("dsc miita-default", "dsc m 5% rows", "dsc m 5% colour=red", "dsc m 5% split=train"):
         with pytest.raises(SystemExit):
             sweep.parse_plan_line(bad)
+
+
+def test_plan_directives_say_why_test_rows_are_read(tmp_path):
+    sweep = load_bench("sweep")
+    plan = tmp_path / "plan.txt"
+    plan.write_text("# c\n@purpose report   # the tables\n@why the v13 tables\ndsc frozen none rows=31-100\n")
+    assert sweep.read_directives(plan) == {"purpose": "report", "why": "the v13 tables"}
+    assert [j[:3] for j in sweep.read_plan(plan)] == [("dsc", "frozen", "none")]
+    for bad in ("@purpose peek", "@colour red", "@why"):
+        with pytest.raises(SystemExit):
+            sweep.parse_directive(bad)
+    import argparse
+
+    args = argparse.Namespace(plan=plan, purpose=None, why=None)
+    with pytest.raises(SystemExit, match="score test rows"):
+        sweep.check_purpose(args, sweep.read_plan(plan))
+    sweep.check_purpose(argparse.Namespace(plan=plan, purpose=None, why=None), [("dsc", "m", "1%", {"split": "dev"})])
+
+
+@pytest.mark.parametrize("plan", REPORT_PLANS, ids=lambda p: p.name)
+def test_reporting_plans_say_they_report_and_why(plan):
+    d = load_bench("sweep").read_directives(plan)
+    assert d.get("purpose") == "report" and d.get("why"), f"{plan.name} needs @purpose report and @why lines"
+
+
+def test_the_cell_mode_passes_every_option_to_bench(monkeypatch):
+    """``sweep.py cell`` once dropped --test-rows and --order-seed (the run read every test row)."""
+    import miita_edge.cli as cli
+    from miita_edge.errors import InputError
+
+    seen = {}
+
+    def fake(*a, **kw):
+        seen.update(kw)
+        raise InputError("stop")
+
+    monkeypatch.setattr(cli, "run_benchmark", fake)
+    rc = load_bench("sweep").run_cell(["--benchmark", "dsc", "--data", str(DATA / "dsc"), "--method", "frozen",
+                                        "--budget", "none", "--test-rows", "31-100", "--order-seed", "1", "--split",
+                                        "dev", "--out", "/nonexistent/o"])
+    assert rc == 2 and (seen["split"], seen["rows"], seen["order_seed"]) == ("dev", "31-100", 1)
 
 
 def test_the_probes_draw_reads_no_test_row():

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from .demo.run import run_demo
 from .errors import BudgetError, ContextOverflow, InputError, MiitaError, ModelError
-from .evaluation import BENCHMARKS, METHODS, run_benchmark
+from .evaluation import BENCHMARKS, METHODS, ledger, run_benchmark
 from .evaluation.report import _json_default
-from .evaluation.splits import add_protocol_arguments, protocol_kwargs
+from .evaluation.splits import add_protocol_arguments, protocol_kwargs, resolve_split
 from .memory import store as store_mod
 from .memory.budget import parse_budget
 from .method import ann_index
@@ -213,8 +213,11 @@ def _bench_epilog() -> str:
 def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="continual-learning benchmark: learn stages in order, score every stage after each",
                        description="Learn the stages of a benchmark in the order of its meta.json; after each stage "
-                                   "score every stage's test set, filling A[t, tau]; report OP, BWT, FWT (against the "
-                                   "frozen model), per-stage scores, wall time and memory bytes against the budget.",
+                                   "score every stage's evaluated rows, filling A[t, tau]; report OP, BWT, FWT "
+                                   "(against the frozen model), per-stage scores, wall time and memory bytes against "
+                                   "the budget. It scores dev rows unless --split test, which needs --purpose and "
+                                   "--why and appends what it read to the ledger (docs/evaluation.md, \"The ledger "
+                                   "of reads\").",
                        epilog=_bench_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchmark", required=True, metavar="NAME", help=f"{', '.join(BENCHMARKS)} (listed below)")
     p.add_argument("--data", required=True, metavar="DIR", help="the benchmark's directory (meta.json, train.jsonl, "
@@ -225,8 +228,8 @@ def _add_bench(sub) -> None:
                    "--stages and the limits), resolved once to bytes before stage 1, or none (default: 1%%)")
     p.add_argument("--stages", metavar="LIST", help="stages to run, 1-based in meta.json order: 1,2 or 2-4 or stage "
                    "names (default: all); always learned in meta.json order")
-    p.add_argument("--limit-per-stage", type=int, metavar="N", help="at most N test rows per stage (the first N), and "
-                   "N training rows unless --limit-train-per-stage is given (default: all)")
+    p.add_argument("--limit-per-stage", type=int, metavar="N", help="at most N evaluated rows per stage (the first N), "
+                   "and N training rows unless --limit-train-per-stage is given (default: all)")
     p.add_argument("--limit-train-per-stage", type=int, metavar="N", help="at most N training rows per stage (the "
                    "first N; 0 = all; default: --limit-per-stage, else all)")
     p.add_argument("--out", metavar="DIR", help="output directory (default: bench-results/BENCHMARK/METHOD-BUDGET); "
@@ -247,6 +250,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="CPU threads for llama.cpp (default: all cores)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object instead of a summary")
     add_protocol_arguments(p)
+    ledger.add_ledger_arguments(p)
 
 
 
@@ -478,6 +482,9 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    args.split = resolve_split(args)
+    ledger.check_purpose(args.split, args.purpose, args.why)  # before anything is read or loaded
+    ledger_path = ledger.ledger_for(args.split, args.ledger)
     out = args.out
     if out is None:
         tag = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in args.budget.replace("%", "pct"))
@@ -496,8 +503,13 @@ def cmd_bench(args) -> int:
                         model=args.model, threads=args.threads, cells=args.cells,
                         extract_cache_dir=args.extract_cache, **protocol_kwargs(args),
                         command="miita-edge " + shlex.join(sys.argv[1:] if args.argv is None else args.argv))
+    note, warnings = ledger.record_read(res, args.purpose, args.why, ledger_path) if ledger_path else ("", [])
+    for w in warnings:
+        print(f"miita-edge: warning: {one_line(w)}", file=sys.stderr)
     if args.json:
         print(json.dumps(res, default=_json_default, allow_nan=False))
+        if note:
+            print(note, file=sys.stderr)
         return 0
     A = res["matrix"].A
     names = res["stage_names"]
@@ -517,6 +529,8 @@ def cmd_bench(args) -> int:
     print(f"time {res['wall_time_s']:.1f} s (learn {res['seconds']['learn']:.1f}, eval {res['seconds']['eval']:.1f}; "
           f"baseline {res['seconds']['baseline']:.1f}; this session {res['seconds']['this_session']:.1f})")
     print(f"wrote {res['files']['json']}, {res['files']['markdown']}, {res['files']['heatmap']}")
+    if note:
+        print(note)
     return 0
 
 

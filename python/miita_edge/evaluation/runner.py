@@ -46,7 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..method.presets import get_preset
 from .cl_matrix import CLMatrix, op_bootstrap_ci
+from .ledger import checkout_commit
 from .methods import Context, EngineHolder
 from .run_cells import Cells, Learner, baseline_cells, fill_matrix, per_example
 from .run_setup import AUTO, CELL_MODES, RESULT_FORMAT, RunSetup, claim_out_dir, prepare_run, stage_records_frozen
@@ -187,6 +189,9 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
                     **cpu_description()},
         "command": command, "out_dir": str(out),
+        # which code made it: the default preset version of the package (what the ledger's conflict
+        # rule reads) and the checkout's commit (null for an installed copy)
+        "default_version": get_preset("default").version, "commit": checkout_commit(),
     }
     # per-query scores, so that OP, BWT and FWT get intervals (and tables can compare methods query
     # by query); OP itself stays the matrix's mean of cell means

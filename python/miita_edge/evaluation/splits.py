@@ -29,8 +29,8 @@ import numpy as np
 from ..errors import InputError
 
 __all__ = ["ANSWER_STARTS", "DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
-           "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "row_hash",
-           "shuffle_rows", "window"]
+           "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "resolve_split",
+           "row_hash", "shuffle_rows", "window"]
 
 T = TypeVar("T")
 
@@ -125,10 +125,12 @@ ANSWER_STARTS = ("newline", "text")
 
 
 def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
-    """The row options of a reporting run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``,
-    ``replies``, ``answer_start``)."""
-    p.add_argument("--split", choices=SPLITS, default="test",
-                   help="score the test rows (default) or the dev rows (held-out training rows, for tuning)")
+    """The row options of a benchmark run (``run_benchmark``'s ``split``, ``rows``, ``order_seed``,
+    ``replies``, ``answer_start``). The command line's split defaults to dev (:func:`resolve_split`);
+    ``run_benchmark``'s own default stays test."""
+    p.add_argument("--split", choices=SPLITS, default=None,
+                   help="score the dev rows (default: held-out training rows, for exploring and tuning) or the "
+                   "test rows (with --purpose and --why: every read of test rows is recorded in the ledger)")
     p.add_argument("--test-rows", metavar="A-B", help="score rows A..B of each stage's evaluated rows (1-based, "
                    "inclusive; A- runs to the end) instead of the first --limit-per-stage")
     p.add_argument("--order-seed", type=int, default=0, help="stream order: 0 = the given order (default); k > 0 "
@@ -141,10 +143,20 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
                    "after the first non-blank character (blank lines before the answer are skipped)")
 
 
+def resolve_split(args: argparse.Namespace) -> str:
+    """The split of :func:`add_protocol_arguments`' options: ``--split``, else dev. A command line
+    that names test rows (``--test-rows``) without a split is refused: before the default became
+    dev such a command scored test rows, and it must not quietly score dev rows now."""
+    if args.split is None and args.test_rows is not None:
+        raise InputError(f"--test-rows {args.test_rows} without --split: the default split is dev; give --split "
+                         "test (with --purpose and --why) or --split dev")
+    return args.split or "dev"
+
+
 def protocol_kwargs(args: argparse.Namespace) -> dict:
     """``run_benchmark`` keyword arguments of :func:`add_protocol_arguments`' options."""
-    return {"split": args.split, "rows": args.test_rows, "order_seed": args.order_seed, "replies": args.replies,
-            "answer_start": args.answer_start}
+    return {"split": resolve_split(args), "rows": args.test_rows, "order_seed": args.order_seed,
+            "replies": args.replies, "answer_start": args.answer_start}
 
 
 # ---------------------------------------------------------------------------- tuning guard
