@@ -31,7 +31,7 @@ from .method.key_extractors import RAY_WORKERS, KeyOptions, choose_extractor, ke
 from .method.pipeline import KeyFrame, Pipeline
 from .method.plan import QueryPlan, RetrievalIndex
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
-from .method.templates import AUTO, Template, resolve_template, strip_lead
+from .method.templates import AUTO, resolve_template, strip_lead
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
 from .runtime.fingerprint import model_sha256
@@ -271,7 +271,7 @@ class Miita:
             raise InputError("no examples to ingest")
         budget = None if budget is None else as_budget(budget)
         options = self.keys if not ray else dataclasses.replace(self.keys, ray=ray, ray_workers=ray_workers)
-        extractor = choose_extractor(self.keyed_engine(), self.key_template, self.preset, options,
+        extractor = choose_extractor(self.keyed_engine(), self.template, self.preset, options,
                                      max_prompt_tokens=self.max_prompt_tokens, cache=self.extract_cache)
         try:
             with self.store.transaction(self.version, "ingest", self,
@@ -356,24 +356,6 @@ class Miita:
         """The prompt ``ask`` decodes for ``text``: the memory's template, cut to ``max_prompt_tokens``."""
         return prompt_tokens(self.engine, self.template, text, self.max_prompt_tokens)
 
-    @property
-    def key_template(self) -> Template:
-        """The template this memory's keys are computed with (``Pipeline.key_template``): the
-        answer template, with inputs folded where the preset says so."""
-        return self.pipeline.key_template
-
-    def key_tokens(self, text: str) -> list[int] | None:
-        """The prompt the key of ``text`` is pooled from, where it is not the one ``ask`` answers
-        (a preset that folds inputs, and ``text`` not already in folded form); else None."""
-        if self.key_template is self.template:
-            return None
-        return prompt_tokens(self.engine, self.key_template, text, self.max_prompt_tokens)
-
-    def query_state(self, text: str) -> QueryState:
-        """The prompt pass ``ask`` makes for ``text`` (its key from the key template), no generation."""
-        self.keyed_engine()  # the template's special-token rule, before tokenising
-        return self.pipeline.query_state(self.prompt_tokens(text), self.key_tokens(text))
-
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
             mode: str | None = None, gate: str | None = None, eta: float | None = None,
             temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, on_token=None,
@@ -385,26 +367,25 @@ class Miita:
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
-                               on_logits=on_logits, key_tokens=self.key_tokens(text) if adapt else None)
+                               on_logits=on_logits)
 
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
-                   _wrap_plan=None, key_tokens: Sequence[int] | None = None) -> Answer:
+                   _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut). Where a
         stop string may end it is the engine's ``stop_after_text``: off, a model whose first token
         is the newline stop answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
-        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan.
-        ``key_tokens``: the prompt the key is pooled from, where it is not ``tokens`` (``key_tokens``)."""
+        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
         gen_kw = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature, "seed": seed}
         if top_p != 1.0 or on_token is not None or on_logits is not None:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
         out = self.pipeline.answer(self.bank, self._entries, tokens, gen_kw, adapt=adapt, mode=mode, gate=gate,
-                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan, key_tokens=key_tokens)
+                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan)
         g, qp = out.generation, out.plan
         lead, text = strip_lead(g.text, self.template.lead)
         if qp is None:
@@ -418,15 +399,14 @@ class Miita:
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
         self.keyed_engine()  # the template's special-token rule, before tokenising
-        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, key_tokens=self.key_tokens(text),
+        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens,
                               _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
 
     def ask_oracle(self, text: str, oracle_dir: np.ndarray, **kw) -> Answer:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
-        return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir,
-                               key_tokens=self.key_tokens(text), **kw)
+        return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir, **kw)
 
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""

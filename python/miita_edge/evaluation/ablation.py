@@ -78,8 +78,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
-    Mechanism("folded-keys", "all", _set(key_text="folded"),
-              "keys computed from the input folded to one form for case, spacing and end punctuation"),
 )}
 
 

@@ -16,13 +16,11 @@ that a first query does not pay its prompt twice.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from ..memory.bank import MemoryBank
-from ..runtime import key_pass
 from ..runtime.engine import Engine, QueryState
 from ..runtime.engine_types import Generation
 from .calibration import calibration_keys, key_order, raw_key
@@ -87,13 +85,6 @@ class Pipeline:
 
     # ------------------------------------------------------------------ keys
     @property
-    def key_template(self) -> Template:
-        """The template keys are computed with: the memory's, with its inputs folded where the
-        preset computes keys from the folded text (``Preset.key_text``). The model answers through
-        ``template`` either way."""
-        return self.template.folded() if self.preset.key_text == "folded" else self.template
-
-    @property
     def key_pooling(self) -> list[str]:
         """How each key layer's rows are pooled: the preset's (memories built before the default
         pooled the last row keep the mean everywhere)."""
@@ -117,17 +108,17 @@ class Pipeline:
         pr = self.preset
         if not pr.center_keys and pr.key_order == "index":
             return KeyFrame(None, None, None)
-        keys = calibration_keys(self.keyed_engine(), self.key_template, pr.skip_bos, self.fingerprint)
+        keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
         whiten = None
         parts = len(self.key_layers)
         if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and whitened):
-            raw = paraphrase_keys(self.keyed_engine(), self.key_template, pr.skip_bos, self.fingerprint)
+            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         if pr.key_axes == "general":  # rotated: the axes, then the coordinates in that order
-            raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.key_template, pr.skip_bos,
+            raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
                                                   self.fingerprint), keys])
             axes = cached_axes_for(raw, mean.astype(np.float16).astype(np.float32), parts, whiten, order)
             return KeyFrame(mean, None, axes)
@@ -192,7 +183,7 @@ class Pipeline:
     def _reach(self, bank: MemoryBank) -> float:
         """How near the model's paraphrases come in this memory's stored form (its centring,
         whitening, order and width, which repair may narrow): ``relevance.paraphrase_reach``."""
-        raw = paraphrase_keys(self.keyed_engine(), self.key_template, self.preset.skip_bos, self.fingerprint)
+        raw = paraphrase_keys(self.keyed_engine(), self.template, self.preset.skip_bos, self.fingerprint)
         K = bank.key_dim
         bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
         return paraphrase_reach(bits, group_ids(), K)
@@ -203,7 +194,7 @@ class Pipeline:
         may narrow)."""
         if self._generic_raw is None:
             eng = self.keyed_engine()
-            self._generic_raw = np.stack([raw_key(eng, self.key_template, x, self.preset.skip_bos)
+            self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
                                           for x in GENERIC_QUESTIONS])
         K = bank.key_dim
         return np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
@@ -216,22 +207,6 @@ class Pipeline:
         self.index(bank, entries)
 
     # ------------------------------------------------------------------ one query
-    def query_state(self, tokens: Sequence[int], key_tokens: Sequence[int] | None = None) -> QueryState:
-        """The query's prompt pass over ``tokens``, the prompt the model answers; its key is pooled
-        from ``key_tokens`` instead where they differ (the folded input, ``Preset.key_text``): a
-        key-only pass first, stopped after the deepest key layer, bitwise the key an ingest of the
-        same prompt stores (``runtime.key_pass``), then the answer's prompt, which the engine's
-        cache then holds."""
-        eng = self.keyed_engine()
-        skip = self.preset.skip_bos
-        if key_tokens is None or list(key_tokens) == list(tokens):
-            return eng.query(list(tokens), skip_bos_in_key=skip)
-        key_tokens = list(key_tokens)
-        key_sum, pooled = key_pass.prompt_key(eng, key_tokens, eng.key_mask(key_tokens, skip))
-        state = eng.query(list(tokens), skip_bos_in_key=skip)
-        return replace(state, key_sum=key_sum, key_rows=int(sum(eng.key_mask(key_tokens, skip))),
-                       pooled_rows=pooled)
-
     def plan(self, bank: MemoryBank, entries: dict | None, state: QueryState, mode: str | None = None,
              oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (ids, scores, weights, steering
@@ -244,17 +219,16 @@ class Pipeline:
 
     def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
                adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
-               oracle_dir=None, wrap_plan=None, key_tokens: Sequence[int] | None = None) -> Steered:
+               oracle_dir=None, wrap_plan=None) -> Steered:
         """Decode the prompt, retrieve, gate, and generate with the memory's push (or without it
         when adaptation is off, the memory is empty, or the relevance gate declines).
-        ``wrap_plan``: a recorder around the steering plan (``trace``); ``key_tokens``: the prompt
-        the key is pooled from where it is not ``tokens`` (:meth:`query_state`)."""
+        ``wrap_plan``: a recorder around the steering plan (``trace``)."""
         pr = self.preset
         eng = self.keyed_engine()
         steering = adapt and bank.n_prototypes > 0
         if steering:
             self.prepare(bank, entries)
-        state = self.query_state(tokens, key_tokens if steering else None)
+        state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
         if not steering:
             reason = "adaptation is off" if not adapt else "the memory is empty"
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)

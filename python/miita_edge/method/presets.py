@@ -93,10 +93,6 @@ class Preset:
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
     abstain: bool = False
-    # The text keys are computed from: "typed", the input as it came; "folded", the input in one
-    # form for its case, spacing and end punctuation (templates.fold_text), at ingest, at ask and
-    # for the key frame's calibration prompts alike. The model always answers the typed input.
-    key_text: str = "typed"
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -186,8 +182,6 @@ class Preset:
             raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat' or 'paraphrase'")
         if not isinstance(self.abstain, bool):
             raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
-        if self.key_text not in ("typed", "folded"):
-            raise StoreError(f"preset key_text {self.key_text!r} is not 'typed' or 'folded'")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):

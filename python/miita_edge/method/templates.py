@@ -19,32 +19,11 @@ braces (code, JSON) that ``format`` would choke on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["FOLDED", "TEMPLATES", "Template", "fold_text", "get_template", "strip_lead", "truncate_words"]
-
-#: The suffix of a template whose inputs are folded (:func:`fold_text`) before they are rendered.
-FOLDED = "+folded"
-#: What may end a sentence; removed from the end of a folded input.
-_END_PUNCT = ".?!;:…。？！"
-
-
-def fold_text(text: str) -> str:
-    """One form for the ways a person types the same input: lower case (``str.casefold``), every run
-    of spaces or tabs one space, blank lines and the spaces at line ends dropped, and the sentence
-    punctuation at the very end removed. The words and their order are kept, and so are the
-    newlines between non-blank lines (a context stays apart from its question).
-
-    Why: a key is pooled from the model's hidden states, and a small model's states for "WHAT IS MY
-    WIFI PASSWORD" and "what is my wifi password?" are far apart, though a person means one thing;
-    keys of the folded form make these one key. An input that is only punctuation is kept folded
-    but whole (an empty prompt has no key)."""
-    lines = [" ".join(line.split()) for line in text.casefold().splitlines()]
-    t = "\n".join(line for line in lines if line)
-    cut = t.rstrip(_END_PUNCT + " ")
-    return cut if cut else t
+__all__ = ["TEMPLATES", "Template", "get_template", "strip_lead", "truncate_words"]
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -76,9 +55,6 @@ class Template:
     # The prompt holds the model's special tokens as text (a chat template's <|im_start|>...):
     # tokenise prompts with special-token parsing on (``Engine.parse_special``).
     special: bool = False
-    # Inputs are folded (:func:`fold_text`) before they are rendered: the template a preset with
-    # ``key_text="folded"`` computes keys with (:meth:`folded`), never the one the model answers.
-    fold_input: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt.count("{input}") != 1:
@@ -91,20 +67,10 @@ class Template:
             raise ValueError(f"template {self.name!r}: max_input_words must be >= 1")
 
     def render_prompt(self, x: str) -> str:
-        """The model input for ``x`` (folded first if ``fold_input``, then truncated if
-        ``max_input_words`` is set)."""
-        if self.fold_input:
-            x = fold_text(x)
+        """The model input for ``x`` (truncated first if ``max_input_words`` is set)."""
         if self.max_input_words is not None:
             x = truncate_words(x, self.max_input_words)
         return self.prompt.replace("{input}", x)
-
-    def folded(self) -> "Template":
-        """This template with its inputs folded, named ``<name>+folded`` (so every cache keyed by a
-        template's name or rendered prompt keeps the two apart)."""
-        if self.fold_input:
-            return self
-        return replace(self, name=self.name + FOLDED, fold_input=True)
 
     def render_target(self, y: str) -> str:
         """The text the model should continue the prompt with, stop newline included."""
@@ -222,11 +188,8 @@ def resolve_template(name: str | None, model_chat_template: str | None) -> Templ
 
 
 def get_template(name: str) -> Template:
-    """Look a template up by name (case-insensitive; ``<name>+folded``: that template's
-    :meth:`Template.folded`); unknown -> one-line InputError."""
+    """Look a template up by name (case-insensitive); unknown -> one-line InputError."""
     key = name.strip().lower() if isinstance(name, str) else name
-    if isinstance(key, str) and key.endswith(FOLDED) and key != FOLDED:
-        return get_template(key[:-len(FOLDED)]).folded()
     try:
         return TEMPLATES[key]
     except (KeyError, TypeError):

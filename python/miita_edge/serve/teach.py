@@ -71,7 +71,7 @@ def decode_batch(r, job, cache: RowCache, rows: list[Example]) -> None:
         job.mark_running()
     m = r.memory(job.memory)
     eng = m.keyed_engine()
-    extract_examples(eng, m.key_template, m.preset, rows, max_prompt_tokens=m.max_prompt_tokens, cache=cache,
+    extract_examples(eng, m.template, m.preset, rows, max_prompt_tokens=m.max_prompt_tokens, cache=cache,
                      bar=Progress(job))
 
 
