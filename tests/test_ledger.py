@@ -66,6 +66,9 @@ def test_append_refuses_an_entry_the_reader_would_refuse(tmp_path):
     (json.dumps(entry(version=1.5)), "version 1.5"),
     (json.dumps(entry(rows={"s1": [5, 2]})), "rows of stage 's1'"),
     (json.dumps(entry(rows={})), "non-empty"),
+    (json.dumps(entry(row_ids=["ABCDEF012345"])), "row_ids must be null or"),
+    (json.dumps(entry(row_ids=[])), "row_ids must be null or"),
+    (json.dumps(entry(row_ids=["00000000000b", "00000000000a"])), "sorted and without repeats"),
 ], ids=lambda v: v if len(v) < 30 else None)
 def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, line, needle):
     p = tmp_path / "ledger.jsonl"
@@ -74,6 +77,57 @@ def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, line, needle):
         L.read_ledger(p)
     msg = str(exc.value)
     assert msg.startswith(f"{p}:3: ") and needle in msg and "\n" not in msg, msg
+
+
+# --------------------------------------------------------------------------- rows by content
+def test_row_id_is_a_salted_length_prefixed_sha256_of_input_and_output():
+    import hashlib
+
+    def by_hand(x, y):
+        data = b""
+        for part in ("miita-edge ledger row v1", x, y):
+            b = part.encode("utf-8")
+            data += len(b).to_bytes(8, "little") + b
+        return hashlib.sha256(data).hexdigest()[:12]
+
+    for x, y in (("Where is my new card?", "card arrival"), ("", ""), ("é\n", "ü"), ("ab", "c")):
+        assert L.row_id(x, y) == by_hand(x, y)
+    assert L.row_id("ab", "c") != L.row_id("a", "bc")  # where a field ends is part of the row
+    assert len(L.row_id("q", "a")) == 12 and L.row_id("q", "a") == L.row_id("q", "a")
+
+
+def ids(*rows) -> list[str]:
+    return sorted({L.row_id(x, y) for x, y in rows})
+
+
+def test_the_same_rows_under_another_name_stage_and_file_conflict_by_content():
+    """A draw of Banking77 rows (banking77-replies, own file, stages s1-s3, rows 1-46) explored
+    under v9, then Banking77 reported on rows 101-220: the windows share no stage name, the
+    benchmarks differ, the files differ; the rows are the same, so the report is flagged."""
+    shared = [("how do I top up?", "top up"), ("card not arrived", "card arrival")]
+    draw = entry(benchmark="banking77-replies", rows={"s1": [1, 46]}, sha="a" * 64, default_version=9, version=9,
+                 row_ids=ids(*shared, ("only in the draw", "x")))
+    rep = report(rows={"banking77_task3": [101, 220]}, sha="b" * 64, row_ids=ids(*shared, ("only here", "y")))
+    old_rule = [{k: v for k, v in e.items() if k != "row_ids"} for e in (draw, rep)]
+    assert L.conflicts(old_rule) == []  # what the windows alone missed
+    [c] = L.conflicts([draw, rep])
+    assert c.report is rep and c.explore is draw and c.shared == 2 and c.stages == {}
+    assert "2 rows by content (banking77-replies)" in c.describe()
+    # the version rule is unchanged: an exploration under the reported version does not taint it
+    assert L.conflicts([dict(draw, default_version=13), rep]) == []
+
+
+def test_disjoint_rows_do_not_conflict_though_windows_overlap():
+    early = dict(default_version=12, version=12)
+    a, b = ids(("q1", "a1"), ("q2", "a2")), ids(("q3", "a3"))
+    # same benchmark and stage names, data unknown: the windows alone would flag it; the ids say other rows
+    assert len(L.conflicts([entry(**early), report()])) == 1
+    assert L.conflicts([entry(**early, row_ids=a), report(row_ids=b)]) == []
+    assert L.conflicts([entry(**early, sha="x", row_ids=a), report(sha="y", row_ids=b)]) == []
+    # either side without ids (a line from before them): the windows decide
+    assert len(L.conflicts([entry(**early), report(row_ids=b)])) == 1
+    assert len(L.conflicts([entry(**early, row_ids=a), report()])) == 1
+    assert L.conflicts([entry(**early, benchmark="dsc", row_ids=a), report()]) == []
 
 
 # --------------------------------------------------------------------------- the conflict rule
@@ -127,7 +181,10 @@ def test_entries_from_results():
            "method_settings": {"preset": "default", "version": 13}, "machine": {"cpu": "Xeon"},
            "model": "g.gguf", "order_seed": 1, "data_dir": "/d", "out_dir": "/o", "commit": "c" * 40}
     e = L.make_entry(res, purpose="report", why="w", default_version=13, time="t", sha256="s")
-    assert (e["preset"], e["version"], e["default_version"]) == ("default", 13, 13)
+    assert (e["preset"], e["version"], e["default_version"]) == ("default", 13, 13) and e["row_ids"] is None
+    r = L.make_entry(dict(res, row_ids=["00000000000b", "00000000000a", "00000000000b"]), purpose="report",
+                     why="w", default_version=13)
+    assert r["row_ids"] == ["00000000000a", "00000000000b"] and L._entry_problem(r) is None
     assert (e["commit"], e["cpu"]) == ("c" * 40, "Xeon")
     assert e["rows"] == {"a": [31, 70]} and e["data_sha256"] == "s" and L._entry_problem(e) is None
     base = dict(res, method="semantic-mem", method_settings={"preset": "semantic-mem", "version": 2})
@@ -165,6 +222,46 @@ def test_the_repository_ledger_reads_and_has_no_conflict():
     assert entries, f"{REPO_LEDGER} is missing or empty"
     bad = L.check(REPO_LEDGER)
     assert not bad, "reports on rows explored under an earlier default:\n" + "\n".join(bad)
+
+
+def _stock_rows(benchmark: str, d: Path, windows: dict) -> list[str]:
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+
+    out = []
+    for stage, (lo, hi) in windows.items():
+        _, [s] = load_benchmark(get_benchmark(benchmark), d, [stage], split="test", rows=f"{lo}-{hi}")
+        assert s.rows == [lo, hi]
+        out += [L.row_id(it.example.input, it.example.output) for it in s.test]
+    return sorted(set(out))
+
+
+@pytest.mark.skipif(not (BANKING / "test.jsonl").is_file(), reason="needs ../shared/data/banking77")
+def test_the_repository_ledger_has_the_rows_by_content():
+    """Every seeded line carries row_ids (bench/ledger_backfill.py); a stock line's are the rows
+    its windows read now; the dozen-intent draws' are Banking77 test rows 101-220 of their
+    stages, so a Banking77 report there conflicts with them though no window or name is shared."""
+    import hashlib
+
+    entries = L.read_ledger(REPO_LEDGER)
+    assert all(e.get("row_ids") for e in entries)
+    dsc1 = next(e for e in entries if e["benchmark"] == "dsc" and e["default_version"] == 0)
+    assert dsc1["row_ids"] == _stock_rows("dsc", BANKING.parent / "dsc", dsc1["rows"])
+    b1 = next(e for e in entries if e["benchmark"] == "banking77" and e["default_version"] == 0)
+    assert b1["row_ids"] == _stock_rows("banking77", BANKING, b1["rows"]) and len(b1["row_ids"]) == 220
+
+    rows = [json.loads(x) for x in (BANKING / "test.jsonl").read_text("utf-8").splitlines() if x.strip()]
+    pos: dict[str, int] = {}
+    late = set()
+    for r in rows:
+        pos[r["task"]] = pos.get(r["task"], 0) + 1
+        if pos[r["task"]] > 100:
+            late.add(L.row_id(r["input"], r["output"]))
+    draws = [e for e in entries if e["data_sha256"] and e["data_sha256"] != hashlib.sha256(
+        (BANKING / "test.jsonl").read_bytes()).hexdigest()]
+    assert len(draws) == 6 and all(set(e["row_ids"]) <= late for e in draws)
+    rep = report(rows={"banking77_task7": [101, 220]}, row_ids=sorted(late), sha=None)
+    hit = {c.explore["_line"] for c in L.conflicts_of(rep, entries)}
+    assert {e["_line"] for e in draws} <= hit
 
 
 def test_the_repository_ledger_records_the_whitening_comparison():
@@ -230,6 +327,46 @@ def test_a_finished_test_run_appends_one_entry_and_says_where(tmp_path, capsys, 
     assert main(BASE + ["--out", str(tmp_path / "o2"), "--json"]) == 0
     capsys.readouterr()
     assert len(L.read_ledger(led)) == 1
+
+
+def _echo_method():
+    """A method that needs no model: learns nothing, answers every row's gold (a test double)."""
+    from miita_edge import evaluation as ev
+
+    class Echo(ev.Method):
+        needs_model = False
+        learns = False
+        stores = False
+
+        def predict(self, examples):
+            return [e.output for e in examples]
+
+    return Echo()
+
+
+def test_a_real_test_run_records_the_rows_it_scored_by_content(tmp_path, capsys, monkeypatch):
+    """The command line end to end (no model: a test-double method on a benchmark written here):
+    the entry's row_ids are the ids of exactly the rows in the window, of every stage."""
+    from miita_edge import evaluation as ev
+
+    monkeypatch.setitem(ev.METHODS, "echo", ev.MethodInfo("echo", _echo_method, "test double"))
+    d = tmp_path / "data"
+    d.mkdir()
+    stages = ["s1", "s2"]
+    train = [{"task": s, "input": f"{s} train {i}", "output": f"label {i}"} for s in stages for i in range(4)]
+    test = [{"task": s, "input": f"{s} q{i}", "output": f"label {i}"} for s in stages for i in range(5)]
+    (d / "meta.json").write_text(json.dumps({"benchmark": "banking77 (test double)", "stage_order": stages}))
+    for name, rs in (("train.jsonl", train), ("test.jsonl", test)):
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rs), encoding="utf-8")
+    led = tmp_path / "ledger.jsonl"
+    argv = ["bench", "--benchmark", "banking77", "--data", str(d), "--method", "echo", "--budget", "none",
+            "--no-baseline", "--no-progress", "--split", "test", "--test-rows", "2-3", "--purpose", "explore",
+            "--why", "a test", "--out", str(tmp_path / "o"), "--ledger", str(led), "--json"]
+    assert main(argv) == 0
+    res = json.loads(capsys.readouterr().out)
+    [e] = L.read_ledger(led)
+    want = ids(*[(f"{s} q{i}", f"label {i}") for s in stages for i in (1, 2)])
+    assert e["rows"] == {"s1": [2, 3], "s2": [2, 3]} and e["row_ids"] == want == res["row_ids"]
 
 
 def test_a_report_on_rows_explored_earlier_is_recorded_and_warned_about(tmp_path, capsys, monkeypatch):

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..streams import Example, read_examples
+from .ledger import row_id
 from .splits import SPLITS, dev_positions, order_permutation, parse_rows, shuffle_rows, window
 
 __all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "load_replies",
@@ -65,6 +66,9 @@ class TestItem:
     golds: list[str]
     lang: str | None = None
     label: str | None = None  # the row's "label", read only for a benchmark with replies
+    # ledger.row_id of the row as stored (input and output before a canned reply replaces the
+    # output): what the ledger of reads matches reads by, whatever the benchmark, file or stage
+    row_id: str | None = None
 
 
 @dataclass
@@ -136,7 +140,8 @@ def _read_rows(path: Path, spec: BenchSpec, order: list[str]) -> dict[str, list[
             label = row.get("label")
             if not isinstance(label, str) or not label:
                 raise InputError(f'{where} needs a non-empty string field "label" (its intent) for {spec.name}')
-        by_stage[ex.task].append(TestItem(ex, golds, ex.task if spec.lang_from_task else None, label))
+        by_stage[ex.task].append(TestItem(ex, golds, ex.task if spec.lang_from_task else None, label,
+                                          row_id(ex.input, ex.output)))
     return by_stage
 
 

@@ -14,13 +14,24 @@ preset's name and version; null for other methods), ``default_version`` (the pac
 preset version when the run was made: what decides taint), ``commit`` (of the checkout, or null),
 ``cpu``, ``model``, ``order_seed``, ``data`` (the data directory as given) and ``data_sha256`` (of
 the file the rows came from: ``test.jsonl``, or ``train.jsonl`` for dev rows; null where unknown),
-``purpose`` (``report`` or ``explore``), ``why`` (free text) and ``out`` (the result directory).
+``purpose`` (``report`` or ``explore``), ``why`` (free text), ``out`` (the result directory) and
+``row_ids`` (the sorted, de-duplicated :func:`row_id` of every row scored, from ``result.json``;
+absent or null in entries written before it existed).
 
-The conflict rule (:func:`conflicts`): a ``report`` entry of benchmark B that reports version V
-conflicts with an ``explore`` entry of the same benchmark, both on split ``test`` and on the same
-data (equal ``data_sha256``, or either unknown), whose rows overlap it in any stage and whose
-``default_version`` is below V: those rows were read while an earlier default was current, so
-they could have chosen V. Explore entries read under V itself or later do not taint V's report.
+Rows are matched by content, not by name: :func:`row_id` is the first 12 hex digits of a salted
+sha256 of a row's input and stored output (before a canned-reply benchmark replaces the output),
+without its stage, benchmark or file. So ``banking77`` and ``banking77-replies`` reading the same
+``test.jsonl`` rows, or a dozen-intent draw (``bench/replies_subset.py``) asking Banking77 test
+rows under its own file, stages and row numbers, read the same ids.
+
+The conflict rule (:func:`conflicts`): a ``report`` entry that reports version V conflicts with
+an ``explore`` entry, both on split ``test``, whose ``default_version`` is below V and that read a
+row of it: those rows were read while an earlier default was current, so they could have chosen V.
+Where both entries have ``row_ids``, "read a row of it" means the ids intersect, whatever the
+benchmark's name or data file. Where either lacks them (entries from before), it falls back to
+the windows: the same benchmark, the same data (equal ``data_sha256``, or either unknown) and rows
+that overlap in a stage of the same name. Explore entries read under V itself or later do not
+taint V's report.
 The version a report reports (:func:`reported_version`) is its ``version`` for the default preset
 (``miita-default``, ``miita-default@N`` and the default's variants) and its ``default_version``
 for every other method (frozen, baselines, the paper preset), which is reported beside the
@@ -33,6 +44,7 @@ command's edge (:func:`ledger_for`, :func:`record_read`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -48,7 +60,7 @@ from .splits import SPLITS
 __all__ = ["ENV", "LedgerError", "PURPOSES", "REPO_LEDGER", "Conflict", "add_ledger_arguments", "append", "check",
            "check_purpose", "checkout_commit", "conflicts", "conflicts_of", "data_sha256", "default_ledger_path",
            "find_checkout", "ledger_for", "make_entry", "package_checkout", "parse_entry", "read_ledger",
-           "record_read", "reported_version"]
+           "record_read", "reported_version", "ROW_SALT", "row_id", "row_ids_of"]
 
 PURPOSES = ("report", "explore")
 ENV = "MIITA_EDGE_LEDGER"
@@ -57,6 +69,10 @@ REPO_LEDGER = Path("docs") / "results" / "ledger.jsonl"
 #: presets whose version is the method's own (a miita method); any other preset name in a
 #: result's ``method_settings`` (``semantic-mem``) is a baseline's version, not a preset's
 MIITA_PRESETS = ("default", "paper")
+#: the salt of :func:`row_id` (its own, so ids say nothing about the dev rule's hashes)
+ROW_SALT = "miita-edge ledger row v1"
+ROW_ID_HEX = 12
+_ROW_ID = re.compile(r"[0-9a-f]{%d}" % ROW_ID_HEX)
 REQUIRED = ("time", "benchmark", "split", "rows", "method", "preset", "version", "default_version", "commit",
             "purpose", "why", "out")
 
@@ -75,6 +91,27 @@ def check_purpose(split: str, purpose: str | None, why: str | None) -> None:
                              "--purpose report|explore and --why TEXT (explore on dev rows: --split dev, the default)")
     elif purpose is not None or why is not None:
         raise InputError(f"--purpose and --why describe a read of test rows; --split {split} is not recorded")
+
+
+# ---------------------------------------------------------------------------- rows by content
+def row_id(x: str, y: str) -> str:
+    """A row's id in the ledger: the first 12 hex digits of sha256 over ``ROW_SALT``, the input
+    and the stored output, each UTF-8 and prefixed by its byte length (8 bytes, little-endian), as
+    the dev rule's ``splits.row_hash`` but without the stage, so the same row read under another
+    stage, benchmark or file has the same id. 48 bits: among a few thousand rows a chance
+    collision is below one in ten million."""
+    h = hashlib.sha256()
+    for part in (ROW_SALT, x, y):
+        b = part.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()[:ROW_ID_HEX]
+
+
+def row_ids_of(stages) -> list[str]:
+    """The sorted, de-duplicated row ids of the evaluated rows of ``stages`` (``benchmarks.Stage``;
+    each item's ``row_id``, computed as its row was read)."""
+    return sorted({it.row_id for s in stages for it in s.test})
 
 
 # ---------------------------------------------------------------------------- entries
@@ -98,7 +135,8 @@ def make_entry(result: Mapping[str, Any], *, purpose: str, why: str, default_ver
             "commit": commit if commit is not None else result.get("commit"),
             "cpu": (result.get("machine") or {}).get("cpu"), "model": result.get("model"),
             "order_seed": result.get("order_seed"), "data": result.get("data_dir"), "data_sha256": sha256,
-            "purpose": purpose, "why": why, "out": result.get("out_dir")}
+            "purpose": purpose, "why": why, "out": result.get("out_dir"),
+            "row_ids": None if result.get("row_ids") is None else sorted(set(result["row_ids"]))}
 
 
 def _is_int(v) -> bool:
@@ -130,6 +168,12 @@ def _entry_problem(e: Any) -> str | None:
     for stage, w in rows.items():
         if not (isinstance(w, list) and len(w) == 2 and all(_is_int(x) for x in w) and 1 <= w[0] <= w[1]):
             return f"rows of stage {stage!r} must be [first, last] with 1 <= first <= last, got {w!r}"
+    ids = e.get("row_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and _ROW_ID.fullmatch(i) for i in ids):
+            return f"row_ids must be null or a non-empty list of {ROW_ID_HEX}-digit lower-case hex strings"
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            return "row_ids must be sorted and without repeats"
     return None
 
 
@@ -204,15 +248,21 @@ def overlap(a: Mapping[str, list[int]], b: Mapping[str, list[int]]) -> dict[str,
 
 @dataclass(frozen=True)
 class Conflict:
-    """A report whose rows an earlier default's exploration read."""
+    """A report whose rows an earlier default's exploration read: ``shared`` rows by content
+    (None where the windows decided), ``stages`` the overlapping windows of stages of the same
+    name (may be empty when the ids decided: the same rows under other names)."""
     report: Mapping[str, Any]
     explore: Mapping[str, Any]
     stages: dict[str, list[int]]
+    shared: int | None = None
 
     def describe(self) -> str:
         r, e = self.report, self.explore
         where = ", ".join(f"{s} {lo}-{hi}" for s, (lo, hi) in list(self.stages.items())[:3])
         more = f" and {len(self.stages) - 3} more stages" if len(self.stages) > 3 else ""
+        if self.shared is not None:
+            where = f"{self.shared} rows by content ({e['benchmark']}" + (f"; {where}{more})" if where else ")")
+            more = ""
         who = f"line {r['_line']}" if "_line" in r else "this run"
         return (f"{who}: {r['benchmark']} {r['method']} reports default v{reported_version(r)} on test rows that "
                 f"line {e.get('_line', '?')} ({e['method']}, {e['why'][:60]}) read to explore under default "
@@ -225,14 +275,22 @@ def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def conflicts_of(report: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> list[Conflict]:
-    """The explore entries among ``entries`` that the rule (module docstring) forbids ``report``."""
+    """The explore entries among ``entries`` that the rule (module docstring) forbids ``report``:
+    shared row ids where both have them, else the same benchmark's overlapping windows."""
     if report["purpose"] != "report" or report["split"] != "test":
         return []
     v = reported_version(report)
+    mine = None if report.get("row_ids") is None else set(report["row_ids"])
     out = []
     for e in entries:
-        if (e["purpose"] == "explore" and e["split"] == "test" and e["benchmark"] == report["benchmark"]
-                and e["default_version"] < v and _same_data(report, e)):
+        if e["purpose"] != "explore" or e["split"] != "test" or e["default_version"] >= v:
+            continue
+        if mine is not None and e.get("row_ids") is not None:
+            shared = mine.intersection(e["row_ids"])
+            if shared:
+                same = e["benchmark"] == report["benchmark"]
+                out.append(Conflict(report, e, overlap(report["rows"], e["rows"]) if same else {}, len(shared)))
+        elif e["benchmark"] == report["benchmark"] and _same_data(report, e):
             both = overlap(report["rows"], e["rows"])
             if both:
                 out.append(Conflict(report, e, both))

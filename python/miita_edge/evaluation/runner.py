@@ -48,7 +48,7 @@ from typing import Any
 from ..errors import InputError
 from ..method.presets import get_preset
 from .cl_matrix import CLMatrix, op_bootstrap_ci
-from .ledger import checkout_commit
+from .ledger import checkout_commit, row_ids_of
 from .methods import Context, EngineHolder
 from .run_cells import Cells, Learner, baseline_cells, fill_matrix, per_example
 from .run_setup import AUTO, CELL_MODES, RESULT_FORMAT, RunSetup, claim_out_dir, prepare_run, stage_records_frozen
@@ -176,6 +176,8 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "limit_per_stage": limit_test, "limit_train_per_stage": limit_train,
         "split": setup.config["split"], "dev_rule": setup.config["dev_rule"],
         "row_window": setup.config["row_window"], "rows_used": {s.name: s.rows for s in setup.stages},
+        # the scored rows by content (ledger.row_id), which the ledger of reads matches reads by
+        "row_ids": row_ids_of(setup.stages),
         "order_seed": setup.config["order_seed"], "replies_file": setup.config.get("replies_file"),
         "answer_start": setup.answer_start,
         "matrix": A, "op": A.op(), "bwt": None if final_only else A.bwt(),
