@@ -44,7 +44,6 @@ command's edge (:func:`ledger_for`, :func:`record_read`).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
-from .splits import SPLITS
+from .splits import SPLITS, salted_digest
 
 __all__ = ["ENV", "LedgerError", "PURPOSES", "REPO_LEDGER", "Conflict", "add_ledger_arguments", "append", "check",
            "check_purpose", "checkout_commit", "conflicts", "conflicts_of", "data_sha256", "default_ledger_path",
@@ -100,12 +99,7 @@ def row_id(x: str, y: str) -> str:
     the dev rule's ``splits.row_hash`` but without the stage, so the same row read under another
     stage, benchmark or file has the same id. 48 bits: among a few thousand rows a chance
     collision is below one in ten million."""
-    h = hashlib.sha256()
-    for part in (ROW_SALT, x, y):
-        b = part.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
-    return h.hexdigest()[:ROW_ID_HEX]
+    return salted_digest(ROW_SALT, x, y).hex()[:ROW_ID_HEX]
 
 
 def row_ids_of(stages) -> list[str]:

@@ -133,7 +133,7 @@ def _fmt_bytes(n: Any) -> str:
 
 
 def _metric_or_reason(fn: Any, *args: Any) -> str:
-    """Format a summary metric, or say why it is missing (partial runs are still reportable)."""
+    """Format a summary metric, or say why it is missing (a partial run is reportable too)."""
     try:
         v = fn(*args)
     except ValueError:

@@ -30,7 +30,7 @@ from ..errors import InputError
 
 __all__ = ["ANSWER_STARTS", "DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
            "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "resolve_split",
-           "row_hash", "shuffle_rows", "window"]
+           "row_hash", "salted_digest", "shuffle_rows", "window"]
 
 T = TypeVar("T")
 
@@ -41,15 +41,21 @@ DEV_RULE = (f"per stage, the ceil({DEV_FRACTION:.0%}) training rows of smallest 
             "input, output), ties by file order; never learned")
 
 
-def row_hash(stage: str, x: str, y: str) -> bytes:
-    """The dev rule's stable hash of one training row (length-prefixed fields, so no two rows
-    that differ only in where a field ends can collide)."""
+def salted_digest(*parts: str) -> bytes:
+    """sha256 over ``parts``, each UTF-8 and prefixed by its byte length (8 bytes, little-endian),
+    so no two part lists that differ only in where a part ends can collide."""
     h = hashlib.sha256()
-    for part in (DEV_SALT, stage, x, y):
+    for part in parts:
         b = part.encode("utf-8")
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
     return h.digest()
+
+
+def row_hash(stage: str, x: str, y: str) -> bytes:
+    """The dev rule's stable hash of one training row (:func:`salted_digest` of the salt, the stage,
+    the input and the output)."""
+    return salted_digest(DEV_SALT, stage, x, y)
 
 
 def dev_positions(stage: str, rows: Sequence[tuple[str, str]]) -> list[int]:

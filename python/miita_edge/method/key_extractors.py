@@ -12,7 +12,7 @@ values (the engine, template, preset): this module knows nothing of the facade.
   forget's exact property rely on (docs/serving.md);
 - several prompts per decode on one context (``batch``), or on ``contexts`` contexts side by side
   (:mod:`.thread_ingest`): keys within rounding of one-by-one extraction, so an ingested input
-  asked again verbatim is no longer an exact repeat for the gate;
+  asked again verbatim is not an exact repeat for the gate;
 - ``fast``: the same, on the model's lossless Q8_0 twin cut after its deepest key layer
   (``runtime.key_twin``), at least two contexts;
 - ``ray``: extraction on a Ray cluster (:mod:`.ray_ingest`), the bank still written here in order.
