@@ -13,7 +13,7 @@ the same memory stream) and prints the markdown table: ΔOP with a paired bootst
 times noisy, the ratio within one run pair less so).
 
     python bench/ablation.py run --benchmark banking77 --budget 5% [--model GGUF] [--tag gemma]
-           [--mechanisms a,b] [--stages 1-4] [--limit-per-stage N] [--limit-train-per-stage N] [--cells final]
+           [--mechanisms a,b] [--candidates c] [--versions 12] [--stages 1-4] [--limit-per-stage N] [--limit-train-per-stage N] [--cells final]
            [--out bench-results/ablation]
            [--data ../shared/data] [--threads 1]
     python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
@@ -64,6 +64,7 @@ def run(args) -> int:
     methods = ["miita-default"] + [f"miita-default-without-{m}" for m in chosen
                                    if acts(MECHANISMS[m].acts_on, args.benchmark, args.budget)]
     methods += [f"miita-default-with-{c}" for c in (args.candidates.split(",") if args.candidates else [])]
+    methods += [f"miita-default@{v}" for v in (args.versions.split(",") if args.versions else [])]
     for method in methods:
         out = base / method
         if (out / "result.json").exists():
@@ -120,13 +121,14 @@ def table(args) -> int:
         rows.append(f"| {tag} | {bench} | {budget} | (default: OP {rd['op']:.1f}, BWT {bwt}) | | | "
                     f"{t_a:.2f} | {a.size} |")
         for res in sorted([*budget_dir.glob("miita-default-without-*/result.json"),
-                           *budget_dir.glob("miita-default-with-*/result.json")]):
+                           *budget_dir.glob("miita-default-with-*/result.json"),
+                           *budget_dir.glob("miita-default@*/result.json")]):
             rv = json.loads(res.read_text("utf-8"))
             b = _final(rv)
             if b.size != a.size:
                 raise SystemExit(f"{res}: {b.size} final-row queries, the default has {a.size}")
             mean, lo, hi = paired_interval(a, b, args.boot)
-            name = res.parent.name.removeprefix("miita-default-")
+            name = res.parent.name.removeprefix("miita-default-").replace("miita-default@", "version ")
             rows.append(f"| {tag} | {bench} | {budget} | {name} | {mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | "
                         f"{'–' if rd['bwt'] is None else format(rv['bwt'] - rd['bwt'], '+.1f')} | {t_a:.2f} → {_seconds_per_query(res.parent, T):.2f} | "
                         f"{b.size} |")
@@ -178,6 +180,8 @@ def main(argv=None) -> int:
     r.add_argument("--mechanisms", help="comma-separated subset (default: all that act here; '' for none)")
     r.add_argument("--candidates", help="comma-separated mechanisms not in the default to run switched on "
                    "(evaluation/ablation.py CANDIDATES)")
+    r.add_argument("--versions", help="comma-separated earlier versions of the default to run beside it "
+                   "(methods miita-default@N): what a new version changes as a whole")
     r.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     r.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     r.add_argument("--threads", type=int, default=1)

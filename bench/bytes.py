@@ -122,8 +122,8 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopi
 
 
 def preset_with(settings: list[str]):
-    """The default preset with ``FIELD=VALUE`` settings (``bank.tau_k=0.7``, ``k_anchors=8``): a
-    probe's variant, typed as the field it replaces."""
+    """The default preset with ``FIELD=VALUE`` settings (``bank.tau_k=0.7``, ``k_anchors=8``,
+    ``key_pooling=mean,mean``): a probe's variant, typed as the field it replaces."""
     from miita_edge.method.presets import default_preset
 
     preset = default_preset()
@@ -137,7 +137,11 @@ def preset_with(settings: list[str]):
             old = getattr(obj, last)
         except AttributeError:
             raise SystemExit(f"--set {kv}: the default preset has no field {name}") from None
-        setattr(obj, last, type(old)(value))
+        if isinstance(old, tuple):  # comma-separated, each item typed as the field's first
+            item = type(old[0]) if old else str
+            setattr(obj, last, tuple(item(v) for v in value.split(",")))
+        else:
+            setattr(obj, last, type(old)(value))
     return preset
 
 

@@ -10,7 +10,12 @@ groups they did not see as the whole set's pair does, the whole set is more than
 Then the whole set's pair is scored on ``key_whitening.MORE_PARAPHRASES`` (40 more everyday
 requests, four phrasings each, which the criterion never reads), beside the best pair on them.
 
-    python bench/key_layers.py [--model GGUF] [--template plain] [--halves 20] [--threads 2]
+    python bench/key_layers.py [--model GGUF] [--template plain] [--halves 20] [--threads 2] [--designs]
+
+``--designs`` then asks the same criterion about the two choices around the layers that were first
+made on benchmark test rows (docs/method.md §2.2-2.3): how each layer is pooled (last row or mean,
+four pairings) and whether the mean keeps the BOS row. Each design picks its best pair on the 20
+groups and is scored there and on the 40 groups it never reads.
 
 No benchmark row is read: the groups are the criterion's own.
 """
@@ -41,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--halves", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--designs", action="store_true", help="also score poolings and the BOS row (see above)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge.method import key_layers as kl
@@ -61,6 +67,10 @@ def main(argv=None) -> int:
         centred[pooling] = k - c
         more = [t for g in MORE_PARAPHRASES for t in g]
         centred["more-" + pooling] = kl._keys(engine, template, more, layers, pooling) - c
+    if args.designs:  # the mean over every prompt row, BOS included
+        c = _keys_with_bos(kl, engine, template, list(CALIBRATION_INPUTS), layers).mean(axis=0)
+        centred["bos"] = _keys_with_bos(kl, engine, template, texts, layers) - c
+        centred["more-bos"] = _keys_with_bos(kl, engine, template, more, layers) - c
     engine.close()
     more_groups = np.array([i for i, g in enumerate(MORE_PARAPHRASES) for _ in g])
 
@@ -87,7 +97,7 @@ def main(argv=None) -> int:
         gaps.append(acc_o[a, b] - acc_o[a0, b0])
         print(f"| {h + 1} | {layers[a]} + {layers[b]} | {100 * acc_o[a, b]:.1f}% | {100 * acc_o[a0, b0]:.1f}% |")
     same = picks.get((layers[a0], layers[b0]), 0)
-    gaps = 100 * np.asarray(gaps)
+    gaps = 100 * np.asarray(gaps) if gaps else np.zeros(1)
     print(f"halves choosing the whole set's pair: {same} of {args.halves}; pairs chosen: "
           + ", ".join(f"{a}+{b} x{c}" for (a, b), c in picks.most_common()))
     print(f"a half's pair minus the whole set's pair, on the half it did not see: mean {gaps.mean():+.1f} points, "
@@ -99,7 +109,32 @@ def main(argv=None) -> int:
     print(f"on the {len(MORE_PARAPHRASES)} groups the criterion never reads: the whole set's pair "
           f"{layers[a0]} + {layers[b0]} {100 * acc_m[a0, b0]:.1f}% (rank {rank} of {flat.size} pairs); "
           f"their own best pair {layers[am]} + {layers[bm]} {100 * acc_m[am, bm]:.1f}%")
+    if args.designs:
+        print("\n| design (first layer, second layer) | criterion's pair | on the 20 groups | on the 40 other groups |")
+        print("|---|---|---|---|")
+        for first, second in (("last", "mean"), ("mean", "mean"), ("last", "last"), ("mean", "last"),
+                              ("last", "bos"), ("bos", "bos")):
+            acc, margin = kl.pair_scores(centred[first], centred[second], groups)
+            a, b = best_pair(acc, margin)
+            acc_m, _ = kl.pair_scores(centred["more-" + first], centred["more-" + second], more_groups)
+            name = {"bos": "mean with BOS"}
+            print(f"| {name.get(first, first)}, {name.get(second, second)} | {layers[a]} + {layers[b]} | "
+                  f"{100 * acc[a, b]:.1f}% | {100 * acc_m[a, b]:.1f}% |")
     return 0
+
+
+def _keys_with_bos(kl, engine, template, texts: list[str], layers: list[int]) -> np.ndarray:
+    """``key_layers._keys`` for the mean pooling, with the BOS row kept (eq. 1 as written)."""
+    from miita_edge.runtime import key_pass
+    from miita_edge.runtime.key_pooling import key_mean
+
+    engine.set_key_layers(layers, ["mean"] * len(layers))
+    out = []
+    for x in texts:
+        toks = engine.tokenize(template.render_prompt(x))
+        s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, False))
+        out.append(key_mean(s, n).reshape(len(layers), -1))
+    return np.stack(out).astype(np.float64)
 
 
 if __name__ == "__main__":
