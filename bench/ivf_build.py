@@ -6,7 +6,8 @@ what they can cost is recall (a true top row outside the probed lists) and build
 the index over one synthetic memory for each (sample, rounds) pair, with everything else as shipped,
 and prints the recall of the exact top-k rows among the proposed candidates and the build time.
 
-Rows: ``--centres`` random sign vectors of the default key width (Gemma: 1,280 bits), each row a
+Rows: ``--centres`` random sign vectors (``--rank R``: the signs of a rank-R product, so centres
+share directions as real keys do) of the default key width (Gemma: 1,280 bits), each row a
 centre with every bit flipped with probability ``--flip`` (the clustered rows of ``bench/ann.py``
 are real Banking77 keys flipped so; random centres need no model). Queries: a centre's signs times
 |N(0, 1)| magnitudes (a float query, as the vote's), with the same flip rate.
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--centres", type=int, default=0, help="default: one per 33 rows (3,075 Banking77 "
                     "keys as centres of 100,000 rows, as bench/ann.py's clustered memory)")
     ap.add_argument("--flip", type=float, default=0.2)
+    ap.add_argument("--rank", type=int, default=0, help="centres as the signs of a rank-R Gaussian product "
+                    "(correlated, as real keys are); 0: independent random signs")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--k", type=int, default=16)
     ap.add_argument("--samples", default="8,16,32,64")
@@ -47,7 +50,10 @@ def main(argv=None) -> int:
 
     args.centres = args.centres or max(1, args.rows // 33)
     rng = np.random.default_rng(args.seed)
-    centres = rng.random((args.centres, args.bits)) < 0.5
+    if args.rank:
+        centres = rng.standard_normal((args.centres, args.rank)) @ rng.standard_normal((args.rank, args.bits)) > 0
+    else:
+        centres = rng.random((args.centres, args.bits)) < 0.5
     owner = rng.integers(0, args.centres, args.rows)
     bits = centres[owner] ^ (rng.random((args.rows, args.bits)) < args.flip)
     rows = np.packbits(bits, axis=1)
@@ -55,7 +61,8 @@ def main(argv=None) -> int:
     qbits = centres[qc] ^ (rng.random((args.queries, args.bits)) < args.flip)
     Q = (np.where(qbits, 1.0, -1.0) * np.abs(rng.standard_normal(qbits.shape))).astype(np.float32)
     truth = [set(np.argsort(-ext.bit_scores(rows, q).astype(np.float64), kind="stable")[:args.k].tolist()) for q in Q]
-    print(f"# {args.rows:,} rows of {args.bits} bits around {args.centres:,} random centres, flip {args.flip}; "
+    kind = f"rank-{args.rank} centres" if args.rank else "random centres"
+    print(f"# {args.rows:,} rows of {args.bits} bits around {args.centres:,} {kind}, flip {args.flip}; "
           f"{args.queries} queries; recall of the exact top {args.k} among the proposed candidates; "
           f"shipped: sample {ivf_index.SAMPLE_PER_LIST} per list, {ivf_index.ROUNDS} rounds")
     print("| sample per list | rounds | build s | recall |")
