@@ -11,6 +11,13 @@ any benchmark) through the memory's template, and the default preset takes the p
 default stores keys (centred on the calibration mean, one sign bit per coordinate), finds a
 phrasing's sibling as its nearest neighbour most often.
 
+With ``designs`` (the preset's ``key_select = "paraphrase-pooling"``) the same criterion also
+chooses how each of the two layers is pooled, among ``DESIGNS``: the last row and the mean (one layer
+each), the mean at both, the last row at both. Why: the pooling was first chosen on one model's
+benchmark test rows; the criterion asks the model. On SmolLM2-135M the mean at both layers finds a
+sibling for 77.5% of the 160 phrasings the criterion never reads, against 66.2% for the last row and
+the mean (docs/results/constants/key-layers-designs-*.txt).
+
 Cost: two passes per phrasing over every layer (120 passes), once per model and template, cached in
 the user cache directory.
 """
@@ -28,7 +35,7 @@ from ..runtime.key_pooling import key_mean
 from .calibration import CALIBRATION_INPUTS
 from .templates import Template
 
-__all__ = ["KeyLayerChoice", "PARAPHRASES", "choose_key_layers", "pair_scores"]
+__all__ = ["DESIGNS", "KeyLayerChoice", "PARAPHRASES", "best_choice", "choose_key_layers", "pair_scores"]
 
 #: Everyday requests, three phrasings each.
 PARAPHRASES = [
@@ -63,16 +70,22 @@ PARAPHRASES = [
     ["I lost my wallet on the bus", "my purse was left behind on the bus", "I think I dropped my wallet while riding the bus"],
 ]
 VERSION = 1  # of the criterion and its cache file
+#: The poolings of (first, second) key layer the criterion may choose among with ``designs``; the
+#: first is the shipped default's, so it wins a tie. ("mean", "last") is ("last", "mean") with the
+#: layers swapped, which the pair scores already cover.
+DESIGNS = (("last", "mean"), ("mean", "mean"), ("last", "last"))
 
 
 @dataclass(frozen=True)
 class KeyLayerChoice:
-    """The chosen layers in key order (the last-row layer, then the averaged one) and their score."""
+    """The chosen layers in key order and their score. ``last`` and ``mean`` name the first and the
+    second key layer (pooled at the last row and averaged, unless ``pooling`` says otherwise)."""
 
     last: int
     mean: int
     accuracy: float  # share of phrasings whose nearest key is a sibling's
     margin: float  # mean cosine to siblings minus mean cosine to the rest
+    pooling: tuple = ("last", "mean")  # how the first and the second layer are pooled
 
     @property
     def layers(self) -> list[int]:
@@ -117,7 +130,27 @@ def _keys(engine: Engine, template: Template, texts: list[str], layers: list[int
     return np.stack(out).astype(np.float64)
 
 
-def measure(engine: Engine, template: Template) -> KeyLayerChoice:
+def best_choice(centred: dict, groups: np.ndarray, layers: list[int], designs=DESIGNS[:1]) -> KeyLayerChoice:
+    """The pair (and, among ``designs``, the pooling) of best nearest-sibling accuracy, then the
+    wider sibling margin, then the shallower deeper layer, then the shallower first layer, then the
+    earlier design. ``centred``: pooling -> (N, L, H) centred keys at ``layers``. Key order: the
+    last-row layer first; where both layers are pooled alike, the deeper one first (as the shipped
+    design's last-row layer is the deeper on both measured models)."""
+    best = None
+    for rank, (pa, pb) in enumerate(designs):
+        acc, margin = pair_scores(centred[pa], centred[pb], groups)
+        for a in range(len(layers)):
+            for b in range(len(layers)):
+                if a == b or (pa == pb and a < b):  # a pair pooled alike is scored once
+                    continue
+                key = (acc[a, b], margin[a, b], -max(a, b), -min(a, b) if pa == pb else -a, -rank)
+                if best is None or key > best[0]:
+                    best = (key, a, b, pa, pb)
+    (acc_ab, margin_ab, *_), a, b, pa, pb = best
+    return KeyLayerChoice(layers[a], layers[b], float(acc_ab), float(margin_ab), (pa, pb))
+
+
+def measure(engine: Engine, template: Template, designs=DESIGNS[:1]) -> KeyLayerChoice:
     """Run the criterion (restores the engine's key layers afterwards)."""
     saved = engine.key_layers, engine.key_pooling
     layers = list(range(1, engine.n_layer - 1))  # the last layer keeps only output rows
@@ -131,25 +164,26 @@ def measure(engine: Engine, template: Template) -> KeyLayerChoice:
             centred[pooling] = k - c
     finally:
         engine.set_key_layers(list(saved[0]), list(saved[1]))
-    acc, margin = pair_scores(centred["last"], centred["mean"], groups)
     # best accuracy, then the wider margin, then the shallower layers (cheaper key passes)
-    order = sorted(((acc[a, b], margin[a, b], -max(a, b), -a, a, b) for a in range(len(layers))
-                    for b in range(len(layers)) if a != b), reverse=True)
-    _, _, _, _, a, b = order[0]
-    return KeyLayerChoice(layers[a], layers[b], float(acc[a, b]), float(margin[a, b]))
+    return best_choice(centred, groups, layers, designs)
 
 
-def choose_key_layers(engine: Engine, template: Template, sha256: str) -> KeyLayerChoice:
-    """``measure``, cached per (model, template) in the user cache directory."""
-    path = cache_dir() / f"key-layers-{sha256[:16]}-{template.name}-v{VERSION}.json"
+def choose_key_layers(engine: Engine, template: Template, sha256: str, pooling: bool = False) -> KeyLayerChoice:
+    """``measure``, cached per (model, template) in the user cache directory; ``pooling``: choose
+    the pooling too, among ``DESIGNS``."""
+    designs = DESIGNS if pooling else DESIGNS[:1]
+    path = cache_dir() / f"key-layers-{sha256[:16]}-{template.name}{'-pooled' if pooling else ''}-v{VERSION}.json"
     try:
         d = json.loads(path.read_text())
-        c = KeyLayerChoice(int(d["last"]), int(d["mean"]), float(d["accuracy"]), float(d["margin"]))
-        if 0 < c.last < engine.n_layer - 1 and 0 < c.mean < engine.n_layer - 1 and c.last != c.mean:
+        c = KeyLayerChoice(int(d["last"]), int(d["mean"]), float(d["accuracy"]), float(d["margin"]),
+                           tuple(d.get("pooling", DESIGNS[0])))
+        if (0 < c.last < engine.n_layer - 1 and 0 < c.mean < engine.n_layer - 1 and c.last != c.mean
+                and c.pooling in designs):
             return c
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    c = measure(engine, template)
-    text = json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin})
+    c = measure(engine, template, designs)
+    text = json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin,
+                       "pooling": list(c.pooling)})
     write_cached(path, lambda tmp: tmp.write_text(text))
     return c
