@@ -114,12 +114,12 @@ def main(argv=None) -> int:
         print("|---|---|---|---|")
         for first, second in (("last", "mean"), ("mean", "mean"), ("last", "last"), ("mean", "last"),
                               ("last", "bos"), ("bos", "bos")):
-            acc, margin = kl.pair_scores(centred[first], centred[second], groups)
-            a, b = best_pair(acc, margin)
+            c = kl.best_choice(centred, groups, layers, [(first, second)])  # the product's chooser
+            a, b = layers.index(c.last), layers.index(c.mean)
             acc_m, _ = kl.pair_scores(centred["more-" + first], centred["more-" + second], more_groups)
             name = {"bos": "mean with BOS"}
-            print(f"| {name.get(first, first)}, {name.get(second, second)} | {layers[a]} + {layers[b]} | "
-                  f"{100 * acc[a, b]:.1f}% | {100 * acc_m[a, b]:.1f}% |")
+            print(f"| {name.get(first, first)}, {name.get(second, second)} | {c.last} + {c.mean} | "
+                  f"{100 * c.accuracy:.1f}% | {100 * acc_m[a, b]:.1f}% |")
     return 0
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miita_edge.errors import StoreError
 from miita_edge.method import key_layers as kl
-from miita_edge.method.presets import Preset, default_preset
 
 
 def _keys(seed: int, n_groups: int = 6, per: int = 3, L: int = 5, H: int = 16):
@@ -105,42 +103,3 @@ def test_a_pooling_that_separates_groups_better_is_chosen():
             "last": rng.standard_normal((24, 4, 32))}
     assert kl.best_choice(keys, groups, [1, 2, 3, 4], kl.DESIGNS).pooling == ("mean", "mean")
     assert kl.best_choice(keys, groups, [1, 2, 3, 4]).pooling == ("last", "mean")
-
-
-def test_a_preset_that_measures_its_pooling_keeps_it_in_the_memory():
-    p = default_preset()
-    p.key_select, p.key_pooling = "paraphrase-pooling", ("mean", "mean")
-    p.validate_keys()
-    stored = p.to_json()
-    assert stored["key_pooling"] == ["mean", "mean"] and stored["key_select"] == "paraphrase-pooling"
-    back = Preset.from_json(stored)
-    assert back.key_pooling == ("mean", "mean") and back.key_poolings(30) == ["mean", "mean"]
-    p.key_pooling = ("mean",)
-    with pytest.raises(StoreError, match="key_pooling"):
-        p.validate_keys()
-
-
-def test_a_memory_of_the_measured_pooling_reopens_with_it(tmp_path, engine, monkeypatch):
-    """A new memory under ``key_select = "paraphrase-pooling"`` takes the criterion's layers and
-    pooling, stores the pooling in its preset, pools its keys so, and reopened pools them the same
-    way, so a taught input asked again is answered from the memory."""
-    from miita_edge import Example, Miita
-    from miita_edge.method.templates import get_template
-    from miita_edge.runtime.fingerprint import model_sha256
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    p = default_preset()
-    p.key_select = "paraphrase-pooling"
-    want = kl.choose_key_layers(engine, get_template("plain"), model_sha256(engine.info.path), pooling=True)
-    assert want.pooling in kl.DESIGNS
-    examples = [Example("where is my parcel", "shipping desk"), Example("my parcel never came", "shipping desk")]
-    with Miita(memory=tmp_path / "m", preset=p, template="plain", engine=engine) as m:
-        m.ingest(examples, budget="none")
-        assert m.key_layers == want.layers and m.preset.key_pooling == want.pooling
-        assert tuple(engine.key_pooling) == want.pooling
-    with Miita(memory=tmp_path / "m", engine=engine) as m:
-        assert m.preset.key_select == "paraphrase-pooling" and m.preset.key_pooling == want.pooling
-        assert m.key_layers == want.layers
-        ans = m.ask("where is my parcel", max_tokens=4)
-        assert tuple(engine.key_pooling) == want.pooling
-        assert ans.text.strip() == "shipping desk"

@@ -110,9 +110,7 @@ class Miita:
             self.template = resolve_template(template, self.engine.chat_template())
             self.engine.parse_special = self.template.special
             sha = model_sha256(self.engine.info.path)
-            self.key_layers, pooling = Pipeline.new_key_layers(self.preset, self.engine, self.template, sha)
-            if pooling is not None and pooling != tuple(self.preset.key_pooling):  # measured: the memory keeps it
-                self.preset = dataclasses.replace(self.preset, key_pooling=pooling)
+            self.key_layers: list[int] = Pipeline.new_key_layers(self.preset, self.engine, self.template, sha)
             self.pipeline = Pipeline(self.preset, self.engine, self.template, self.fingerprint())
             self.key_whitened = False  # a "replies" preset decides at the first ingest
             self.bank = self.pipeline.empty_bank(self.engine.n_embd, self._key_frame())

@@ -78,8 +78,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
-    Mechanism("measured-pooling", "all", _set(key_select="paraphrase-pooling"),
-              "the paraphrase criterion chooses each key layer's pooling (last row or mean) with the layers"),
 )}
 
 

@@ -11,12 +11,9 @@ any benchmark) through the memory's template, and the default preset takes the p
 default stores keys (centred on the calibration mean, one sign bit per coordinate), finds a
 phrasing's sibling as its nearest neighbour most often.
 
-With ``designs`` (the preset's ``key_select = "paraphrase-pooling"``) the same criterion also
-chooses how each of the two layers is pooled, among ``DESIGNS``: the last row and the mean (one layer
-each), the mean at both, the last row at both. Why: the pooling was first chosen on one model's
-benchmark test rows; the criterion asks the model. On SmolLM2-135M the mean at both layers finds a
-sibling for 77.5% of the 160 phrasings the criterion never reads, against 66.2% for the last row and
-the mean (docs/results/constants/key-layers-designs-*.txt).
+The pooling (the last row at one layer, the mean at the other) is not the criterion's to choose:
+asked about ``DESIGNS`` (``bench/key_layers.py --designs``), it prefers the mean at both layers on
+SmolLM2-135M, and that key loses on Banking77's dev rows (docs/method.md §2.2).
 
 Cost: two passes per phrasing over every layer (120 passes), once per model and template, cached in
 the user cache directory.
@@ -70,9 +67,9 @@ PARAPHRASES = [
     ["I lost my wallet on the bus", "my purse was left behind on the bus", "I think I dropped my wallet while riding the bus"],
 ]
 VERSION = 1  # of the criterion and its cache file
-#: The poolings of (first, second) key layer the criterion may choose among with ``designs``; the
-#: first is the shipped default's, so it wins a tie. ("mean", "last") is ("last", "mean") with the
-#: layers swapped, which the pair scores already cover.
+#: Poolings of the (first, second) key layer that ``best_choice`` can compare (the probe of
+#: ``bench/key_layers.py --designs``); the first is the default's and the only one ``measure`` asks
+#: about. ("mean", "last") is ("last", "mean") with the layers swapped, which the pair scores cover.
 DESIGNS = (("last", "mean"), ("mean", "mean"), ("last", "last"))
 
 
@@ -150,7 +147,7 @@ def best_choice(centred: dict, groups: np.ndarray, layers: list[int], designs=DE
     return KeyLayerChoice(layers[a], layers[b], float(acc_ab), float(margin_ab), (pa, pb))
 
 
-def measure(engine: Engine, template: Template, designs=DESIGNS[:1]) -> KeyLayerChoice:
+def measure(engine: Engine, template: Template) -> KeyLayerChoice:
     """Run the criterion (restores the engine's key layers afterwards)."""
     saved = engine.key_layers, engine.key_pooling
     layers = list(range(1, engine.n_layer - 1))  # the last layer keeps only output rows
@@ -165,25 +162,20 @@ def measure(engine: Engine, template: Template, designs=DESIGNS[:1]) -> KeyLayer
     finally:
         engine.set_key_layers(list(saved[0]), list(saved[1]))
     # best accuracy, then the wider margin, then the shallower layers (cheaper key passes)
-    return best_choice(centred, groups, layers, designs)
+    return best_choice(centred, groups, layers)
 
 
-def choose_key_layers(engine: Engine, template: Template, sha256: str, pooling: bool = False) -> KeyLayerChoice:
-    """``measure``, cached per (model, template) in the user cache directory; ``pooling``: choose
-    the pooling too, among ``DESIGNS``."""
-    designs = DESIGNS if pooling else DESIGNS[:1]
-    path = cache_dir() / f"key-layers-{sha256[:16]}-{template.name}{'-pooled' if pooling else ''}-v{VERSION}.json"
+def choose_key_layers(engine: Engine, template: Template, sha256: str) -> KeyLayerChoice:
+    """``measure``, cached per (model, template) in the user cache directory."""
+    path = cache_dir() / f"key-layers-{sha256[:16]}-{template.name}-v{VERSION}.json"
     try:
         d = json.loads(path.read_text())
-        c = KeyLayerChoice(int(d["last"]), int(d["mean"]), float(d["accuracy"]), float(d["margin"]),
-                           tuple(d.get("pooling", DESIGNS[0])))
-        if (0 < c.last < engine.n_layer - 1 and 0 < c.mean < engine.n_layer - 1 and c.last != c.mean
-                and c.pooling in designs):
+        c = KeyLayerChoice(int(d["last"]), int(d["mean"]), float(d["accuracy"]), float(d["margin"]))
+        if 0 < c.last < engine.n_layer - 1 and 0 < c.mean < engine.n_layer - 1 and c.last != c.mean:
             return c
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    c = measure(engine, template, designs)
-    text = json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin,
-                       "pooling": list(c.pooling)})
+    c = measure(engine, template)
+    text = json.dumps({"last": c.last, "mean": c.mean, "accuracy": c.accuracy, "margin": c.margin})
     write_cached(path, lambda tmp: tmp.write_text(text))
     return c

@@ -76,16 +76,12 @@ class Pipeline:
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per memory
 
     @staticmethod
-    def new_key_layers(preset: Preset, engine: Engine, template: Template, model_sha: str
-                       ) -> tuple[list[int], tuple[str, ...] | None]:
+    def new_key_layers(preset: Preset, engine: Engine, template: Template, model_sha: str) -> list[int]:
         """The key layers of a new memory: measured on the model where the preset says so and the
-        model is deep enough, else the preset's depths; and their pooling where the preset measures
-        it too (``key_select = "paraphrase-pooling"``), else None (the preset's)."""
-        if preset.key_select in ("paraphrase", "paraphrase-pooling") and engine.n_layer - 2 >= 2:
-            measured = preset.key_select == "paraphrase-pooling"
-            c = choose_key_layers(engine, template, model_sha, pooling=measured)
-            return c.layers, (tuple(c.pooling) if measured else None)
-        return preset.key_layers(engine.n_layer), None
+        model is deep enough, else the preset's depths."""
+        if preset.key_select == "paraphrase" and engine.n_layer - 2 >= 2:
+            return choose_key_layers(engine, template, model_sha).layers
+        return preset.key_layers(engine.n_layer)
 
     # ------------------------------------------------------------------ keys
     @property

@@ -58,9 +58,7 @@ class Preset:
     direction: str = "row"
     # How a new memory's key layers are chosen: "depths", the shares in key_depths; or "paraphrase",
     # measured on the model (method/key_layers.py: one last-row layer, one averaged layer, in that
-    # order, so key_pooling must be ("last", "mean")); or "paraphrase-pooling", the layers and their
-    # pooling measured together (key_layers.DESIGNS), the pooling then kept in the memory's preset
-    # (key_pooling is the measured one). A memory stores its layers either way.
+    # order, so key_pooling must be ("last", "mean")). A memory stores its layers either way.
     key_select: str = "depths"
     # The relevance gate also asks a query to come nearer to an answer's examples than any of
     # relevance.GENERIC_QUESTIONS does (each answer's null score).
@@ -106,7 +104,7 @@ class Preset:
     def key_poolings(self, n_layer: int) -> list[str]:
         """The pooling of each of ``key_layers(n_layer)``, in the same order (a layer that two depths
         round to keeps the first depth's pooling)."""
-        if self.key_select in ("paraphrase", "paraphrase-pooling") and n_layer - 2 >= 2:  # two measured layers
+        if self.key_select == "paraphrase" and n_layer - 2 >= 2:  # two layers measured on the model
             return list(self.key_pooling)
         pooling = self.key_pooling or ("mean",) * len(self.key_depths)
         out, seen = [], set()
@@ -168,12 +166,10 @@ class Preset:
             raise StoreError(f"preset key_pooling {self.key_pooling!r} is not one of {KEY_POOLINGS} per key depth")
         if self.key_order not in ("index", "calibration"):
             raise StoreError(f"preset key_order {self.key_order!r} is not 'index' or 'calibration'")
-        if self.key_select not in ("depths", "paraphrase", "paraphrase-pooling"):
-            raise StoreError(f"preset key_select {self.key_select!r} is not 'depths', 'paraphrase' or 'paraphrase-pooling'")
+        if self.key_select not in ("depths", "paraphrase"):
+            raise StoreError(f"preset key_select {self.key_select!r} is not 'depths' or 'paraphrase'")
         if self.key_select == "paraphrase" and self.key_pooling != ("last", "mean"):
             raise StoreError("preset key_select 'paraphrase' needs key_pooling ('last', 'mean')")
-        if self.key_select == "paraphrase-pooling" and len(self.key_pooling) != 2:
-            raise StoreError("preset key_select 'paraphrase-pooling' needs a pooling for each of its two layers")
         if self.key_whitening not in ("none", "paraphrase", "replies"):
             raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none', 'paraphrase' or 'replies'")
         if self.key_whitening != "none" and not self.center_keys:
