@@ -86,8 +86,9 @@ def main(argv=None) -> int:
     print(f"whole set: last-row layer {layers[a0]}, averaged layer {layers[b0]}: nearest sibling {100 * acc[a0, b0]:.1f}%")
     rng = np.random.default_rng(args.seed)
     picks, gaps = Counter(), []
-    print("| half | its pair | on the other half: its pair | the whole set's pair |")
-    print("|---|---|---|---|")
+    if args.halves:
+        print("| half | its pair | on the other half: its pair | the whole set's pair |")
+        print("|---|---|---|---|")
     for h in range(args.halves):
         half = np.sort(rng.permutation(n)[: n // 2])
         other = np.setdiff1d(np.arange(n), half)
