@@ -291,6 +291,27 @@ def test_test_rows_without_a_purpose_and_a_reason_are_refused_before_anything_ru
     assert not led.exists() and not (tmp_path / "o").exists()
 
 
+def test_report_rows_without_a_purpose_are_refused_and_a_report_run_has_a_ledger(tmp_path, capsys, monkeypatch):
+    import miita_edge.cli as cli
+
+    monkeypatch.setattr(cli, "run_benchmark", lambda *a, **k: pytest.fail("run_benchmark was called"))
+    rc = main(BASE + ["--split", "report", "--out", str(tmp_path / "o"), "--ledger", str(tmp_path / "l.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--split report" in err and "--purpose" in err, err
+    assert L.ledger_for("report", str(tmp_path / "l.jsonl")) == tmp_path / "l.jsonl"
+    assert L.ledger_for("dev", str(tmp_path / "l.jsonl")) is None
+
+
+def test_a_report_on_report_rows_conflicts_with_their_earlier_exploration():
+    ids = ["%012x" % i for i in range(5)]
+    base = dict(benchmark="banking77", rows={"s": [1, 5]}, method="miita-default", preset="default", commit=None,
+                why="w", out="o", data_sha256=None)
+    explore = dict(base, split="report", purpose="explore", version=12, default_version=12, row_ids=ids[:2], _line=1)
+    report = dict(base, split="report", purpose="report", version=13, default_version=13, row_ids=ids[1:], _line=2)
+    assert len(L.conflicts([explore, report])) == 1
+    assert L.conflicts([dict(explore, split="dev"), report]) == []  # dev reads are never recorded, never conflict
+
+
 def test_test_rows_named_without_a_split_are_refused(tmp_path, capsys, monkeypatch):
     import miita_edge.cli as cli
 

@@ -107,3 +107,48 @@ def test_three_stream_orders_differ_in_stages_and_in_every_stage_rows(bench):
     for name in (st.name for st in runs[0]):
         rows = [tuple(e.input for e in next(st for st in r if st.name == name).train) for r in runs]
         assert len(set(rows)) == 3, (bench, name)
+
+
+def _ref_report(stage: str, rows: list[dict]) -> set[int]:
+    """The report rule re-derived: of the rows the dev rule leaves, the ceil(10% of all) of smallest
+    length-prefixed sha256 under the report salt (ties by file order)."""
+    def h(r):
+        d = hashlib.sha256()
+        for part in ("miita-edge report split v1", stage, r["input"], r["output"]):
+            b = part.encode("utf-8")
+            d.update(len(b).to_bytes(8, "little") + b)
+        return d.digest()
+
+    dev = _ref_dev(stage, rows)
+    left = [i for i in range(len(rows)) if i not in dev]
+    order = sorted(left, key=lambda i: (h(rows[i]), i))
+    return set(order[:math.ceil(len(rows) / 10)])
+
+
+@pytest.mark.parametrize("bench", sorted(DIRS))
+def test_report_rows_follow_their_rule_and_only_report_runs_hold_them_out(bench):
+    d = DATA / DIRS[bench]
+    if not d.is_dir():
+        pytest.fail(f"benchmark data missing at {d}")
+    rows = [json.loads(x) for x in (d / "train.jsonl").read_text("utf-8").splitlines() if x.strip()]
+    _, rep = load_benchmark(get_benchmark(bench), d, split="report")
+    _, dev = load_benchmark(get_benchmark(bench), d, split="dev")
+    for sr, sd in zip(rep, dev):
+        mine = [r for r in rows if r["task"] == sr.name]
+        ref, ref_dev = _ref_report(sr.name, mine), _ref_dev(sr.name, mine)
+        assert ref and not ref & ref_dev
+        assert [it.example.input for it in sr.test] == [mine[i]["input"] for i in sorted(ref)]
+        learned = [(e.input, e.output) for e in sr.train]
+        assert learned == [(r["input"], r["output"]) for i, r in enumerate(mine) if i not in ref and i not in ref_dev]
+        # a dev run learns the report rows as it always did: its stream is the dev rule's alone
+        assert [(e.input, e.output) for e in sd.train] == [(r["input"], r["output"]) for i, r in enumerate(mine)
+                                                         if i not in ref_dev]
+
+
+def test_report_positions_leave_a_stage_a_row_to_learn():
+    rows = [("a", "x"), ("b", "y"), ("c", "z")]
+    dev = splits.dev_positions("s", rows)
+    rep = splits.report_positions("s", rows)
+    assert len(dev) == 1 and len(rep) == 1 and not set(dev) & set(rep)
+    assert splits.report_positions("s", rows[:2]) == []  # dev takes one, one is left to learn
+    assert splits.report_positions("s", rows[:1]) == []

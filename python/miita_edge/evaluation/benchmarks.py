@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import InputError
 from ..streams import Example, read_examples
 from .ledger import row_id
-from .splits import SPLITS, dev_positions, order_permutation, parse_rows, shuffle_rows, window
+from .splits import SPLITS, dev_positions, order_permutation, parse_rows, report_positions, shuffle_rows, window
 
 __all__ = ["BENCHMARKS", "BenchSpec", "Stage", "TestItem", "get_benchmark", "load_benchmark", "load_replies",
            "parse_stages", "read_meta", "split_train_dev"]
@@ -199,13 +199,22 @@ def split_train_dev(name: str, rows: list[TestItem]) -> tuple[list[TestItem], li
     return [it for i, it in enumerate(rows) if i not in dev], [it for i, it in enumerate(rows) if i in dev]
 
 
+def split_train_report(name: str, rows: list[TestItem]) -> tuple[list[TestItem], list[TestItem]]:
+    """(training rows a report run learns, report rows) of one stage's training rows by the report
+    rule (``splits``), dev rows left out of both."""
+    pairs = [(it.example.input, it.example.output) for it in rows]
+    dev, rep = set(dev_positions(name, pairs)), set(report_positions(name, pairs))
+    return ([it for i, it in enumerate(rows) if i not in dev and i not in rep],
+            [it for i, it in enumerate(rows) if i in rep])
+
+
 def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, limit_test: int | None = None,
                    limit_train: int | None = None, *, split: str = "test", rows: str | None = None,
                    order_seed: int = 0, replies: str | os.PathLike | None = None) -> tuple[dict, list[Stage]]:
     """(meta.json, selected stages in learning order with their train and evaluated rows), validated.
 
-    ``split``: the evaluated rows are the stage's test rows, or its dev rows (``splits`` rule);
-    dev rows are never among the training rows either way. ``limit_test`` takes the first N
+    ``split``: the evaluated rows are the stage's test rows, its dev rows, or its report rows
+    (``splits`` rules); dev rows are never among the training rows, report rows only in a report run. ``limit_test`` takes the first N
     evaluated rows, ``rows`` a window of them (not both); ``limit_train`` the first N training
     rows left after the dev rows. ``order_seed`` permutes the stages and the training rows within
     each (``splits.order_permutation``; 0 = the given order). A benchmark with ``replies`` takes
@@ -235,8 +244,11 @@ def load_benchmark(spec: BenchSpec, data_dir: str | os.PathLike, stages=None, li
     out = []
     for i in chosen:
         name = order[i]
-        tr, dev = split_train_dev(name, train[name])
-        ev = test[name] if test is not None else dev
+        if split == "report":
+            tr, ev = split_train_report(name, train[name])
+        else:
+            tr, dev = split_train_dev(name, train[name])
+            ev = test[name] if test is not None else dev
         if window_ is None:
             ev, used = ev[:limit_test], [1, len(ev[:limit_test])]
         else:

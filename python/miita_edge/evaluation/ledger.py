@@ -1,7 +1,8 @@
-"""The ledger of reads: every benchmark run that scores test rows says what it read and why.
+"""The ledger of reads: every benchmark run that scores test or report rows says what it read and why.
 
 Why: a setting chosen on rows that are then reported gives an optimistic number, and which rows
-were read for what is otherwise only prose in the docs. ``miita-edge bench --split test`` needs
+were read for what is otherwise only prose in the docs. ``miita-edge bench --split test`` (or
+``report``: training rows held out of report runs only, ``splits.report_positions``) needs
 ``--purpose report|explore`` and ``--why TEXT`` and appends one line per finished run to a JSONL
 ledger (the repository's ``docs/results/ledger.jsonl`` when run inside a checkout;
 docs/evaluation.md, "The ledger of reads"). Exploration defaults to dev rows, which are never
@@ -13,7 +14,7 @@ run scored, as ``result.json``'s ``rows_used``), ``method``, ``preset`` and ``ve
 preset's name and version; null for other methods), ``default_version`` (the package's default
 preset version when the run was made: what decides taint), ``commit`` (of the checkout, or null),
 ``cpu``, ``model``, ``order_seed``, ``data`` (the data directory as given) and ``data_sha256`` (of
-the file the rows came from: ``test.jsonl``, or ``train.jsonl`` for dev rows; null where unknown),
+the file the rows came from: ``test.jsonl``, or ``train.jsonl`` for dev and report rows; null where unknown),
 ``purpose`` (``report`` or ``explore``), ``why`` (free text), ``out`` (the result directory) and
 ``row_ids`` (the sorted, de-duplicated :func:`row_id` of every row scored, from ``result.json``;
 absent or null in entries written before it existed).
@@ -25,7 +26,7 @@ without its stage, benchmark or file. So ``banking77`` and ``banking77-replies``
 rows under its own file, stages and row numbers, read the same ids.
 
 The conflict rule (:func:`conflicts`): a ``report`` entry that reports version V conflicts with
-an ``explore`` entry, both on split ``test``, whose ``default_version`` is below V and that read a
+an ``explore`` entry, both on a recorded split (``test`` or ``report``), whose ``default_version`` is below V and that read a
 row of it: those rows were read while an earlier default was current, so they could have chosen V.
 Where both entries have ``row_ids``, "read a row of it" means the ids intersect, whatever the
 benchmark's name or data file. Where either lacks them (entries from before), it falls back to
@@ -54,7 +55,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
-from .splits import SPLITS, salted_digest
+from .splits import RECORDED_SPLITS, SPLITS, salted_digest
 
 __all__ = ["ENV", "LedgerError", "PURPOSES", "REPO_LEDGER", "Conflict", "add_ledger_arguments", "append", "check",
            "check_purpose", "checkout_commit", "conflicts", "conflicts_of", "data_sha256", "default_ledger_path",
@@ -84,12 +85,12 @@ class LedgerError(InputError):
 def check_purpose(split: str, purpose: str | None, why: str | None) -> None:
     """A run on test rows must say why (one-line InputError otherwise); a dev run needs no purpose
     and takes none, since it is not recorded."""
-    if split == "test":
+    if split in RECORDED_SPLITS:
         if purpose not in PURPOSES or why is None or not why.strip():
-            raise InputError("--split test scores test rows, and every such read goes to the ledger: give "
+            raise InputError(f"--split {split} scores {split} rows, and every such read goes to the ledger: give "
                              "--purpose report|explore and --why TEXT (explore on dev rows: --split dev, the default)")
     elif purpose is not None or why is not None:
-        raise InputError(f"--purpose and --why describe a read of test rows; --split {split} is not recorded")
+        raise InputError(f"--purpose and --why describe a read of test or report rows; --split {split} is not recorded")
 
 
 # ---------------------------------------------------------------------------- rows by content
@@ -271,13 +272,13 @@ def _same_data(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 def conflicts_of(report: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> list[Conflict]:
     """The explore entries among ``entries`` that the rule (module docstring) forbids ``report``:
     shared row ids where both have them, else the same benchmark's overlapping windows."""
-    if report["purpose"] != "report" or report["split"] != "test":
+    if report["purpose"] != "report" or report["split"] not in RECORDED_SPLITS:
         return []
     v = reported_version(report)
     mine = None if report.get("row_ids") is None else set(report["row_ids"])
     out = []
     for e in entries:
-        if e["purpose"] != "explore" or e["split"] != "test" or e["default_version"] >= v:
+        if e["purpose"] != "explore" or e["split"] not in RECORDED_SPLITS or e["default_version"] >= v:
             continue
         if mine is not None and e.get("row_ids") is not None:
             shared = mine.intersection(e["row_ids"])
@@ -361,7 +362,7 @@ def checkout_commit(root: Path | None = None) -> str | None:
 
 
 def data_sha256(data_dir: str | os.PathLike | None, split: str) -> str | None:
-    """sha256 of the file a split's rows come from (``test.jsonl``; ``train.jsonl`` for dev), or None."""
+    """sha256 of the file a split's rows come from (``test.jsonl``; ``train.jsonl`` for dev and report), or None."""
     if data_dir is None:
         return None
     from ..runtime.gguf_model import file_sha256
@@ -376,11 +377,11 @@ def data_sha256(data_dir: str | os.PathLike | None, split: str) -> str | None:
 # ---------------------------------------------------------------------------- the bench command's edge
 def add_ledger_arguments(p) -> None:
     """``--purpose``, ``--why`` and ``--ledger`` of ``miita-edge bench``."""
-    p.add_argument("--purpose", choices=PURPOSES, help="with --split test (required there): report = the "
+    p.add_argument("--purpose", choices=PURPOSES, help="with --split test or report (required there): report = the "
                    "numbers of an adopted version, explore = reading test rows to explore or choose")
-    p.add_argument("--why", metavar="TEXT", help="with --split test (required there): why test rows are read; "
+    p.add_argument("--why", metavar="TEXT", help="with --split test or report (required there): why the rows are read; "
                    "recorded in the ledger with what was read")
-    p.add_argument("--ledger", metavar="FILE", help=f"the ledger a --split test run appends to (default: ${ENV}, "
+    p.add_argument("--ledger", metavar="FILE", help=f"the ledger a --split test or report run appends to (default: ${ENV}, "
                    "else docs/results/ledger.jsonl of the miita-edge checkout containing the current directory, "
                    "else ledger.jsonl in the user cache directory, ~/.cache/miita-edge)")
 
@@ -388,7 +389,7 @@ def add_ledger_arguments(p) -> None:
 def ledger_for(split: str, given: str | None) -> Path | None:
     """The ledger a run of ``split`` appends to (None for dev rows), checked writable before the
     run, so that hours of scoring never end in a read that cannot be recorded."""
-    if split != "test":
+    if split not in RECORDED_SPLITS:
         return None
     p = Path(given).expanduser() if given else default_ledger_path()
     try:

@@ -18,7 +18,7 @@ from ..memory.budget import parse_budget
 from ..streams import stream_bytes
 from .benchmarks import BenchSpec, Stage, check_limit, get_benchmark, load_benchmark
 from .registry import MethodInfo, get_method
-from .splits import ANSWER_STARTS, DEV_RULE
+from .splits import ANSWER_STARTS, DEV_RULE, REPORT_RULE
 
 __all__ = ["AUTO", "CELL_MODES", "RESULT_FORMAT", "RunSetup", "claim_out_dir", "prepare_run", "read_json", "safe_name",
            "sha", "stage_records_frozen", "write_json"]
@@ -118,7 +118,7 @@ def _config(spec, method, budget, budget_bytes, stages, data_hashes, max_tokens,
               "budget_bytes": budget_bytes, "stages": [s.name for s in stages], "n_train": [len(s.train) for s in stages],
               "n_test": [len(s.test) for s in stages], "data": data_hashes, "template": spec.template,
               "metric": spec.metric, "max_tokens": max_tokens, "max_prompt_tokens": max_prompt_tokens,
-              "model": model_id, "split": split, "dev_rule": DEV_RULE, "rows": [s.rows for s in stages],
+              "model": model_id, "split": split, "dev_rule": DEV_RULE + ("; report rows: " + REPORT_RULE if split == "report" else ""), "rows": [s.rows for s in stages],
               "row_window": rows, "order_seed": order_seed}
     if cells != "all":  # absent for "all", so results written before the option still resume
         config["cells"] = cells

@@ -21,7 +21,8 @@ that change numbers are repeated where they are made:
   absolute bytes before stage 1 and handed to every method as that absolute number: C_mem is
   fixed for the whole stream, as in the paper. Results always carry both.
 * Rows (``splits.py``): every stage's dev rows (a fixed, hashed 10% of its training rows) are
-  never learned; a run scores the test rows (``split="test"``) or the dev rows (``"dev"``).
+  never learned; a run scores the test rows (``split="test"``), the dev rows (``"dev"``) or the
+  report rows (``"report"``: training rows only a report run holds out).
   Limits take the first N rows of a stage in file order (the data builders shuffled rows within
   a stage); ``rows="61-220"`` takes a window of the evaluated rows instead.
 * Order: with ``order_seed`` 0 stages are learned in ``meta.json`` ``stage_order`` (a selection
@@ -70,8 +71,8 @@ def run_benchmark(benchmark: str, data_dir: str | os.PathLike, method: str, out_
 
     ``limit_per_stage``: at most N evaluated rows per stage, and N training rows unless
     ``limit_train_per_stage`` is given. ``stages``: ``"1,2"``, ``"2-4"``, names, or a sequence
-    (1-based). ``split``: score the ``"test"`` rows or the ``"dev"`` rows (held-out training
-    rows; for tuning). ``rows``: a window of the evaluated rows per stage, ``"61-220"`` (1-based,
+    (1-based). ``split``: score the ``"test"`` rows, the ``"dev"`` rows (held-out training
+    rows; for tuning) or the ``"report"`` rows (held out of this run only). ``rows``: a window of the evaluated rows per stage, ``"61-220"`` (1-based,
     inclusive), instead of ``limit_per_stage``. ``order_seed``: 0 = the given stream order,
     k > 0 = stages and training rows permuted by seed k. ``max_prompt_tokens``: ``"auto"`` = the
     benchmark's (512 for SuperNI, else none), None = never cut. ``baseline``: the method whose

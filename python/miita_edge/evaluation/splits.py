@@ -10,6 +10,13 @@ rows that no earlier sweep or tuning run has read.
   the learned stream in every run (dev or test), so a reported run never learns them and a dev run
   never scores a row it learned. The rule depends only on a row's content and its stage's other
   rows, not on limits, seeds or the machine.
+* Report rule: in every stage, of the training rows the dev rule leaves, the ``ceil(10%)`` of the
+  stage's training rows with the smallest ``sha256(REPORT_SALT, stage, input, output)`` (ties: file
+  order) are report rows. A ``report`` run holds them out of its learned stream (with the dev rows)
+  and scores them; dev and test runs learn them as before, so every dev result stays what it was.
+  Why: the test rows of some stages had all been read while the default was being chosen (the
+  ledger of reads, docs/evaluation.md), and a report must score rows no choice looked at; report
+  rows were learned by exploring runs but never scored by one.
 * Row windows: ``"61-220"`` means the 61st to the 220th evaluated row of each stage in file order
   (1-based, inclusive; ``"61-"`` runs to the end); a stage with fewer rows is cut at its end.
 * Stream orders: seed 0 is the given order (``meta.json`` ``stage_order``, rows in file order);
@@ -28,17 +35,24 @@ import numpy as np
 
 from ..errors import InputError
 
-__all__ = ["ANSWER_STARTS", "DEV_FRACTION", "DEV_RULE", "DEV_SALT", "SPLITS", "add_protocol_arguments", "add_split_arguments",
-           "check_tuning_split", "dev_positions", "order_permutation", "parse_rows", "protocol_kwargs", "resolve_split",
-           "row_hash", "salted_digest", "shuffle_rows", "window"]
+__all__ = ["ANSWER_STARTS", "DEV_FRACTION", "DEV_RULE", "DEV_SALT", "RECORDED_SPLITS", "REPORT_RULE", "REPORT_SALT",
+           "SPLITS", "add_protocol_arguments", "add_split_arguments", "check_tuning_split", "dev_positions",
+           "order_permutation", "parse_rows", "protocol_kwargs", "report_positions", "resolve_split", "row_hash",
+           "salted_digest", "shuffle_rows", "window"]
 
 T = TypeVar("T")
 
-SPLITS = ("dev", "test")
+SPLITS = ("dev", "test", "report")
+#: Splits whose every read is recorded in the ledger of reads (``ledger.py``): rows a report may score.
+RECORDED_SPLITS = ("test", "report")
 DEV_FRACTION = 0.10
 DEV_SALT = "miita-edge dev split v1"
 DEV_RULE = (f"per stage, the ceil({DEV_FRACTION:.0%}) training rows of smallest sha256('{DEV_SALT}', stage, "
             "input, output), ties by file order; never learned")
+REPORT_SALT = "miita-edge report split v1"
+REPORT_RULE = (f"per stage, of the rows the dev rule leaves, the ceil({DEV_FRACTION:.0%} of the stage's training rows) "
+               f"of smallest sha256('{REPORT_SALT}', stage, input, output), ties by file order; learned except in "
+               "report runs")
 
 
 def salted_digest(*parts: str) -> bytes:
@@ -66,6 +80,20 @@ def dev_positions(stage: str, rows: Sequence[tuple[str, str]]) -> list[int]:
         return []  # a one-row stage keeps its row for learning
     k = math.ceil(DEV_FRACTION * n)
     order = sorted(range(n), key=lambda i: (row_hash(stage, *rows[i]), i))
+    return sorted(order[:k])
+
+
+def report_positions(stage: str, rows: Sequence[tuple[str, str]]) -> list[int]:
+    """Positions (sorted, 0-based in file order) of the report rows among one stage's training rows
+    ``(input, output)``: of the rows :func:`dev_positions` leaves, the ``ceil(DEV_FRACTION * n)`` of
+    smallest :func:`salted_digest` under ``REPORT_SALT`` (n: all the stage's training rows)."""
+    n = len(rows)
+    dev = set(dev_positions(stage, rows))
+    left = [i for i in range(n) if i not in dev]
+    if len(left) < 2:
+        return []  # the stage keeps a row to learn
+    k = min(math.ceil(DEV_FRACTION * n), len(left) - 1)
+    order = sorted(left, key=lambda i: (salted_digest(REPORT_SALT, stage, *rows[i]), i))
     return sorted(order[:k])
 
 
@@ -135,8 +163,9 @@ def add_protocol_arguments(p: argparse.ArgumentParser) -> None:
     ``replies``, ``answer_start``). The command line's split defaults to dev (:func:`resolve_split`);
     ``run_benchmark``'s own default stays test."""
     p.add_argument("--split", choices=SPLITS, default=None,
-                   help="score the dev rows (default: held-out training rows, for exploring and tuning) or the "
-                   "test rows (with --purpose and --why: every read of test rows is recorded in the ledger)")
+                   help="score the dev rows (default: held-out training rows, for exploring and tuning), the "
+                   "test rows, or the report rows (training rows held out of report runs only); test and report "
+                   "need --purpose and --why, and every such read is recorded in the ledger")
     p.add_argument("--test-rows", metavar="A-B", help="score rows A..B of each stage's evaluated rows (1-based, "
                    "inclusive; A- runs to the end) instead of the first --limit-per-stage")
     p.add_argument("--order-seed", type=int, default=0, help="stream order: 0 = the given order (default); k > 0 "
@@ -169,17 +198,17 @@ def protocol_kwargs(args: argparse.Namespace) -> dict:
 def add_split_arguments(p: argparse.ArgumentParser) -> None:
     """``--split`` (default dev) and ``--report-on-test`` for a script that explores settings."""
     p.add_argument("--split", choices=SPLITS, default="dev",
-                   help="rows to score: dev (default: held-out training rows) or test (needs --report-on-test)")
+                   help="rows to score: dev (default: held-out training rows), test or report (need --report-on-test)")
     p.add_argument("--report-on-test", action="store_true",
-                   help="allow --split test: only for a final report of settings already chosen on dev")
+                   help="allow --split test or report: only for a final report of settings already chosen on dev")
 
 
 def check_tuning_split(split: str, report_on_test: bool, what: str = "this script") -> None:
     """Refuse the test split to a script that explores settings, unless explicitly allowed."""
     if split not in SPLITS:
         raise InputError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
-    if split == "test" and not report_on_test:
-        raise InputError(f"{what} explores settings and reads dev rows; --split test needs --report-on-test")
+    if split != "dev" and not report_on_test:
+        raise InputError(f"{what} explores settings and reads dev rows; --split {split} needs --report-on-test")
 
 
 def exit_unless_tuning_split(args: argparse.Namespace, what: str) -> None:
