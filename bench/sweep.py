@@ -13,7 +13,7 @@ so jobs can be appended while workers run.
 Plan lines: ``BENCHMARK METHOD BUDGET [KEY=VALUE ...]`` (``#`` starts a comment). Without keys,
 the subsample is fixed per benchmark below (LIMITS: the first N test rows). Keys (PLAN_KEYS):
 ``rows=61-220`` a window of each stage's test rows instead, ``split=dev`` the dev rows instead of
-test rows (tuning only), ``seed=K`` the stream order (0 = the given one), ``train=N`` training rows
+test rows (tuning only), ``split=report`` the report rows (``splits.REPORT_RULE``; recorded like test rows), ``seed=K`` the stream order (0 = the given one), ``train=N`` training rows
 per stage (0 = all), ``model=NAME`` a model named by ``--model NAME=GGUF`` (default: the bundled
 one). Every job runs ``miita-edge bench`` with ``--cells summary`` and one llama.cpp thread; what
 it read is recorded in its result.json (``split``, ``rows_used``, ``order_seed``).
@@ -100,8 +100,8 @@ def parse_plan_line(line: str, where: str = "plan") -> tuple[str, str, str, dict
         if not eq or k not in PLAN_KEYS or not v:
             raise SystemExit(f"{where}: {kv!r} is not KEY=VALUE with KEY one of {', '.join(PLAN_KEYS)}")
         opts[k] = v
-    if opts.get("split", "test") not in ("test", "dev"):
-        raise SystemExit(f"{where}: split must be test or dev, got {opts['split']!r}")
+    if opts.get("split", "test") not in ("test", "dev", "report"):
+        raise SystemExit(f"{where}: split must be test, dev or report, got {opts['split']!r}")
     return parts[0], parts[1], parts[2], opts
 
 
@@ -138,10 +138,10 @@ def job_command(args, bench: str, method: str, budget: str, opts: dict) -> list[
     head = ["miita-edge", "bench"]
     split = job_split(opts)
     rows += ["--split", split]
-    if split == "test":
+    if split != "dev":
         purpose, why = getattr(args, "purpose", None), getattr(args, "why", None)
         if not purpose or not why:
-            raise SystemExit(f"{name} scores test rows: give the plan @purpose and @why lines, or --purpose and --why")
+            raise SystemExit(f"{name} scores {split} rows: give the plan @purpose and @why lines, or --purpose and --why")
         rows += ["--purpose", purpose, "--why", why]
         if getattr(args, "ledger", None):
             rows += ["--ledger", str(args.ledger)]

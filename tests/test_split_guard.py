@@ -146,6 +146,12 @@ def test_a_report_line_runs_on_its_window_split_order_and_model(tmp_path):
     assert cmd[cmd.index("--split") + 1] == "dev" and "--purpose" not in cmd and "--ledger" not in cmd
     with pytest.raises(SystemExit, match="scores test rows"):
         sweep.job_command(argparse.Namespace(**{**vars(args), "why": None}), *old)
+    # a report line carries the plan's purpose like a test line, and needs one
+    rep = sweep.parse_plan_line("dsc miita-default 5% split=report seed=1")
+    cmd = sweep.job_command(args, *rep)
+    assert cmd[cmd.index("--split") + 1] == "report" and cmd[cmd.index("--purpose") + 1] == "report"
+    with pytest.raises(SystemExit, match="scores report rows"):
+        sweep.job_command(argparse.Namespace(**{**vars(args), "purpose": None}), *rep)
     for bad in ("dsc miita-default", "dsc m 5% rows", "dsc m 5% colour=red", "dsc m 5% split=train"):
         with pytest.raises(SystemExit):
             sweep.parse_plan_line(bad)
