@@ -18,6 +18,7 @@ times noisy, the ratio within one run pair less so).
            [--data ../shared/data] [--threads 1]
     python bench/ablation.py table [--out bench-results/ablation] [--boot 10000]
     python bench/ablation.py matrix [--out bench-results/ablation]   (one row per mechanism)
+    python bench/ablation.py versions [--out bench-results/ablation] (the default against run --versions N)
 """
 from __future__ import annotations
 
@@ -169,6 +170,28 @@ def matrix(args) -> int:
     return 0
 
 
+def versions(args) -> int:
+    """Today's default against each earlier version run beside it (``run --versions N``), query by
+    query on the final row: OP of both and today's minus the earlier one's, with the paired 95% interval."""
+    rows = ["| model | benchmark, dev rows | budget | default OP | version | its OP | default − it [95% paired] | n |",
+            "|---|---|---|---|---|---|---|---|"]
+    for default in sorted(Path(args.out).glob("*/*/*/miita-default/result.json")):
+        budget_dir = default.parent.parent
+        rd = json.loads(default.read_text("utf-8"))
+        a = _final(rd)
+        for res in sorted(budget_dir.glob("miita-default@*/result.json")):
+            rv = json.loads(res.read_text("utf-8"))
+            b = _final(rv)
+            if b.size != a.size:
+                raise SystemExit(f"{res}: {b.size} final-row queries, the default has {a.size}")
+            mean, lo, hi = paired_interval(b, a, args.boot)  # the default minus the earlier version
+            rows.append(f"| {budget_dir.parent.parent.name} | {budget_dir.parent.name} | {budget_dir.name} | "
+                        f"{rd['op']:.1f} | {res.parent.name.partition('@')[2]} | {rv['op']:.1f} | "
+                        f"{mean:+.1f} [{lo:+.1f}, {hi:+.1f}] | {a.size} |")
+    print("\n".join(rows))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -199,8 +222,11 @@ def main(argv=None) -> int:
     mx = sub.add_parser("matrix", help="one row per mechanism, one column per benchmark, budget and model")
     mx.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
     mx.add_argument("--boot", type=int, default=10000)
+    v = sub.add_parser("versions", help="the default against the earlier versions run beside it (run --versions)")
+    v.add_argument("--out", default=str(ROOT / "bench-results" / "ablation"))
+    v.add_argument("--boot", type=int, default=10_000)
     args = ap.parse_args(argv)
-    return {"run": run, "table": table, "matrix": matrix}[args.cmd](args)
+    return {"run": run, "table": table, "matrix": matrix, "versions": versions}[args.cmd](args)
 
 
 if __name__ == "__main__":
