@@ -258,6 +258,35 @@ def test_edited_answer_teaches_once_and_is_the_next_answer(srv, model_id):
     assert memory(srv, "edit")["version"] == 1 and len(flt.reports) == 1
 
 
+def test_one_edit_answers_other_forms_of_its_question_in_a_new_chat(tmp_path):
+    """Through the assistant, on the embedded model: one edited answer (one example, taught once)
+    comes back corrected in a new chat for the question in other letter case, spacing and
+    punctuation, and for a rewording; an unrelated question stays the frozen model's. Why the
+    embedded model: how far one example reaches is what the model says about paraphrase
+    (docs/method.md §5), which a tiny random model cannot say."""
+    question, answer = "What is the code for the bike lock in the garage?", "4417"
+    srv = Server("--memory", f"desk={tmp_path / 'desk'}", log=tmp_path / "server.log")
+    try:
+        model = srv.get("/v1/models")[1]["data"][0]["id"]
+        flt = make_filter(srv)
+        chat = Chat(srv, flt, f"{model}:desk")
+        first = chat.send(question)
+        assert first["content"].strip() != answer
+        chat.edit(first["id"], f" {answer}\n")
+        chat.send("Thanks.")
+        info = memory(srv, "desk")
+        assert info["version"] == 1 and info["examples"] == 1, info
+        new = Chat(srv, flt, f"{model}:desk")
+        for form in ("what is the code for the bike lock in the garage", "WHAT IS THE CODE FOR THE BIKE LOCK IN THE GARAGE?",
+                     "What  is the code for the bike lock in the garage ?", "what's the code of the bike lock in the garage?"):
+            got = new.send(form)
+            assert got["content"].strip() == answer and got["miita"]["adapted"], (form, got)
+        other = new.send("How far away is the moon?")
+        assert not other["miita"]["adapted"], other
+    finally:
+        srv.stop()
+
+
 def test_edit_seen_by_outlet_by_message_id(srv, model_id):
     """Without inlet (the edit only in the stored messages, with ids), outlet teaches it."""
     flt = make_filter(srv)

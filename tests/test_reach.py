@@ -105,3 +105,76 @@ def test_paraphrase_reach_is_high_for_tight_groups_and_needs_both_kinds_of_pair(
     tight = np.concatenate([c + 0.05 * rng.standard_normal((3, K)) for c in centres])
     assert paraphrase_reach(_bits(tight), np.repeat(np.arange(6), 3), K) > 0.8
     assert paraphrase_reach(_bits(tight[:3]), np.zeros(3, int), K) == np.inf  # no non-sibling: reaches nothing
+
+
+def test_sibling_cosines_of_some_rows_are_those_rows_of_all():
+    from miita_edge.method.relevance import separating_threshold, sibling_cosines
+
+    rng = np.random.default_rng(5)
+    keys = rng.standard_normal((18, 64))
+    groups = np.repeat(np.arange(6), 3)
+    sib, non = sibling_cosines(_bits(keys), groups, 64)
+    rows = groups % 2 == 1
+    s1, n1 = sibling_cosines(_bits(keys), groups, 64, rows=rows)
+    np.testing.assert_array_equal(s1, sib[rows])
+    np.testing.assert_array_equal(n1, non[rows])
+    assert separating_threshold(sib, non) == paraphrase_reach(_bits(keys), groups, 64)
+
+
+def _reference_heldout_reach(raw, groups, mean, parts, H, order, K, shrink):
+    """Two folds written out in numpy: whiten by the other fold's within-group scatter (shrunk,
+    inverse square root), prepare as the bank does, and separate the held-out fold's nearest
+    sibling (own group) from its nearest non-sibling (every other phrasing)."""
+    sib, non = [], []
+    for fold in (0, 1):
+        held = groups % 2 == fold
+        z = raw.astype(np.float64) - mean.astype(np.float64)
+        z = np.concatenate([z[:, :H] / np.linalg.norm(z[:, :H], axis=1, keepdims=True),
+                            z[:, H:] / np.linalg.norm(z[:, H:], axis=1, keepdims=True)], axis=1)
+        fit, g = z[~held], groups[~held]
+        c = fit - np.stack([fit[g == x].mean(axis=0) for x in g])
+        W = c.T @ c / len(fit)
+        n = W.shape[0]
+        Ws = (1 - shrink) * W + shrink * np.trace(W) / n * np.eye(n)
+        e, V = np.linalg.eigh(Ws)
+        M = (V / np.sqrt(e)) @ V.T
+        k = (z @ M)[:, order][:, :K]
+        sign = np.where(k >= 0, 1.0, -1.0)
+        cos = sign @ sign.T / K
+        for i in np.flatnonzero(held):
+            sib.append(max(cos[i, j] for j in range(len(raw)) if j != i and groups[j] == groups[i]))
+            non.append(max(cos[i, j] for j in range(len(raw)) if groups[j] != groups[i]))
+    best, best_j = None, None
+    for t in sorted(set(sib) | set(non)):
+        j = sum(x >= t for x in sib) / len(sib) - sum(x >= t for x in non) / len(non)
+        if best_j is None or j > best_j:
+            best, best_j = t, j
+    return best
+
+
+def test_heldout_reach_of_a_whitened_memory_matches_two_folds_written_out():
+    """pipeline.heldout_reach on a synthetic whitened bank against the folds written out in numpy,
+    and its preparation against the bank's own."""
+    from miita_edge.memory.bank import MemoryBank
+    from miita_edge.method import key_whitening as kw
+    from miita_edge.method import pipeline as pl
+    from miita_edge.method.presets import default_preset
+
+    H, parts, K = 24, 2, 40
+    rng = np.random.default_rng(11)
+    G, per = 12, 3
+    groups = np.repeat(np.arange(G), per)
+    centres = rng.standard_normal((G, H * parts))
+    style = rng.standard_normal((per, H * parts))  # a way of asking shared by every group's n-th phrasing
+    raw = (centres[groups] + 1.5 * style[np.tile(np.arange(per), G)]
+           + 0.3 * rng.standard_normal((G * per, H * parts))).astype(np.float32)
+    mean = np.float16(rng.standard_normal(H * parts) * 0.1).astype(np.float32)
+    order = rng.permutation(H * parts)
+    M = kw.whitening_for(raw, mean, parts, groups=groups)  # fitted on every group, as a memory's is
+    bank = MemoryBank(default_preset().bank, H, mean, parts, order, K, key_whiten=M)
+    got = pl.heldout_reach(bank, raw, groups)
+    ref = _reference_heldout_reach(raw, groups, bank.key_mean, parts, H, order, K, kw.SHRINK)
+    assert got == pytest.approx(ref, abs=1e-12)
+    for k in raw[:3]:  # the preparation is the bank's, with the given whitening
+        x = pl.prepared_with(bank, k, M)
+        np.testing.assert_allclose(x / np.linalg.norm(x), bank.prepare_key(k), atol=2e-6)

@@ -78,6 +78,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
+    Mechanism("heldout-reach", "all", _set(single_reach="paraphrase-heldout"),
+              "in a whitened memory, how far an answer taught once reaches is measured on paraphrase groups its "
+              "whitening was not fitted on"),
 )}
 
 

@@ -179,10 +179,11 @@ def group_ids() -> np.ndarray:
 
 
 def whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: int,
-                  shrink: float = SHRINK) -> np.ndarray:
-    """The whitening matrix (float32, (L·H, L·H)) from the paraphrases' raw keys."""
+                  shrink: float = SHRINK, groups: np.ndarray | None = None) -> np.ndarray:
+    """The whitening matrix (float32, (L·H, L·H)) from the paraphrases' raw keys (``groups``: their
+    groups, default ``group_ids()``, every phrasing of ``GROUPS``)."""
     z = prepared(raw_paraphrases, mean, parts)
-    return whitening_matrix(within_scatter(z, group_ids()), shrink).astype(np.float32)
+    return whitening_matrix(within_scatter(z, group_ids() if groups is None else groups), shrink).astype(np.float32)
 
 
 def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: int,

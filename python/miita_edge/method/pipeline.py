@@ -27,13 +27,13 @@ from .calibration import calibration_keys, key_order, raw_key
 from .head_geometry import HeadGeometry, head_geometry
 from .key_axes import cached_axes_for
 from .key_layers import choose_key_layers
-from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
+from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies, whitening_for
 from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .presets import Preset
-from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach
+from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
 from .templates import Template
 
-__all__ = ["KeyFrame", "Pipeline", "Steered"]
+__all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach", "prepared_with"]
 
 
 class KeyFrame(NamedTuple):
@@ -175,7 +175,7 @@ class Pipeline:
                     index.generic_packed = bits
                 else:
                     index.null = null_scores(generic_best(index, bits))
-            if pr.single_reach == "paraphrase" and index.packed is not None and bank.n_prototypes:
+            if pr.single_reach != "repeat" and index.packed is not None and bank.n_prototypes:
                 index.reach = self._reach(bank)
             self._index = index
         return self._index
@@ -185,8 +185,11 @@ class Pipeline:
         whitening, order and width, which repair may narrow): ``relevance.paraphrase_reach``."""
         raw = paraphrase_keys(self.keyed_engine(), self.template, self.preset.skip_bos, self.fingerprint)
         K = bank.key_dim
+        if self.preset.single_reach == "paraphrase-heldout" and bank.key_whiten is not None:
+            return heldout_reach(bank, raw, group_ids())
         bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
         return paraphrase_reach(bits, group_ids(), K)
+
 
     def generic_bits(self, bank: MemoryBank) -> np.ndarray:
         """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
@@ -240,3 +243,39 @@ class Pipeline:
         plan = qp.plan if wrap_plan is None else wrap_plan(qp.plan)
         g = eng.generate(state, plan=plan, eta=eta_abs, mode=gate or pr.gate, hold=qp.hold, **gen_kw)
         return Steered(g, qp, eta_abs, None)
+
+
+def heldout_reach(bank: MemoryBank, raw: np.ndarray, groups: np.ndarray) -> float:
+    """``Pipeline._reach`` for a whitened memory, out of sample. Its whitening was fitted on the
+    same paraphrase groups the reach is measured on, which brings their siblings nearer than any
+    other paraphrase comes, so the threshold would be too strict for every question a user asks.
+    Two folds (even and odd groups): each fold's phrasings (``raw``, their ``groups``) are prepared
+    as the bank prepares keys, but whitened by the other fold's scatter, and their nearest sibling
+    (own group) and nearest non-sibling (all phrasings) give the pooled cosines the threshold
+    separates."""
+    K, parts = bank.key_dim, bank.key_parts
+    groups = np.asarray(groups)
+    sibs, nons = [], []
+    for fold in (0, 1):
+        held = groups % 2 == fold
+        W = whitening_for(raw[~held], bank.key_mean, parts, groups=groups[~held])
+        bits = np.stack([np.packbits(prepared_with(bank, k, W)[:K] >= 0) for k in raw])
+        s, n = sibling_cosines(bits, groups, K, rows=held)
+        sibs.append(s)
+        nons.append(n)
+    return separating_threshold(np.concatenate(sibs), np.concatenate(nons))
+
+
+def prepared_with(bank: MemoryBank, key: np.ndarray, whiten: np.ndarray) -> np.ndarray:
+    """``bank.prepare_key(key)`` with ``whiten`` in place of the bank's whitening (not at unit norm:
+    only its signs are read)."""
+    k = np.asarray(key, np.float32)
+    if bank.key_mean is not None:
+        k = k - bank.key_mean
+    if bank.key_parts > 1:
+        blocks = k.reshape(bank.key_parts, bank.n_embd)
+        k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
+    k = whiten @ k
+    if bank.key_order is not None:
+        k = k[bank.key_order]
+    return k[:bank.key_dim]

@@ -88,7 +88,9 @@ class Preset:
     key_axes: str = "coordinates"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
     # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
-    # (relevance.paraphrase_reach over key_whitening.GROUPS in the memory's key frame).
+    # (relevance.paraphrase_reach over key_whitening.GROUPS in the memory's key frame);
+    # "paraphrase-heldout", the same, but in a whitened memory measured on groups its whitening was
+    # not fitted on (two folds of GROUPS, each whitened by the other's scatter).
     single_reach: str = "repeat"
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
@@ -178,8 +180,9 @@ class Preset:
             raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates' or 'general'")
         if self.key_axes != "coordinates" and not self.center_keys:
             raise StoreError("preset key_axes 'general' needs center_keys (the axes are of centred keys)")
-        if self.single_reach not in ("repeat", "paraphrase"):
-            raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat' or 'paraphrase'")
+        if self.single_reach not in ("repeat", "paraphrase", "paraphrase-heldout"):
+            raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat', 'paraphrase' or "
+                             "'paraphrase-heldout'")
         if not isinstance(self.abstain, bool):
             raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
         if self.null_rule not in ("tail", "nearest"):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "NEAREST_Z", "NULL_Z", "GateDecision", "best_per_prototype", "gate",
-           "nearest_margin", "null_scores", "paraphrase_reach"]
+           "nearest_margin", "null_scores", "paraphrase_reach", "separating_threshold", "sibling_cosines"]
 
 #: Questions and small talk that no taught answer is meant for: the gate's reference for how close
 #: text the memory has nothing to say about comes to each answer's examples (``null_scores``).
@@ -131,6 +131,14 @@ def paraphrase_reach(bits: np.ndarray, groups: np.ndarray, key_dim: int) -> floa
     reaches is what the model says about paraphrase, not how often an answer was taught. Derived
     from the model and the memory's key frame alone; no constant is chosen. Brute force over the
     pairs (a few hundred phrasings), one product of their ±1 vectors."""
+    return separating_threshold(*sibling_cosines(bits, groups, key_dim))
+
+
+def sibling_cosines(bits: np.ndarray, groups: np.ndarray, key_dim: int, rows: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(nearest sibling's cosine, nearest non-sibling's cosine) of each phrasing in ``rows`` (a
+    boolean mask; default all), against every other phrasing of ``bits``; phrasings without a
+    sibling or a non-sibling are left out."""
     s = np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(np.float64) * 2 - 1
     groups = np.asarray(groups)
     cos = (s @ s.T) / key_dim  # ±1 vectors: the dot product is K - 2·Hamming, exact in float64
@@ -138,7 +146,14 @@ def paraphrase_reach(bits: np.ndarray, groups: np.ndarray, key_dim: int) -> floa
     same = groups[:, None] == groups[None, :]
     sib = np.where(same, cos, -np.inf).max(axis=1)
     non = np.where(~same, cos, -np.inf).max(axis=1)
-    sib, non = sib[np.isfinite(sib)], non[np.isfinite(non)]
+    if rows is not None:
+        sib, non = sib[np.asarray(rows, bool)], non[np.asarray(rows, bool)]
+    return sib[np.isfinite(sib)], non[np.isfinite(non)]
+
+
+def separating_threshold(sib: np.ndarray, non: np.ndarray) -> float:
+    """The cosine t that maximises the share of ``sib`` at or above t minus the share of ``non`` at
+    or above it (ties: the lowest); inf when either is empty."""
     if not len(sib) or not len(non):
         return np.inf
     best, best_j = np.inf, -np.inf

@@ -1,0 +1,98 @@
+"""Does an answer taught once reach its question's other forms when the answer is a reply?
+
+The personal facts (``bench/facts.py``) teach short answers ("tulip-4821"), so their memory keeps
+plain keys. A correction made in a chat is usually a reply of a sentence or two, and a memory
+whose first answers are replies whitens its keys (docs/method.md §2.5). This teaches the facts'
+dev half once in three ways and asks every unseen form and paraphrase, reading only the relevance
+gate and the vote (``Miita.plan``, ``steering.vote``; no generation, so it takes minutes):
+
+* ``labels``: each fact's answer as it is (the memory does not whiten);
+* ``replies``: each answer inside a reply of about 20 tokens, ``REPLY`` (the memory whitens, as
+  the default decides for replies);
+* ``replies-unwhitened``: the same replies in a memory that keeps plain keys
+  (``key_whitening = "none"``);
+* ``replies-heldout-reach``: the same replies, whitened, with the reach measured on paraphrase
+  groups the whitening was not fitted on (``single_reach = "paraphrase-heldout"``).
+
+Per query kind: steered to its own fact's answer, to another fact's, or left to the frozen model;
+and the unrelated questions some answer would steer.
+
+    python bench/facts_reach.py [--model GGUF] [--split dev] [--threads 1]
+
+The facts' dev half is for choosing; this reads nothing else.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPLY = "Thanks for asking! As you told me before, the answer is {answer}. Let me know if that ever changes."
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--split", default="dev", choices=("dev",))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--modes", default="labels,replies,replies-unwhitened,replies-heldout-reach")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "python"))
+    from miita_edge import Example, Miita
+    from miita_edge.evaluation.facts import load_facts, queries
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.presets import default_preset
+    from miita_edge.method.steering import vote
+    from miita_edge.runtime.engine import Engine, EngineConfig
+
+    fs = load_facts(split=args.split)
+    engine = Engine(args.model, EngineConfig(n_threads=args.threads))
+    print(f"# facts {args.split} half: {len(fs.facts)} facts taught once, {len(fs.unrelated)} unrelated questions; "
+          f"model {Path(args.model).name if args.model else 'embedded Gemma-3-270M'}; reply form: {REPLY!r}")
+    for mode in args.modes.split(","):
+        preset = default_preset()
+        if mode == "replies-unwhitened":
+            preset = dataclasses.replace(preset, key_whitening="none")
+        if mode == "replies-heldout-reach":
+            preset = dataclasses.replace(preset, single_reach="paraphrase-heldout")
+        answer_of = {f.id: (f.answer if mode == "labels" else REPLY.format(answer=f.answer)) for f in fs.facts}
+        with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", preset=preset, engine=engine,
+                                                       template="auto") as m:
+            m.ingest([Example(f.teach[0], answer_of[f.id]) for f in fs.facts], budget="none")
+            labels = [m.keyed_engine().detokenize(t).strip() for t in m.bank.answer_tokens()]
+            eng = m.keyed_engine()
+
+            def steer(text: str) -> str | None:
+                state = eng.query(prompt_tokens(eng, m.template, text, m.max_prompt_tokens),
+                                  skip_bos_in_key=m.preset.skip_bos)
+                qp = m.plan(state)
+                if qp.gate is not None and not qp.gate.adapted:
+                    return None
+                return vote(qp.ids, qp.weights, labels) or None
+
+            counts: dict[str, Counter] = {}
+            for f in fs.facts:
+                for q in queries(f, 1):
+                    got = steer(q.text)
+                    c = counts.setdefault(q.kind, Counter())
+                    c["n"] += 1
+                    c["frozen" if got is None else "right" if got == answer_of[f.id].strip() else "other"] += 1
+            off = sum(steer(q) is not None for q in fs.unrelated)
+            print(f"\n{mode}: whitened {m.key_whitened}, template {m.template.name}")
+            print("| query kind | n | own answer | another's | frozen |")
+            print("|---|---|---|---|---|")
+            for kind, c in counts.items():
+                n = c["n"]
+                print(f"| {kind} | {n} | {100 * c['right'] / n:.1f}% | {100 * c['other'] / n:.1f}% | "
+                      f"{100 * c['frozen'] / n:.1f}% |")
+            print(f"unrelated questions some answer would steer: {off} of {len(fs.unrelated)}", flush=True)
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
