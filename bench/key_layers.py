@@ -68,9 +68,9 @@ def main(argv=None) -> int:
         more = [t for g in MORE_PARAPHRASES for t in g]
         centred["more-" + pooling] = kl._keys(engine, template, more, layers, pooling) - c
     if args.designs:  # the mean over every prompt row, BOS included
-        c = _keys_with_bos(kl, engine, template, list(CALIBRATION_INPUTS), layers).mean(axis=0)
-        centred["bos"] = _keys_with_bos(kl, engine, template, texts, layers) - c
-        centred["more-bos"] = _keys_with_bos(kl, engine, template, more, layers) - c
+        c = kl._keys(engine, template, list(CALIBRATION_INPUTS), layers, "mean", skip_bos=False).mean(axis=0)
+        centred["bos"] = kl._keys(engine, template, texts, layers, "mean", skip_bos=False) - c
+        centred["more-bos"] = kl._keys(engine, template, more, layers, "mean", skip_bos=False) - c
     engine.close()
     more_groups = np.array([i for i, g in enumerate(MORE_PARAPHRASES) for _ in g])
 
@@ -122,21 +122,3 @@ def main(argv=None) -> int:
             print(f"| {name.get(first, first)}, {name.get(second, second)} | {c.last} + {c.mean} | "
                   f"{100 * c.accuracy:.1f}% | {100 * acc_m[a, b]:.1f}% |")
     return 0
-
-
-def _keys_with_bos(kl, engine, template, texts: list[str], layers: list[int]) -> np.ndarray:
-    """``key_layers._keys`` for the mean pooling, with the BOS row kept (eq. 1 as written)."""
-    from miita_edge.runtime import key_pass
-    from miita_edge.runtime.key_pooling import key_mean
-
-    engine.set_key_layers(layers, ["mean"] * len(layers))
-    out = []
-    for x in texts:
-        toks = engine.tokenize(template.render_prompt(x))
-        s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, False))
-        out.append(key_mean(s, n).reshape(len(layers), -1))
-    return np.stack(out).astype(np.float64)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,15 +17,16 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DIRS = {"banking77": "banking77", "dsc": "dsc", "xquad": "paxqa_substitute_xquad", "superni": "superni"}
 
 
-def _ref_dev(stage: str, rows: list[dict]) -> set[int]:
-    def h(r):
-        d = hashlib.sha256()
-        for part in ("miita-edge dev split v1", stage, r["input"], r["output"]):
-            b = part.encode("utf-8")
-            d.update(len(b).to_bytes(8, "little") + b)
-        return d.digest()
+def _ref_hash(salt: str, stage: str, r: dict) -> bytes:
+    d = hashlib.sha256()
+    for part in (salt, stage, r["input"], r["output"]):
+        b = part.encode("utf-8")
+        d.update(len(b).to_bytes(8, "little") + b)
+    return d.digest()
 
-    order = sorted(range(len(rows)), key=lambda i: (h(rows[i]), i))
+
+def _ref_dev(stage: str, rows: list[dict]) -> set[int]:
+    order = sorted(range(len(rows)), key=lambda i: (_ref_hash("miita-edge dev split v1", stage, rows[i]), i))
     return set(order[:math.ceil(len(rows) / 10)])
 
 
@@ -112,16 +113,9 @@ def test_three_stream_orders_differ_in_stages_and_in_every_stage_rows(bench):
 def _ref_report(stage: str, rows: list[dict]) -> set[int]:
     """The report rule re-derived: of the rows the dev rule leaves, the ceil(10% of all) of smallest
     length-prefixed sha256 under the report salt (ties by file order)."""
-    def h(r):
-        d = hashlib.sha256()
-        for part in ("miita-edge report split v1", stage, r["input"], r["output"]):
-            b = part.encode("utf-8")
-            d.update(len(b).to_bytes(8, "little") + b)
-        return d.digest()
-
     dev = _ref_dev(stage, rows)
     left = [i for i in range(len(rows)) if i not in dev]
-    order = sorted(left, key=lambda i: (h(rows[i]), i))
+    order = sorted(left, key=lambda i: (_ref_hash("miita-edge report split v1", stage, rows[i]), i))
     return set(order[:math.ceil(len(rows) / 10)])
 
 

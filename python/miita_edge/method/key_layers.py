@@ -117,12 +117,13 @@ def pair_scores(last: np.ndarray, mean: np.ndarray, groups: np.ndarray) -> tuple
     return acc, margin
 
 
-def _keys(engine: Engine, template: Template, texts: list[str], layers: list[int], pooling: str) -> np.ndarray:
+def _keys(engine: Engine, template: Template, texts: list[str], layers: list[int], pooling: str,
+          skip_bos: bool = True) -> np.ndarray:
     engine.set_key_layers(layers, [pooling] * len(layers))
     out = []
     for x in texts:
         toks = engine.tokenize(template.render_prompt(x))
-        s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, True))
+        s, n = key_pass.prompt_key(engine, toks, engine.key_mask(toks, skip_bos))
         out.append(key_mean(s, n).reshape(len(layers), -1))
     return np.stack(out).astype(np.float64)
 
