@@ -122,3 +122,7 @@ def main(argv=None) -> int:
             print(f"| {name.get(first, first)}, {name.get(second, second)} | {c.last} + {c.mean} | "
                   f"{100 * c.accuracy:.1f}% | {100 * acc_m[a, b]:.1f}% |")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
