@@ -112,10 +112,11 @@ class QueryView:
                 D[j] = p.dirs[position]
         return D
 
-    def prepare_key(self, key: np.ndarray) -> np.ndarray:
+    def prepare_key(self, key: np.ndarray, whiten: np.ndarray | None = None) -> np.ndarray:
         """Raw mean-pooled key -> the vector that is compared and stored: centred, each layer's
-        block at unit norm, whitened (``key_whiten``, where the preset asks), its coordinates in
-        ``key_order``, the first ``key_dim`` kept, unit."""
+        block at unit norm, whitened (``key_whiten``, where the preset asks; ``whiten`` in its
+        place, for a reach measured out of sample), its coordinates in ``key_order``, the first
+        ``key_dim`` kept, unit."""
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
@@ -124,12 +125,12 @@ class QueryView:
         if self.key_parts > 1:
             blocks = k.reshape(self.key_parts, self.n_embd)
             k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
-        return self._whiten_order_cut(k)
+        return self._whiten_order_cut(k, self.key_whiten if whiten is None else whiten)
 
-    def _whiten_order_cut(self, k: np.ndarray) -> np.ndarray:
-        if self.key_whiten is not None:
+    def _whiten_order_cut(self, k: np.ndarray, whiten: np.ndarray | None) -> np.ndarray:
+        if whiten is not None:
             # without an order after it, only the rows of the coordinates kept are needed
-            k = (self.key_whiten if self.key_order is not None else self.key_whiten[:self.key_dim]) @ k
+            k = (whiten if self.key_order is not None else whiten[:self.key_dim]) @ k
         if self.key_order is not None:
             k = k[self.key_order]
         k = k[:self.key_dim]
@@ -154,7 +155,7 @@ class QueryView:
         # centres and normalises the blocks (and the whole key, a scale the linear whitening and
         # the final norm drop), numpy does the rest as prepare_key does
         full = ext.prepare_query(k, self.key_parts, self.key_mean, None, self.n_embd * self.key_parts, rows)
-        return self._whiten_order_cut(np.asarray(full, np.float32)).astype(np.float32)
+        return self._whiten_order_cut(np.asarray(full, np.float32), self.key_whiten).astype(np.float32)
 
     def store_key(self, key: np.ndarray) -> np.ndarray:
         """What a prepared key becomes on disk (decoded), shape (1, H)."""

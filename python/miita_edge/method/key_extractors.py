@@ -15,7 +15,7 @@ values (the engine, template, preset): this module knows nothing of the facade.
   asked again verbatim is not an exact repeat for the gate;
 - ``fast``: the same, on the model's lossless Q8_0 twin cut after its deepest key layer
   (``runtime.key_twin``), at least two contexts;
-- ``ray``: extraction on a Ray cluster (:mod:`.ray_ingest`), the bank still written here in order.
+- ``ray``: extraction on a Ray cluster (:mod:`.ray_ingest`), the bank written here, in stream order.
 
 The batched and twin extractors apply to presets that need only keys (the ``tokens`` payload);
 for other presets, and with an extract cache, the engine's own one-prompt path runs.

@@ -33,7 +33,7 @@ from .presets import Preset
 from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
 from .templates import Template
 
-__all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach", "prepared_with"]
+__all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach"]
 
 
 class KeyFrame(NamedTuple):
@@ -259,23 +259,8 @@ def heldout_reach(bank: MemoryBank, raw: np.ndarray, groups: np.ndarray) -> floa
     for fold in (0, 1):
         held = groups % 2 == fold
         W = whitening_for(raw[~held], bank.key_mean, parts, groups=groups[~held])
-        bits = np.stack([np.packbits(prepared_with(bank, k, W)[:K] >= 0) for k in raw])
+        bits = np.stack([np.packbits(bank.prepare_key(k, whiten=W)[:K] >= 0) for k in raw])
         s, n = sibling_cosines(bits, groups, K, rows=held)
         sibs.append(s)
         nons.append(n)
     return separating_threshold(np.concatenate(sibs), np.concatenate(nons))
-
-
-def prepared_with(bank: MemoryBank, key: np.ndarray, whiten: np.ndarray) -> np.ndarray:
-    """``bank.prepare_key(key)`` with ``whiten`` in place of the bank's whitening (not at unit norm:
-    only its signs are read)."""
-    k = np.asarray(key, np.float32)
-    if bank.key_mean is not None:
-        k = k - bank.key_mean
-    if bank.key_parts > 1:
-        blocks = k.reshape(bank.key_parts, bank.n_embd)
-        k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
-    k = whiten @ k
-    if bank.key_order is not None:
-        k = k[bank.key_order]
-    return k[:bank.key_dim]
