@@ -152,13 +152,15 @@ def _reference_heldout_reach(raw, groups, mean, parts, H, order, K, shrink):
     return best
 
 
-def test_heldout_reach_of_a_whitened_memory_matches_two_folds_written_out():
-    """pipeline.heldout_reach on a synthetic whitened bank against the folds written out in numpy."""
+def test_heldout_reach_of_a_whitened_memory_matches_two_folds_written_out(tmp_path, monkeypatch):
+    """pipeline.heldout_reach on a synthetic whitened bank against the folds written out in numpy;
+    the folds' matrices are cached, so a second memory version computes no eigendecomposition."""
     from miita_edge.memory.bank import MemoryBank
     from miita_edge.method import key_whitening as kw
     from miita_edge.method import pipeline as pl
     from miita_edge.method.presets import default_preset
 
+    monkeypatch.setattr(kw, "cache_dir", lambda: tmp_path)
     H, parts, K = 24, 2, 40
     rng = np.random.default_rng(11)
     G, per = 12, 3
@@ -174,5 +176,8 @@ def test_heldout_reach_of_a_whitened_memory_matches_two_folds_written_out():
     got = pl.heldout_reach(bank, raw, groups)
     ref = _reference_heldout_reach(raw, groups, bank.key_mean, parts, H, order, K, kw.SHRINK)
     assert got == pytest.approx(ref, abs=1e-12)
+    assert len(list(tmp_path.glob("whitening-*.npy"))) == 2  # one matrix per fold
+    monkeypatch.setattr(kw, "whitening_for", lambda *a, **k: pytest.fail("recomputed a fold's matrix"))
+    assert pl.heldout_reach(bank, raw, groups) == got
     for k in raw[:3]:  # a whitening given in place of the bank's own is applied as the bank's
         np.testing.assert_allclose(bank.prepare_key(k, whiten=M), bank.prepare_key(k), atol=2e-6)

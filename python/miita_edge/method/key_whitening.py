@@ -187,8 +187,10 @@ def whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: i
 
 
 def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, parts: int,
-                         shrink: float = SHRINK) -> np.ndarray:
-    """``whitening_for``, read from the user cache directory when it was computed before.
+                         shrink: float = SHRINK, groups: np.ndarray | None = None) -> np.ndarray:
+    """``whitening_for``, read from the user cache directory when it was computed before
+    (``groups``: as there; a subset of the groups, such as a fold of the held-out reach, is a
+    matrix of its own).
 
     Why: the eigendecomposition of an (L·H)² scatter takes most of a second on one core (1,280
     values wide on Gemma-3-270M), and a memory derives its whitening every time it opens (each
@@ -197,8 +199,11 @@ def cached_whitening_for(raw_paraphrases: np.ndarray, mean: np.ndarray | None, p
     reads a stale matrix."""
     raw = np.ascontiguousarray(raw_paraphrases, np.float32)
     m = None if mean is None else np.asarray(mean, np.float32)
-    return cached_matrix(cache_dir(), "whitening", [raw, m, f"{parts}|{float(shrink)!r}|{raw.shape}|v{VERSION}"],
-                         raw.shape[1], lambda: whitening_for(raw, mean, parts, shrink))
+    inputs = [raw, m, f"{parts}|{float(shrink)!r}|{raw.shape}|v{VERSION}"]
+    if groups is not None:
+        inputs.append(np.ascontiguousarray(groups, np.int64))
+    return cached_matrix(cache_dir(), "whitening", inputs, raw.shape[1],
+                         lambda: whitening_for(raw, mean, parts, shrink, groups=groups))
 
 
 def whiten_replies(answer_tokens: list[int], min_tokens: int = REPLY_MIN_TOKENS) -> bool | None:

@@ -27,7 +27,7 @@ from .calibration import calibration_keys, key_order, raw_key
 from .head_geometry import HeadGeometry, head_geometry
 from .key_axes import cached_axes_for
 from .key_layers import choose_key_layers
-from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies, whitening_for
+from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
 from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
 from .presets import Preset
 from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
@@ -258,7 +258,7 @@ def heldout_reach(bank: MemoryBank, raw: np.ndarray, groups: np.ndarray) -> floa
     sibs, nons = [], []
     for fold in (0, 1):
         held = groups % 2 == fold
-        W = whitening_for(raw[~held], bank.key_mean, parts, groups=groups[~held])
+        W = cached_whitening_for(raw[~held], bank.key_mean, parts, groups=groups[~held])
         bits = np.stack([np.packbits(bank.prepare_key(k, whiten=W)[:K] >= 0) for k in raw])
         s, n = sibling_cosines(bits, groups, K, rows=held)
         sibs.append(s)
