@@ -1,5 +1,5 @@
 """What a narrow key can tell: one centroid per answer at K stored bits, under other key frames and
-other nearest-question bars (docs/method.md, "Tried and not adopted").
+other nearest-question bars (docs/tried.md).
 
 Why: at Banking77's 1% budget every answer keeps one centroid of few bits (40 before the token
 dictionary, 80 after), and the vote and the relevance gate read only those bits. Before spending

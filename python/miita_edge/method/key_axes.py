@@ -31,7 +31,7 @@ def principal_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray
 
     Why the tail: a few hundred prompts span a few hundred of the key's directions. A basis
     completed arbitrarily would give an unnarrowed key bits of random directions (a random
-    rotation before the sign lost DSC's dev rows, docs/method.md §13); completed this way, the
+    rotation before the sign lost DSC's dev rows, docs/tried.md); completed this way, the
     tail is the memory's own coordinates, in the order it would keep them, as nearly as an
     orthonormal basis allows. Each row's sign is fixed so that its largest-magnitude entry is
     positive, which makes the basis one function of ``z`` and ``order``."""
