@@ -15,9 +15,16 @@ gate and the vote (``Miita.plan``, ``steering.vote``; no generation, so it takes
   groups the whitening was not fitted on (``single_reach = "paraphrase-heldout"``).
 
 Per query kind: steered to its own fact's answer, to another fact's, or left to the frozen model;
-and the unrelated questions some answer would steer.
+and the unrelated questions some answer would steer. ``--margins`` adds, per mode, what a rule
+that also abstains when the nearest two answers' best cosines differ by less than a margin would
+give on the unseen queries (an exact repeat still steers): the trade between answers lost and
+another fact's answers avoided.
 
-    python bench/facts_reach.py [--model GGUF] [--split dev] [--threads 1]
+``--taught twice`` teaches both phrasings of each fact (the second's forms are then asked too);
+``--with CANDIDATE`` runs every mode with a candidate of ``evaluation/ablation.py`` switched on.
+
+    python bench/facts_reach.py [--model GGUF] [--split dev] [--threads 1] [--margins 0.02,0.05,0.1]
+           [--taught once|twice] [--with CANDIDATE]
 
 The facts' dev half is for choosing; this reads nothing else.
 """
@@ -40,21 +47,31 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="dev", choices=("dev",))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--modes", default="labels,replies,replies-unwhitened,replies-heldout-reach")
+    ap.add_argument("--margins", default="", help="comma list of margins between the nearest two answers")
+    ap.add_argument("--taught", choices=("once", "twice"), default="once")
+    ap.add_argument("--with", dest="candidate", default=None, help="a candidate mechanism switched on in every mode")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge import Example, Miita
     from miita_edge.evaluation.facts import load_facts, queries
     from miita_edge.method.extract import prompt_tokens
+    import numpy as np
+
+    from miita_edge.method.plan import anchor_best, query_key
     from miita_edge.method.presets import default_preset
     from miita_edge.method.steering import vote
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     fs = load_facts(split=args.split)
     engine = Engine(args.model, EngineConfig(n_threads=args.threads))
-    print(f"# facts {args.split} half: {len(fs.facts)} facts taught once, {len(fs.unrelated)} unrelated questions; "
+    print(f"# facts {args.split} half: {len(fs.facts)} facts taught {args.taught}"
+          f"{', with ' + args.candidate if args.candidate else ''}, {len(fs.unrelated)} unrelated questions; "
           f"model {Path(args.model).name if args.model else 'embedded Gemma-3-270M'}; reply form: {REPLY!r}")
+    from miita_edge.evaluation.ablation import with_candidate
+
+    times = 2 if args.taught == "twice" else 1
     for mode in args.modes.split(","):
-        preset = default_preset()
+        preset = with_candidate(args.candidate) if args.candidate else default_preset()
         if mode == "replies-unwhitened":
             preset = dataclasses.replace(preset, key_whitening="none")
         if mode == "replies-heldout-reach":
@@ -62,26 +79,36 @@ def main(argv=None) -> int:
         answer_of = {f.id: (f.answer if mode == "labels" else REPLY.format(answer=f.answer)) for f in fs.facts}
         with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", preset=preset, engine=engine,
                                                        template="auto") as m:
-            m.ingest([Example(f.teach[0], answer_of[f.id]) for f in fs.facts], budget="none")
+            m.ingest([Example(t, answer_of[f.id]) for f in fs.facts for t in f.teach[:times]], budget="none")
             labels = [m.keyed_engine().detokenize(t).strip() for t in m.bank.answer_tokens()]
             eng = m.keyed_engine()
 
-            def steer(text: str) -> str | None:
+            gaps: list[tuple[float, bool, bool]] = []  # (nearest two answers' gap, steered, right) per unseen query
+
+            def steer(text: str) -> tuple[str | None, float]:
+                """The answer the memory steers to (None: the frozen model) and the gap between the
+                best cosines of the query's nearest two answers (inf: an exact repeat or one answer)."""
                 state = eng.query(prompt_tokens(eng, m.template, text, m.max_prompt_tokens),
                                   skip_bos_in_key=m.preset.skip_bos)
                 qp = m.plan(state)
+                index = m.pipeline.index(m.bank, None)
+                best = np.sort(anchor_best(index, query_key(m.preset, m.bank, index, state),
+                                           np.arange(m.bank.n_prototypes)))[::-1]
+                gap = np.inf if len(best) < 2 or best[0] >= 1 - 1e-6 else float(best[0] - best[1])
                 if qp.gate is not None and not qp.gate.adapted:
-                    return None
-                return vote(qp.ids, qp.weights, labels) or None
+                    return None, gap
+                return vote(qp.ids, qp.weights, labels) or None, gap
 
             counts: dict[str, Counter] = {}
             for f in fs.facts:
-                for q in queries(f, 1):
-                    got = steer(q.text)
+                for q in queries(f, times):
+                    got, gap = steer(q.text)
                     c = counts.setdefault(q.kind, Counter())
                     c["n"] += 1
                     c["frozen" if got is None else "right" if got == answer_of[f.id].strip() else "other"] += 1
-            off = sum(steer(q) is not None for q in fs.unrelated)
+                    if q.kind != "taught":
+                        gaps.append((gap, got is not None, got == answer_of[f.id].strip()))
+            off = sum(steer(q)[0] is not None for q in fs.unrelated)
             print(f"\n{mode}: whitened {m.key_whitened}, template {m.template.name}")
             print("| query kind | n | own answer | another's | frozen |")
             print("|---|---|---|---|---|")
@@ -90,6 +117,11 @@ def main(argv=None) -> int:
                 print(f"| {kind} | {n} | {100 * c['right'] / n:.1f}% | {100 * c['other'] / n:.1f}% | "
                       f"{100 * c['frozen'] / n:.1f}% |")
             print(f"unrelated questions some answer would steer: {off} of {len(fs.unrelated)}", flush=True)
+            for margin in [float(x) for x in args.margins.split(",") if x]:
+                kept = [(s, r) for g, s, r in gaps if s and g >= margin]
+                right, other = sum(r for _, r in kept), sum(not r for _, r in kept)
+                print(f"  abstaining below a gap of {margin:g}: unseen right {100 * right / len(gaps):.1f}%, "
+                      f"another's {100 * other / len(gaps):.1f}% (of {len(gaps)})")
     engine.close()
     return 0
 
