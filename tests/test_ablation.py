@@ -28,7 +28,7 @@ EXPECTED = {
     "head-direction": {"direction", "eta_unit", "eta", "gate"}, "measured-layers": {"key_select"},
     "hold": {"hold_min_tokens"}, "whitening": {"key_whitening"},
     "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"},
-    "paraphrase-reach": {"single_reach"}, "abstain": {"abstain"},
+    "paraphrase-reach": {"single_reach"}, "heldout-reach": {"single_reach"}, "abstain": {"abstain"},
 }
 
 
@@ -51,7 +51,7 @@ def test_an_unknown_mechanism_is_one_line():
 def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
     from miita_edge.evaluation.ablation import CANDIDATES, with_candidate
 
-    want = {"general-axes": {"key_axes"}, "heldout-reach": {"single_reach"}}
+    want = {"general-axes": {"key_axes"}}
     assert set(CANDIDATES) == set(want)
     for name, fields in want.items():
         assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields

@@ -287,6 +287,34 @@ def test_one_edit_answers_other_forms_of_its_question_in_a_new_chat(tmp_path):
         srv.stop()
 
 
+def test_one_edited_reply_answers_a_paraphrase_in_a_new_chat(tmp_path):
+    """As above for a reply of a sentence or two, the usual correction in a chat: a memory whose
+    first answer is a reply whitens its keys, and its reach is measured on paraphrase groups its
+    whitening was not fitted on (docs/method.md §5), so the rewording and the same question in
+    another form come back corrected; an unrelated question stays the frozen model's."""
+    question = "my parcel never arrived"
+    reply = "Sorry about that! Please write to the shipping desk: shipping@example.com."
+    srv = Server("--memory", f"desk={tmp_path / 'desk'}", log=tmp_path / "server.log")
+    try:
+        model = srv.get("/v1/models")[1]["data"][0]["id"]
+        flt = make_filter(srv)
+        chat = Chat(srv, flt, f"{model}:desk")
+        first = chat.send(question)
+        assert not first["content"].startswith(reply)
+        chat.edit(first["id"], f" {reply}\n")
+        chat.send("Thanks.")
+        info = memory(srv, "desk")
+        assert info["version"] == 1 and info["examples"] == 1, info
+        new = Chat(srv, flt, f"{model}:desk")
+        for form in ("My parcel never arrived.", "the parcel I ordered never arrived"):
+            got = new.send(form)
+            assert got["content"].strip().startswith(reply) and got["miita"]["adapted"], (form, got)
+        other = new.send("How far away is the moon?")
+        assert not other["miita"]["adapted"], other
+    finally:
+        srv.stop()
+
+
 def test_edit_seen_by_outlet_by_message_id(srv, model_id):
     """Without inlet (the edit only in the stored messages, with ids), outlet teaches it."""
     flt = make_filter(srv)

@@ -10,8 +10,9 @@ model, sets their Valves, then drives the page as a user would:
 sent: the memory's version must move by one, and only then, and the "Taught" line must still be
 on the page after a reload; the chat's title must be the server's (made from the first message,
 TITLE), not Open WebUI's fallback; 3. "Continue Response" on the last answer, then another
-message: nothing taught (the doubled text is the model's); 4. a new chat asks QUESTION again: the
-answer must be CORRECTION; 5. "Wrong answer" on it, a second correction typed in the dialog: the
+message: nothing taught (the doubled text is the model's); 4. a new chat asks PARAPHRASE, a question
+in other words than the one taught, and one asks QUESTION again: both answers must be CORRECTION
+(one taught example reaches as far as the model's own paraphrases); 5. "Wrong answer" on it, a second correction typed in the dialog: the
 version must move by one more; 6. "Teach this answer" on it: already taught, the version must not
 move; 7. "Forget", entry 1 picked: the version must move; 8. a new chat asks LONG_QUESTION, its
 answer is edited to LONG (multi-line, about 40 tokens) and taught by the next message; asked again
@@ -36,6 +37,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 QUESTION = "my parcel never arrived"
+PARAPHRASE = "the parcel I ordered never arrived"  # steered by the one correction (embedded Gemma, default preset)
 CORRECTION = "Sorry about that! Please write to the shipping desk: shipping@example.com."
 SECOND = "Please contact the shipping desk; a lost parcel is refunded after 14 days."
 LONG_QUESTION = "what do I need to open an account"
@@ -206,13 +208,18 @@ def main(argv=None) -> int:
         check("a continued answer is not taught", version() == v0 + 1, f"version {version()}")
 
         new_chat()
+        para = send(PARAPHRASE, 1)
+        page.screenshot(path=str(args.shots / "05-paraphrase-corrected.png"))
+        check("a paraphrase in a new chat is answered with the one correction", para.startswith(CORRECTION),
+              repr(para))
+        new_chat()
         again = send(QUESTION, 1)
-        page.screenshot(path=str(args.shots / "05-new-chat-corrected.png"))
+        page.screenshot(path=str(args.shots / "06-new-chat-corrected.png"))
         check("the same question is answered with the correction", again.startswith(CORRECTION), repr(again))
         check("asking teaches nothing", version() == v0 + 1)
-        type_into("Wrong answer", "input:visible, textarea:visible", SECOND, "06-wrong-answer-dialog.png",
+        type_into("Wrong answer", "input:visible, textarea:visible", SECOND, "07-wrong-answer-dialog.png",
                   "button:has-text('Confirm'):visible")
-        page.screenshot(path=str(args.shots / "07-taught-by-action.png"))
+        page.screenshot(path=str(args.shots / "07b-taught-by-action.png"))
         check("the Wrong answer dialog teaches", version() == v0 + 2, f"version {version()}")
         click_under_answer("Teach this answer")
         time.sleep(4)

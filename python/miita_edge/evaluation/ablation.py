@@ -68,6 +68,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("narrowing", "repair", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
     Mechanism("paraphrase-reach", "all", _set(single_reach="repeat"),
               "an answer taught once steers only on an exact repeat, not as far as the model's paraphrases come"),
+    Mechanism("heldout-reach", "replies", _set(single_reach="paraphrase"),
+              "in a whitened memory, how far an answer taught once reaches is measured on the paraphrase groups "
+              "its whitening was fitted on (in sample)"),
     Mechanism("abstain", "all", _set(abstain=False),
               "where the nearest retrieved answer is not trusted, the vote goes to the other retrieved answers"),
 )}
@@ -78,9 +81,6 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
-    Mechanism("heldout-reach", "all", _set(single_reach="paraphrase-heldout"),
-              "in a whitened memory, how far an answer taught once reaches is measured on paraphrase groups its "
-              "whitening was not fitted on"),
 )}
 
 

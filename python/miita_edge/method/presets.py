@@ -214,9 +214,9 @@ def default_preset() -> Preset:
         key_depths=DEFAULT_KEY_DEPTHS, key_pooling=("last", "mean"), key_select="paraphrase",
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
-        single_reach="paraphrase", abstain=True,
+        single_reach="paraphrase-heldout", abstain=True,
         hold_min_tokens=16,
-        version=13)
+        version=14)
 
 
 def paper_preset() -> Preset:
@@ -269,6 +269,7 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
     ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
     ("default", 12): {"eta": 1.0, **_BEFORE_13},
+    ("default", 13): {"single_reach": "paraphrase"},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 
