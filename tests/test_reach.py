@@ -11,21 +11,23 @@ import pytest
 from miita_edge.method.relevance import EXACT_REPEAT, gate, paraphrase_reach
 
 
-def reference_keep(best, counts, radius, null, floor, reach, abstain):
+def reference_keep(best, counts, radius, null, floor, reach, abstain, reach_every=False):
     """The rule in words, one answer at a time: an answer may steer when the query repeats one of
     its examples exactly; or when it was taught at least twice, the query is within its radius and
-    beats its null and the query's floor; or when it was taught once, the query is at least the
-    model's paraphrase reach near its example and beats the null and the floor. With ``abstain``,
-    if the answer with the highest best cosine (first on ties) may not steer, none may."""
+    beats its null and the query's floor; or when it was taught once (with ``reach_every``: any
+    number of times), the query is at least the model's paraphrase reach near its example and
+    beats the null and the floor. With ``abstain``, if the answer with the highest best cosine
+    (first on ties) may not steer, none may."""
     out = []
     for b, n, r, z in zip(best, counts, radius, null):
         bar = max(z, floor)
+        near = reach is not None and b >= reach and b > bar
         if b >= EXACT_REPEAT:
             out.append(True)
         elif n >= 2:
-            out.append(b >= r and b > bar)
+            out.append((b >= r and b > bar) or (reach_every and near))
         else:
-            out.append(reach is not None and b >= reach and b > bar)
+            out.append(near)
     lead = int(np.argmax(best))  # numpy's argmax: the first of equal maxima
     if abstain and any(out) and not out[lead]:
         return [False] * len(out)
@@ -45,9 +47,10 @@ def test_gate_equals_the_rule_stated_answer_by_answer(seed):
     floor = float(rng.choice(grid)) if rng.random() < 0.5 else -np.inf
     reach = float(rng.choice(grid)) if rng.random() < 0.7 else None
     abstain = bool(rng.random() < 0.6)
-    d = gate(ids, best, counts, radius, null, floor, reach=reach, abstain=abstain)
+    every = bool(rng.random() < 0.5)
+    d = gate(ids, best, counts, radius, null, floor, reach=reach, abstain=abstain, reach_every=every)
     want = reference_keep(best, counts[ids], radius[ids], null[ids] if null is not None else [-np.inf] * m,
-                          floor, reach, abstain)
+                          floor, reach, abstain, every)
     assert d.keep.tolist() == want
     assert (d.reason is None) == any(want)
 

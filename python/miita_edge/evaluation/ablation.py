@@ -81,6 +81,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
+    Mechanism("reach-every", "all", _set(reach_every=True),
+              "the paraphrase reach also trusts an answer taught more than once, beside its radius test"),
 )}
 
 

@@ -184,7 +184,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                         unit_anchors=True, scores=scores)
     decision = None
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
-        decision = _relevance(index, k_q, ids, pr.abstain)
+        decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every)
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
@@ -251,7 +251,8 @@ def anchor_best(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> np.n
     return np.array([(K - 2 * x) / K if x >= 0 else -math.inf for x in d], np.float64)
 
 
-def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain: bool = False) -> GateDecision:
+def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain: bool = False,
+               reach_every: bool = False) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
     form (its sign bits) against each one's anchors, as the radius was measured.
 
@@ -265,7 +266,7 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
         K = index.key_dim
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
-                reach=index.reach, abstain=abstain)
+                reach=index.reach, abstain=abstain, reach_every=reach_every)
 
 
 def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:

@@ -92,6 +92,9 @@ class Preset:
     # "paraphrase-heldout", the same, but in a whitened memory measured on groups its whitening was
     # not fitted on (two folds of GROUPS, each whitened by the other's scatter).
     single_reach: str = "repeat"
+    # Whether that reach also trusts an answer taught more than once (beside its radius test): one
+    # example is evidence for its own neighbourhood however many others share its answer.
+    reach_every: bool = False
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
     abstain: bool = False
@@ -183,6 +186,8 @@ class Preset:
         if self.single_reach not in ("repeat", "paraphrase", "paraphrase-heldout"):
             raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat', 'paraphrase' or "
                              "'paraphrase-heldout'")
+        if not isinstance(self.reach_every, bool):
+            raise StoreError(f"preset reach_every {self.reach_every!r} is not true or false")
         if not isinstance(self.abstain, bool):
             raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
         if self.null_rule not in ("tail", "nearest"):

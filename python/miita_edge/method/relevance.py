@@ -166,7 +166,7 @@ def separating_threshold(sib: np.ndarray, non: np.ndarray) -> float:
 
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
          null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
-         abstain: bool = False) -> GateDecision:
+         abstain: bool = False, reach_every: bool = False) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -178,7 +178,8 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
 
     ``reach`` (``paraphrase_reach``), if given: an answer taught once is trusted where the query
     is at least that near to its example (and beats the same null and floor), not only on an
-    exact repeat. ``abstain``: where the retrieved answer nearest to the query (its best cosine;
+    exact repeat; with ``reach_every``, so is an answer taught more than once (beside its radius
+    test). ``abstain``: where the retrieved answer nearest to the query (its best cosine;
     ties: the first) is not trusted, nothing steers: the vote never hands a query to another
     answer because the one it resembles most was declined."""
     ids = np.asarray(ids, np.int64).reshape(-1)
@@ -196,7 +197,8 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
     if reach is not None:
-        keep = [k or (not rec and bj >= reach and bj > zj) for k, bj, rec, zj in zip(keep, b, recurring, z)]
+        keep = [k or ((reach_every or not rec) and bj >= reach and bj > zj)
+                for k, bj, rec, zj in zip(keep, b, recurring, z)]
     if abstain and any(keep):
         lead = max(range(len(b)), key=lambda i: (b[i], -i))
         if not keep[lead]:
