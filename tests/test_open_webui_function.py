@@ -258,57 +258,36 @@ def test_edited_answer_teaches_once_and_is_the_next_answer(srv, model_id):
     assert memory(srv, "edit")["version"] == 1 and len(flt.reports) == 1
 
 
-def test_one_edit_answers_other_forms_of_its_question_in_a_new_chat(tmp_path):
+@pytest.mark.parametrize("question, answer, asks", [
+    ("What is the code for the bike lock in the garage?", "4417",
+     ("what is the code for the bike lock in the garage", "WHAT IS THE CODE FOR THE BIKE LOCK IN THE GARAGE?",
+      "What  is the code for the bike lock in the garage ?", "what's the code of the bike lock in the garage?")),
+    ("my parcel never arrived", "Sorry about that! Please write to the shipping desk: shipping@example.com.",
+     ("My parcel never arrived.", "the parcel I ordered never arrived")),
+], ids=["label", "reply"])
+def test_one_edit_answers_other_forms_of_its_question_in_a_new_chat(tmp_path, question, answer, asks):
     """Through the assistant, on the embedded model: one edited answer (one example, taught once)
     comes back corrected in a new chat for the question in other letter case, spacing and
     punctuation, and for a rewording; an unrelated question stays the frozen model's. Why the
     embedded model: how far one example reaches is what the model says about paraphrase
-    (docs/method.md §5), which a tiny random model cannot say."""
-    question, answer = "What is the code for the bike lock in the garage?", "4417"
+    (docs/method.md §5), which a tiny random model cannot say. The reply (a sentence, the usual
+    correction in a chat) makes a memory that whitens its keys, whose reach is measured on
+    paraphrase groups the whitening was not fitted on."""
     srv = Server("--memory", f"desk={tmp_path / 'desk'}", log=tmp_path / "server.log")
     try:
         model = srv.get("/v1/models")[1]["data"][0]["id"]
         flt = make_filter(srv)
         chat = Chat(srv, flt, f"{model}:desk")
         first = chat.send(question)
-        assert first["content"].strip() != answer
+        assert not first["content"].strip().startswith(answer)
         chat.edit(first["id"], f" {answer}\n")
         chat.send("Thanks.")
         info = memory(srv, "desk")
         assert info["version"] == 1 and info["examples"] == 1, info
         new = Chat(srv, flt, f"{model}:desk")
-        for form in ("what is the code for the bike lock in the garage", "WHAT IS THE CODE FOR THE BIKE LOCK IN THE GARAGE?",
-                     "What  is the code for the bike lock in the garage ?", "what's the code of the bike lock in the garage?"):
+        for form in asks:
             got = new.send(form)
             assert got["content"].strip() == answer and got["miita"]["adapted"], (form, got)
-        other = new.send("How far away is the moon?")
-        assert not other["miita"]["adapted"], other
-    finally:
-        srv.stop()
-
-
-def test_one_edited_reply_answers_a_paraphrase_in_a_new_chat(tmp_path):
-    """As above for a reply of a sentence or two, the usual correction in a chat: a memory whose
-    first answer is a reply whitens its keys, and its reach is measured on paraphrase groups its
-    whitening was not fitted on (docs/method.md §5), so the rewording and the same question in
-    another form come back corrected; an unrelated question stays the frozen model's."""
-    question = "my parcel never arrived"
-    reply = "Sorry about that! Please write to the shipping desk: shipping@example.com."
-    srv = Server("--memory", f"desk={tmp_path / 'desk'}", log=tmp_path / "server.log")
-    try:
-        model = srv.get("/v1/models")[1]["data"][0]["id"]
-        flt = make_filter(srv)
-        chat = Chat(srv, flt, f"{model}:desk")
-        first = chat.send(question)
-        assert not first["content"].startswith(reply)
-        chat.edit(first["id"], f" {reply}\n")
-        chat.send("Thanks.")
-        info = memory(srv, "desk")
-        assert info["version"] == 1 and info["examples"] == 1, info
-        new = Chat(srv, flt, f"{model}:desk")
-        for form in ("My parcel never arrived.", "the parcel I ordered never arrived"):
-            got = new.send(form)
-            assert got["content"].strip().startswith(reply) and got["miita"]["adapted"], (form, got)
         other = new.send("How far away is the moon?")
         assert not other["miita"]["adapted"], other
     finally:
