@@ -27,7 +27,7 @@ every budget. A budget too small for one prototype is reported as such.
 
     python bench/bytes.py [--model GGUF] [--threads 1] [--benchmark banking77] [--stages 1-7]
         [--budgets 0.1%,0.25%,0.5%,1%,2%,5%] [--limit-train N] [--limit N] [--steered] [--cache DIR]
-        [--min-key-bits N] [--set FIELD=VALUE]
+        [--min-key-bits N] [--nearest-z Z] [--set FIELD=VALUE]
 """
 from __future__ import annotations
 
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a probe: a default-preset field set to VALUE (bank.tau_k=0.7); repeatable")
     ap.add_argument("--min-key-bits", type=int, default=None,
                     help="a probe: the narrowing floor (memory.prototype.MIN_KEY_BITS) set to N in this process")
+    ap.add_argument("--nearest-z", type=float, default=None,
+                    help="a probe: the gate's null tail (method.relevance.NEAREST_Z) set to Z in this process")
     args = ap.parse_args(argv)
     print_header(argv)
     sys.path.insert(0, str(ROOT / "python"))
@@ -249,8 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         import miita_edge.memory.prototype as proto_mod
         if args.min_key_bits < 8 or args.min_key_bits % 8:
             ap.error(f"--min-key-bits {args.min_key_bits}: a positive multiple of 8 (keys narrow by whole bytes)")
+        shipped = proto_mod.MIN_KEY_BITS
         proto_mod.MIN_KEY_BITS = bank_mod.MIN_KEY_BITS = args.min_key_bits
-        print(f"# probe: MIN_KEY_BITS = {args.min_key_bits} (shipped: 32)", flush=True)
+        print(f"# probe: MIN_KEY_BITS = {args.min_key_bits} (shipped: {shipped})", flush=True)
+    if args.nearest_z is not None:  # the pipeline imported the tail by name, so both modules' globals
+        import miita_edge.method.pipeline as pipeline_mod
+        import miita_edge.method.relevance as relevance_mod
+        if not args.nearest_z > 0:
+            ap.error(f"--nearest-z {args.nearest_z}: a positive number of standard deviations")
+        shipped = relevance_mod.NEAREST_Z
+        relevance_mod.NEAREST_Z = pipeline_mod.NEAREST_Z = args.nearest_z
+        print(f"# probe: NEAREST_Z = {args.nearest_z} (shipped: {shipped})", flush=True)
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.evaluation.extract_cache import ExtractCache
     from miita_edge.memory.budget import parse_budget
