@@ -12,6 +12,7 @@ from ..memory.bank import BankConfig
 from ..memory.manifest import check_fields
 from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
+from .key_whitening import REPLY_MIN_TOKENS
 from .retrieval import RetrievalConfig
 
 __all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "RETIRED_FIELDS", "check_memory_fields", "default_preset", "get_preset",
@@ -220,7 +221,7 @@ def default_preset() -> Preset:
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
         single_reach="paraphrase-heldout", abstain=True,
-        hold_min_tokens=16,
+        hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
         version=14)
 
 
