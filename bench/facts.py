@@ -146,7 +146,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     notes = [] if args.notes == "none" else [m for m in args.notes.split(",") if m]
     bad = [m for m in modes + notes if m not in MODES]
-    if bad or not modes:
+    if bad or not (modes or notes):  # the notes baseline may run alone (--modes '' --notes once)
         ap.error(f"unknown mode {bad[0] if bad else '(none)'!r}; expected once, twice")
 
     from miita_edge.evaluation import facts as ev
