@@ -83,6 +83,8 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
     Mechanism("reach-every", "all", _set(reach_every=True),
               "the paraphrase reach also trusts an answer taught more than once, beside its radius test"),
+    Mechanism("alpha-gate", "all", _set(gate="gated"),
+              "the paper's activation gate: each step's addition scaled by alpha_t = max(0, cos(h_t, h_q))"),
 )}
 
 
