@@ -63,13 +63,17 @@ with store.writer(wait=True) as w:
 
 
 # ``miita-edge ingest`` as the CLI runs it, plus two stdout markers around the store commit (with
-# a clock), so a third of the kills can be aimed inside the real commit; nothing else changes.
+# a clock), so a third of the kills can be aimed inside the real commit; nothing else changes. An
+# aimed run (MIITA_KILL_AIM=stop) stops itself at the first marker, so the kill's moment is counted
+# from the commit's start and not from whenever a loaded machine schedules the parent again.
 INGEST_HOOK = r"""
-import sys, time
+import os, signal, sys, time
 from miita_edge.memory import store
 _commit = store.Writer.commit
 def commit(self, *a, **k):
     print("@commit", time.perf_counter(), flush=True)
+    if os.environ.get("MIITA_KILL_AIM") == "stop":  # hold here until the parent resumes or kills us
+        os.kill(os.getpid(), signal.SIGSTOP)
     snap = _commit(self, *a, **k)
     print("@committed", time.perf_counter(), flush=True)
     return snap
@@ -270,14 +274,20 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
             # (with the fixed 4 s guess, a loaded machine killed every run before its commit)
             delay = None
         start = time.perf_counter()
+        env = {**os.environ, "MIITA_KILL_AIM": "stop"} if mode == 2 else None
         p = subprocess.Popen([sys.executable, "-c", INGEST_HOOK, "ingest", str(data), "--memory", str(mem),
                               "--budget", "3KiB", "--threads", str(threads), "--json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         if mode == 2:
             line = p.stdout.readline()  # blocks until the commit starts (or the run ends without one)
             if line.startswith("@commit"):
-                # median commit time of the finished runs, else 20 ms; kills spread over 1.3x of it
-                time.sleep(rng.uniform(0, commit_kill_scale * (float(np.median(commit_s)) if commit_s else 0.02)))
+                os.waitpid(p.pid, os.WUNTRACED)  # the run has stopped itself at the commit's start
+                # median commit time of the finished runs, else 20 ms; kills spread over the scale's
+                # share of it after the commit resumes (scale 0: killed where it stopped, inside it)
+                pause = rng.uniform(0, commit_kill_scale * (float(np.median(commit_s)) if commit_s else 0.02))
+                if commit_kill_scale > 0:
+                    p.send_signal(signal.SIGCONT)
+                    time.sleep(pause)
             delay = 0.0
         try:
             p.wait(timeout=delay)
