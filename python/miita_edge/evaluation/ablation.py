@@ -85,6 +85,8 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "the paraphrase reach also trusts an answer taught more than once, beside its radius test"),
     Mechanism("alpha-gate", "all", _set(gate="gated"),
               "the paper's activation gate: each step's addition scaled by alpha_t = max(0, cos(h_t, h_q))"),
+    Mechanism("float-gate", "all", _set(gate_query="float"),
+              "the gate's general-question tests score the float query against stored bits, as the vote does"),
 )}
 
 

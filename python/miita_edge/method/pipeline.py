@@ -28,7 +28,7 @@ from .head_geometry import HeadGeometry, head_geometry
 from .key_axes import cached_axes_for
 from .key_layers import choose_key_layers
 from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
-from .plan import QueryPlan, RetrievalIndex, generic_best, plan_query
+from .plan import QueryPlan, RetrievalIndex, float_best_all, generic_best, plan_query
 from .presets import Preset
 from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
 from .templates import Template
@@ -173,6 +173,10 @@ class Pipeline:
                 if pr.null_rule == "nearest":
                     index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
                     index.generic_packed = bits
+                    if pr.gate_query == "float":
+                        G = self.generic_float(bank)
+                        gb = np.stack([float_best_all(index, g) for g in G])
+                        index.null_float = null_scores(gb, z=NEAREST_Z, cap=False)
                 else:
                     index.null = null_scores(generic_best(index, bits))
             if pr.single_reach != "repeat" and index.packed is not None and bank.n_prototypes:
@@ -201,6 +205,11 @@ class Pipeline:
                                           for x in GENERIC_QUESTIONS])
         K = bank.key_dim
         return np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
+
+    def generic_float(self, bank: MemoryBank) -> np.ndarray:
+        """relevance.GENERIC_QUESTIONS prepared as this memory prepares a query (unit float, K wide)."""
+        self.generic_bits(bank)
+        return np.stack([bank.prepare_key(k) for k in self._generic_raw]).astype(np.float32)
 
     def prepare(self, bank: MemoryBank, entries: dict | None) -> None:
         """Derive what a query of this memory needs (these decode other prompts: call before the

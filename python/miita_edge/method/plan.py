@@ -120,6 +120,7 @@ class RetrievalIndex:
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
+    null_float: np.ndarray | None = None  # (J,) null scores of float generic questions vs stored bits (gate_query "float")
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
 
     @classmethod
@@ -262,11 +263,53 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
     more than the few rows the gate reads right after a prompt pass."""
     ids = np.asarray(ids, np.int64)
     floor = -math.inf
+    K = index.key_dim
+    if index.null_float is not None:  # the general-question tests read the float query against bits
+        q = np.asarray(k_q, np.float32)[:K]
+        floor = float_margin(q, index.generic_packed, K)
+        near = float_best(index, q, ids)
+        return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null_float, floor,
+                    reach=index.reach, abstain=abstain, reach_every=reach_every, near=near)
     if index.generic_packed is not None:
-        K = index.key_dim
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
                 reach=index.reach, abstain=abstain, reach_every=reach_every)
+
+
+def float_margin(q: np.ndarray, generic_packed: np.ndarray, key_dim: int) -> float:
+    """``relevance.nearest_margin`` on the float query: its best score q · b / sqrt(K) against the
+    generic questions' stored sign rows, plus 1/sqrt(K) (the standard deviation of that score for
+    an unrelated sign vector and a unit query)."""
+    if not len(generic_packed):
+        return -math.inf
+    root = math.sqrt(key_dim)
+    return float(np.max(ext.bit_scores(generic_packed, np.asarray(q, np.float32)))) / root + 1.0 / root
+
+
+def float_best(index: RetrievalIndex, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each of ``ids``' highest score q · b / sqrt(K) over its stored sign rows b (``q`` the unit
+    float query, or any float key), -inf for a prototype without anchors."""
+    root = math.sqrt(index.key_dim)
+    out = np.full(len(ids), -math.inf)
+    for i, j in enumerate(np.asarray(ids, np.int64).tolist()):
+        a, b = int(index.anchor_start[j]), int(index.anchor_start[j + 1])
+        if b > a:
+            out[i] = float(np.max(ext.bit_scores(index.packed[a:b], q))) / root
+    return out
+
+
+def float_best_all(index: RetrievalIndex, q: np.ndarray) -> np.ndarray:
+    """``float_best`` for every prototype (J,), from one scan of all anchor rows."""
+    J = len(index.anchor_start) - 1
+    out = np.full(J, -math.inf)
+    if not len(index.packed):
+        return out
+    s = np.asarray(ext.bit_scores(index.packed, q), np.float64) / math.sqrt(index.key_dim)
+    starts, ends = index.anchor_start[:-1], index.anchor_start[1:]
+    has = ends > starts
+    out[has] = np.maximum.reduceat(s, starts[has])[: int(has.sum())] if has.all() else \
+        np.array([s[a:b].max() for a, b in zip(starts[has], ends[has])])
+    return out
 
 
 def generic_best(index: RetrievalIndex, bits: np.ndarray) -> np.ndarray:

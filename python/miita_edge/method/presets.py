@@ -99,6 +99,10 @@ class Preset:
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
     abstain: bool = False
+    # What the gate's general-question tests (the null and the nearest question) compare: "bits",
+    # the query's sign bits with stored bits (popcount), as the radius is measured; or "float", the
+    # float query with stored bits, as the vote scores (one side unquantised).
+    gate_query: str = "bits"
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -189,6 +193,8 @@ class Preset:
                              "'paraphrase-heldout'")
         if not isinstance(self.reach_every, bool):
             raise StoreError(f"preset reach_every {self.reach_every!r} is not true or false")
+        if self.gate_query not in ("bits", "float"):
+            raise StoreError(f"preset gate_query {self.gate_query!r} is not 'bits' or 'float'")
         if not isinstance(self.abstain, bool):
             raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
         if self.null_rule not in ("tail", "nearest"):

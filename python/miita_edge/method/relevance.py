@@ -166,7 +166,7 @@ def separating_threshold(sib: np.ndarray, non: np.ndarray) -> float:
 
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
          null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
-         abstain: bool = False, reach_every: bool = False) -> GateDecision:
+         abstain: bool = False, reach_every: bool = False, near: np.ndarray | None = None) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -194,6 +194,9 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     z = np.asarray(null, np.float64)[ids].tolist() if null is not None else [-np.inf] * len(b)
     if floor > -np.inf:
         z = [max(zj, floor) for zj in z]
+    if near is not None:  # the general-question tests on another measure (``gate_query`` "float")
+        c = np.asarray(near, np.float64).reshape(-1).tolist()
+        z = [zj + bj - cj for zj, bj, cj in zip(z, b, c)]  # bj > zj  <=>  cj > the null
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
     if reach is not None:
