@@ -87,6 +87,8 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "the paper's activation gate: each step's addition scaled by alpha_t = max(0, cos(h_t, h_q))"),
     Mechanism("float-gate", "all", _set(gate_query="float"),
               "the gate's general-question tests score the float query against stored bits, as the vote does"),
+    Mechanism("float-gate-axes", "all", _set(gate_query="float", key_axes="general"),
+              "float-gate with the keys rotated onto the general prompts' axes (general-axes)"),
 )}
 
 
