@@ -27,7 +27,7 @@ every budget. A budget too small for one prototype is reported as such.
 
     python bench/bytes.py [--model GGUF] [--threads 1] [--benchmark banking77] [--stages 1-7]
         [--budgets 0.1%,0.25%,0.5%,1%,2%,5%] [--limit-train N] [--limit N] [--steered] [--cache DIR]
-        [--min-key-bits N] [--nearest-z Z] [--set FIELD=VALUE]
+        [--min-key-bits N] [--nearest-z Z] [--set FIELD=VALUE] [--unstored FIELD,...]
 """
 from __future__ import annotations
 
@@ -243,9 +243,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="a probe: the narrowing floor (memory.prototype.MIN_KEY_BITS) set to N in this process")
     ap.add_argument("--nearest-z", type=float, default=None,
                     help="a probe: the gate's null tail (method.relevance.NEAREST_Z) set to Z in this process")
+    ap.add_argument("--unstored", default="", metavar="FIELD[,FIELD]",
+                    help="a probe: these --set fields are left out of the stored manifest, so the variant's memory "
+                         "has the default's bytes and key width (a candidate that becomes the default stores none)")
     args = ap.parse_args(argv)
     print_header(argv)
     sys.path.insert(0, str(ROOT / "python"))
+    if args.unstored:  # Preset.to_json is what the manifest stores; the variant is still what answers
+        from miita_edge.method import presets as presets_mod
+        unstored, stored_json = [f for f in args.unstored.split(",") if f], presets_mod.Preset.to_json
+
+        def to_json(self):
+            return {k: v for k, v in stored_json(self).items() if k not in unstored}
+
+        presets_mod.Preset.to_json = to_json
+        print(f"# probe: {', '.join(unstored)} left out of the stored manifest", flush=True)
     if args.min_key_bits is not None:  # the bank reads the floor from both modules' globals
         import miita_edge.memory.bank as bank_mod
         import miita_edge.memory.prototype as proto_mod
