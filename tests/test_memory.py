@@ -177,10 +177,18 @@ class RefBank:
         if cfg.payload != "mean":
             # its answer: one dictionary index per token (the dictionary's size picks the type) and
             # the dictionary rows (2 bytes, 3 from 2^16) of ids no other answer uses
+            # (or, where smaller, every length and index as one bit stream: the answer's share is its
+            # length's L bits and its indices' B bits each, in bytes)
             distinct = {t for q in self.protos for t in q.tokens}
             others = {t for q in self.protos if q is not p for t in q.tokens}
-            b += len(p.tokens) * usize(len(distinct) - 1) + sum(3 if t >= 65536 else 2 for t in set(p.tokens) - others)
-            b += usize(max(len(q.tokens) for q in self.protos))
+            lens = [len(q.tokens) for q in self.protos]
+            L, B = max(1, max(lens).bit_length()), max(1, (len(distinct) - 1).bit_length())
+            plain = len(lens) * usize(max(lens)) + sum(lens) * usize(len(distinct) - 1)
+            b += sum(3 if t >= 65536 else 2 for t in set(p.tokens) - others)
+            if 1 + -(-(len(lens) * L + sum(lens) * B) // 8) < plain:
+                b += (L + len(p.tokens) * B) / 8
+            else:
+                b += len(p.tokens) * usize(len(distinct) - 1) + usize(max(lens))
         return b + (1 if cfg.relevance else 0)
 
     def values(self) -> list[float]:
@@ -608,12 +616,16 @@ def test_eq5_values_bruteforce(payload, dir_precision, key_precision):
     got = bank.values()
     assert np.allclose(got, ref.values(), rtol=1e-5, atol=0)  # float32 vs float64 cosines
     # Size(u_j) is this prototype's real share of the stored arrays: removing it frees exactly that
+    # (with a bit stream, at least that up to the last byte's rounding: the others' indices may
+    # also narrow by a bit when the dictionary loses rows)
     total = nbytes_size(bank)
+    streamed = "tok_bits" in bank.to_arrays()
     for j, p in enumerate(bank.protos):
         assert bank.proto_bytes(p) == ref.proto_bytes(ref.protos[j])
         other = copy.deepcopy(bank)
         del other.protos[j]
-        assert total - nbytes_size(other) == ref.proto_bytes(ref.protos[j])
+        freed = total - nbytes_size(other)
+        assert freed > ref.proto_bytes(ref.protos[j]) - 1 if streamed else freed == ref.proto_bytes(ref.protos[j])
 
 
 def test_eq5_single_prototype():
@@ -1032,10 +1044,15 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
     assert arrays["counts"].dtype == (np.uint8 if max(p.n for p in bank.protos) < 256 else np.uint16)
     if payload != "mean":
         flat = [t for p in bank.protos for t in p.tokens.tolist()]
-        _check_answer_coding(arrays, flat)
-        assert arrays["tok_len"].tolist() == [len(p.tokens) for p in bank.protos]
+        lens = [len(p.tokens) for p in bank.protos]
+        _check_answer_coding(arrays, flat, lens)
         # the other coding of the same answers reads to the same bank
         distinct = sorted(set(flat))
+        if "tok_bits" in arrays:  # the byte arrays instead of the bit stream
+            other = {k: v for k, v in arrays.items() if k != "tok_bits"}
+            other["tok_idx"] = np.array([distinct.index(t) for t in flat], np.uint16)
+            other["tok_len"] = np.array(lens, np.uint16)
+            _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, other, key_mean=bank.key_mean))
         if "tok3" in arrays:
             other = {k: v for k, v in arrays.items() if k != "tok3"}
             narrow = [t for t in distinct if t < 65536]
@@ -1045,8 +1062,9 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
                 other["tok_dict3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in wide], np.uint8)
             other["tok_idx"] = np.array([distinct.index(t) for t in flat], np.uint16)
         else:
-            other = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx")}
+            other = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx", "tok_bits")}
             other["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
+            other["tok_len"] = np.array(lens, np.uint8)
         _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, other, key_mean=bank.key_mean))
     else:
         assert not {"tok3", "tokens", "tok_dict", "tok_idx"} & set(arrays)
@@ -1134,6 +1152,12 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bad = dict(arrays, dirs=arrays["dirs"][:-1])
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
+    # the answers as 3-byte ids in place, whichever coding the writer chose
+    flat = [int(t) for p in bank.protos for t in p.tokens]
+    arrays = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx", "tok_bits", "tok_len")}
+    arrays["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
+    arrays["tok_len"] = np.array([len(p.tokens) for p in bank.protos], np.uint8)
+    MemoryBank.from_arrays(bank.config, 16, arrays)
     bad = dict(arrays, tok3=arrays["tok3"][:-1])  # one token short of the answers' lengths
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
@@ -1159,6 +1183,20 @@ def test_from_arrays_rejects_inconsistent_arrays():
     bad = dict(arrays, tok_len=arrays["tok_len"][:-1])  # one length per prototype
     with pytest.raises(ValueError):
         MemoryBank.from_arrays(bank.config, 16, bad)
+    # the same answers as one bit stream (lengths, then indices), and the streams no writer makes
+    from miita_edge.memory.bank_arrays import pack_tokens
+
+    lens = arrays["tok_len"].tolist()
+    stream = {k: v for k, v in dic.items() if k not in ("tok_idx", "tok_len")}
+    stream["tok_bits"] = pack_tokens([ids.index(t) for t in flat], lens, len(ids))
+    _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, 16, stream))
+    s = stream["tok_bits"]
+    for why, bits in (("does not end", s[:-1]), ("does not end", np.append(s, np.uint8(0))),
+                      ("1..32", np.concatenate([[np.uint8(0)], s[1:]])), ("byte stream", s.astype(np.uint16))):
+        with pytest.raises(ValueError, match=why):
+            MemoryBank.from_arrays(bank.config, 16, dict(stream, tok_bits=bits))
+    with pytest.raises(ValueError, match="past the token dictionary"):
+        MemoryBank.from_arrays(bank.config, 16, dict(stream, tok_dict=stream["tok_dict"][:-1]))
     # format 1's layout (an owner per anchor, int32 tokens with separators) still loads ...
     v1 = {k: v for k, v in arrays.items() if k not in ("anchor_per", "tok3", "tok_len")}
     v1["anchor_owner"] = np.repeat(np.arange(3), arrays["anchor_per"]).astype(np.uint16)
@@ -1376,21 +1414,58 @@ def test_presets_fold_as_they_were_built():
         BankConfig(anchor_fold="nearest").validate()
 
 
-def _check_answer_coding(arrays, flat: list[int]) -> None:
-    """The answers ``flat`` are stored the cheaper way, re-derived: a dictionary (each distinct id
-    once, ascending, 2 bytes below 2^16 and 3 little-endian from there, and a narrowest-type index
-    per token) where it is smaller than 3 bytes per token in place, else 3-byte ids in place."""
+def _read_bit_stream(buf, J: int, n_ids: int) -> tuple[list[int], list[int]]:
+    """tok_bits read one bit at a time: byte 0 is L; then J lengths of L bits and the indices of B =
+    bit_length(n_ids - 1) bits, each least significant bit first."""
+    L, B = int(buf[0]), max(1, (n_ids - 1).bit_length())
+    bits = [(int(byte) >> k) & 1 for byte in buf[1:] for k in range(8)]
+    pos = 0
+
+    def take(w):
+        nonlocal pos
+        v = sum(bits[pos + k] << k for k in range(w))
+        pos += w
+        return v
+
+    lens = [take(L) for _ in range(J)]
+    idx = [take(B) for _ in range(sum(lens))]
+    assert not any(bits[pos:]) and len(bits) - pos < 8  # zero padding, less than a byte
+    return idx, lens
+
+
+def _check_answer_coding(arrays, flat: list[int], lens: list[int] | None = None) -> None:
+    """The answers ``flat`` (of lengths ``lens``) are stored the cheapest way, re-derived: a
+    dictionary (each distinct id once, ascending, 2 bytes below 2^16 and 3 little-endian from
+    there) where it is smaller than 3 bytes per token in place, else 3-byte ids in place; with a
+    dictionary, a narrowest-type index per token and length per answer, or both as one bit stream
+    (a byte for L, then L bits per length and bit_length(n_ids - 1) bits per index) where that is
+    smaller."""
     distinct = sorted(set(flat))
+    if lens is None:
+        lens = arrays["tok_len"].tolist()
+    J = len(lens)
     idx_bytes = 1 if len(distinct) <= 256 else 2 if len(distinct) <= 65536 else 4
-    dictionary = sum(3 if t >= 65536 else 2 for t in distinct) + idx_bytes * len(flat)
-    if dictionary < 3 * len(flat):
+    len_bytes = 1 if max(lens) < 256 else 2 if max(lens) < 65536 else 4
+    L, B = max(1, max(lens).bit_length()), max(1, (len(distinct) - 1).bit_length())
+    packed = 1 + -(-(J * L + len(flat) * B) // 8)
+    index_side = min(packed, J * len_bytes + len(flat) * idx_bytes)
+    dictionary = sum(3 if t >= 65536 else 2 for t in distinct) + index_side
+    if dictionary < 3 * len(flat) + J * len_bytes:
         assert "tok3" not in arrays
         narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
         d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
         ids = narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist()
         assert ids == distinct and all(t < 65536 for t in narrow)
-        assert [ids[i] for i in arrays["tok_idx"]] == flat
-        assert arrays["tok_idx"].dtype.itemsize == idx_bytes
+        if packed < J * len_bytes + len(flat) * idx_bytes:
+            assert not {"tok_idx", "tok_len"} & set(arrays)
+            assert len(arrays["tok_bits"]) == packed and arrays["tok_bits"][0] == L
+            idx, got_lens = _read_bit_stream(arrays["tok_bits"], J, len(ids))
+            assert [ids[i] for i in idx] == flat and got_lens == lens
+        else:
+            assert "tok_bits" not in arrays
+            assert [ids[i] for i in arrays["tok_idx"]] == flat
+            assert arrays["tok_idx"].dtype.itemsize == idx_bytes
+            assert arrays["tok_len"].tolist() == lens
     else:
         assert not {"tok_dict", "tok_dict3", "tok_idx"} & set(arrays)
         t3 = arrays["tok3"].astype(np.int64)
@@ -1402,10 +1477,10 @@ def test_answers_of_distinct_tokens_stay_three_bytes_each():
     H = 8
     rng = np.random.default_rng(5)
     bank = MemoryBank(BankConfig(payload="tokens", tau_d=0.99), H)
-    for j in range(6):
-        bank.write(np.zeros((3, H)), [1000 + 3 * j, 1001 + 3 * j, 70000 + j], rng.standard_normal(H))
+    for j in range(6):  # mostly ids past 2^16: a dictionary row would cost as much as the token
+        bank.write(np.zeros((3, H)), [1000 + 3 * j, 70000 + 2 * j, 70001 + 2 * j], rng.standard_normal(H))
     arrays = bank.to_arrays()
-    assert "tok3" in arrays and "tok_idx" not in arrays
+    assert "tok3" in arrays and not {"tok_idx", "tok_bits"} & set(arrays)
     _check_answer_coding(arrays, [t for p in bank.protos for t in p.tokens.tolist()])
     total = nbytes_size(bank)
     for j, p in enumerate(bank.protos):
@@ -1426,7 +1501,9 @@ def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():
     arrays = bank.to_arrays()
     assert arrays["tok_dict"].tolist() == [5, 9]  # each id once: 2 bytes below 2^16, 3 from there
     assert arrays["tok_dict3"].astype(np.int64).tolist() == [[t & 255, (t >> 8) & 255, t >> 16] for t in (70000, 200000)]
-    assert arrays["tok_idx"].tolist() == [2, 0, 0, 1, 1, 3, 1, 0]
+    # the indices and lengths as one bit stream: 2 bits per length (at most 3), 2 per index (4 ids)
+    assert _read_bit_stream(arrays["tok_bits"], 4, 4) == ([2, 0, 0, 1, 1, 3, 1, 0], [2, 3, 1, 2])
+    assert len(arrays["tok_bits"]) == 1 + (4 * 2 + 8 * 2) // 8 and "tok_idx" not in arrays
     assert "anchor_per" not in arrays  # every prototype owns one anchor
     back = MemoryBank.from_arrays(bank.config, H, arrays)
     assert [p.tokens.tolist() for p in back.protos] == answers
@@ -1437,7 +1514,8 @@ def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():
     for j, p in enumerate(bank.protos):
         other = copy.deepcopy(bank)
         del other.protos[j]
-        assert total - nbytes_size(other) == bank.proto_bytes(p)
+        # its bits in the stream, in bytes: removing it frees at least that, up to the last byte's rounding
+        assert total - nbytes_size(other) > bank.proto_bytes(p) - 1
 
 
 @pytest.mark.parametrize("tau_d,tau_merge", [(0.85, 0.5), (1.0, -1.0), (-1.0, 1.0)])

@@ -162,9 +162,13 @@ def test_a_format_1_memory_opens_answers_and_becomes_format_2_on_ingest(tmp_path
         assert m.template.name == "plain" and m.preset.name == "default" and m.budget_spec == "64KiB"
     # nothing of the old memory is lost: every old anchor and every old answer is still stored
     assert old_anchors <= {bytes(r) for r in np.asarray(new.arrays["anchors"])}
-    from miita_edge.memory.bank_arrays import decode_token_dict
+    from miita_edge.memory.bank_arrays import decode_token_dict, unpack_tokens
     ids = decode_token_dict(new.arrays)  # the compact layout: a token dictionary, indices, lengths
-    flat = ids[np.asarray(new.arrays["tok_idx"], np.int64)].tolist()
-    ends = np.cumsum(np.asarray(new.arrays["tok_len"], np.int64)).tolist()
+    if "tok_bits" in new.arrays:  # the indices and lengths as one bit stream
+        idx, lens = unpack_tokens(new.arrays["tok_bits"], len(new.arrays["counts"]), len(ids))
+    else:
+        idx, lens = np.asarray(new.arrays["tok_idx"], np.int64), np.asarray(new.arrays["tok_len"], np.int64)
+    flat = ids[idx].tolist()
+    ends = np.cumsum(lens).tolist()
     new_tokens = [t for s, e in zip([0] + ends[:-1], ends) for t in flat[s:e] + [-1]]  # format 1's separators
     assert new_tokens[:len(old_tokens)] == old_tokens

@@ -41,8 +41,8 @@ import numpy as np
 
 from ..errors import BudgetError
 from . import codecs
-from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, distinct_tokens, to_arrays,
-                          token_row_bytes)
+from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, distinct_tokens, packed_token_widths,
+                          to_arrays, token_row_bytes, tokens_packed)
 from .bank_view import QueryView
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
@@ -171,14 +171,15 @@ class MemoryBank(QueryView):
         return float(np.max(num / np.maximum(den, 1e-12)))
 
     # ------------------------------------------------------------ sizes and value (eq. 5)
-    def proto_bytes(self, p: Prototype, token_users: Counter | None = None, itemsizes: dict | None = None) -> int:
+    def proto_bytes(self, p: Prototype, token_users: Counter | None = None, itemsizes: dict | None = None) -> float:
         """Bytes this prototype adds to the stored arrays (its share of Size(B)), as ``to_arrays``
         lays them out now: payload, anchors with their counts, and one entry in each per-prototype
         array (anchors owned, count, answer length), each count the narrowest unsigned type of the
         bank's current largest value (no anchors-owned entry while every prototype owns one anchor);
         one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16) of
         the ids no other prototype's answer uses, or 3 bytes per token where the bank's answers are
-        stored without a dictionary (``dictionary_pays``) (``token_users``: how many prototypes use
+        stored without a dictionary (``dictionary_pays``); where the lengths and indices are one bit
+        stream (``tokens_packed``), its length's and indices' bits, in bytes (a fraction) (``token_users``: how many prototypes use
         each id, counted here when not given; ``itemsizes``: the bank-wide widths, likewise); the radius byte."""
         cfg, H = self.config, self.n_embd
         isz = self._per_proto_itemsizes() if itemsizes is None else itemsizes
@@ -188,10 +189,14 @@ class MemoryBank(QueryView):
         if cfg.payload != "mean":
             if isz["dict"]:
                 users = self._token_users() if token_users is None else token_users
-                b += len(p.tokens) * isz["idx"] + sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
+                b += sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
+                if isz["pack"]:  # its length and indices in the bit stream (tok_bits)
+                    L, B = isz["pack"]
+                    b += (L + len(p.tokens) * B) / 8
+                else:
+                    b += len(p.tokens) * isz["idx"] + isz["len"]
             else:
-                b += 3 * len(p.tokens)
-            b += isz["len"]
+                b += 3 * len(p.tokens) + isz["len"]
         return b + (1 if cfg.relevance else 0)
 
     def _token_users(self) -> Counter:
@@ -201,8 +206,12 @@ class MemoryBank(QueryView):
         protos = self.protos
         ids = distinct_tokens(protos) if self.config.payload != "mean" else np.zeros(0, np.int64)
         per = [len(q.anchors) for q in protos]
+        lens = [len(q.tokens) for q in protos]
+        use_dict = self.config.payload != "mean" and dictionary_pays(ids, sum(lens), lens)
         return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize,
-                "dict": self.config.payload != "mean" and dictionary_pays(ids, sum(len(q.tokens) for q in protos)),
+                "dict": use_dict,
+                # the lengths and indices as one bit stream where it is smaller (bank_arrays.tokens_packed)
+                "pack": packed_token_widths(len(ids), lens) if use_dict and tokens_packed(len(ids), lens) else None,
                 # no anchor_per array while every prototype owns one anchor
                 "per": np.dtype(uint_for(max(per))).itemsize if any(n != 1 for n in per) else 0,
                 "cnt": np.dtype(uint_for(max((q.n for q in protos), default=0))).itemsize,
