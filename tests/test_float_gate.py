@@ -85,3 +85,10 @@ def test_float_margin_is_the_nearest_generic_question_plus_one_standard_deviatio
     # a random unit query against random sign rows: the score's spread is 1/sqrt(K)
     S = np.where(rng.standard_normal((4000, K)) >= 0, 1.0, -1.0)
     assert np.std(S @ q / math.sqrt(K)) == pytest.approx(1 / math.sqrt(K), rel=0.05)
+
+
+def test_a_decline_by_the_general_questions_names_the_score_it_compared():
+    ids = np.array([0, 1])
+    d = gate(ids, np.array([0.9, 0.8]), np.array([3, 3]), np.array([0.1, 0.1]), np.array([0.5, 0.5]), 0.0,
+             near=np.array([0.41, 0.2]))
+    assert not d.keep.any() and "best cosine 0.410" in d.reason and "up to 0.500" in d.reason

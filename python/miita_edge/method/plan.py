@@ -306,9 +306,10 @@ def float_best_all(index: RetrievalIndex, q: np.ndarray) -> np.ndarray:
         return out
     s = np.asarray(ext.bit_scores(index.packed, q), np.float64) / math.sqrt(index.key_dim)
     starts, ends = index.anchor_start[:-1], index.anchor_start[1:]
-    has = ends > starts
-    out[has] = np.maximum.reduceat(s, starts[has])[: int(has.sum())] if has.all() else \
-        np.array([s[a:b].max() for a, b in zip(starts[has], ends[has])])
+    if (ends > starts).all():  # as repair leaves them: every prototype owns an anchor
+        return np.maximum.reduceat(s, starts)
+    for j in np.flatnonzero(ends > starts):
+        out[j] = s[starts[j]:ends[j]].max()
     return out
 
 

@@ -179,7 +179,9 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     ``reach`` (``paraphrase_reach``), if given: an answer taught once is trusted where the query
     is at least that near to its example (and beats the same null and floor), not only on an
     exact repeat; with ``reach_every``, so is an answer taught more than once (beside its radius
-    test). ``abstain``: where the retrieved answer nearest to the query (its best cosine;
+    test). ``near`` (m,), if given: the scores the null and the floor are compared with instead of
+    ``best`` (the float query against stored bits); the radius, the reach and an exact repeat
+    still read ``best``. ``abstain``: where the retrieved answer nearest to the query (its best cosine;
     ties: the first) is not trusted, nothing steers: the vote never hands a query to another
     answer because the one it resembles most was declined."""
     ids = np.asarray(ids, np.int64).reshape(-1)
@@ -194,14 +196,13 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     z = np.asarray(null, np.float64)[ids].tolist() if null is not None else [-np.inf] * len(b)
     if floor > -np.inf:
         z = [max(zj, floor) for zj in z]
-    if near is not None:  # the general-question tests on another measure (``gate_query`` "float")
-        c = np.asarray(near, np.float64).reshape(-1).tolist()
-        z = [zj + bj - cj for zj, bj, cj in zip(z, b, c)]  # bj > zj  <=>  cj > the null
+    # the general-question tests read ``near`` where given (``gate_query`` "float"), else ``best``
+    g = np.asarray(near, np.float64).reshape(-1).tolist() if near is not None else b
     recurring = [x >= 2 for x in n]
-    keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and bj > zj) for bj, rec, rj, zj in zip(b, recurring, r, z)]
+    keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and gj > zj) for bj, gj, rec, rj, zj in zip(b, g, recurring, r, z)]
     if reach is not None:
-        keep = [k or ((reach_every or not rec) and bj >= reach and bj > zj)
-                for k, bj, rec, zj in zip(keep, b, recurring, z)]
+        keep = [k or ((reach_every or not rec) and bj >= reach and gj > zj)
+                for k, bj, gj, rec, zj in zip(keep, b, g, recurring, z)]
     if abstain and any(keep):
         lead = max(range(len(b)), key=lambda i: (b[i], -i))
         if not keep[lead]:
@@ -216,10 +217,10 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
                f"than a paraphrase reaches on this model ({reach:.3f}), or general questions come as near")
     elif not any(recurring):
         why = "no recurring answer: each retrieved answer was taught by one example only"
-    elif all(bj <= zj for bj, rec, zj in zip(b, recurring, z) if rec):
-        j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - z[i], -i))
+    elif all(gj <= zj for gj, rec, zj in zip(g, recurring, z) if rec):
+        j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (g[i] - z[i], -i))
         why = (f"not relevant: the query is no nearer to the retrieved answers' examples (best cosine "
-               f"{b[j]:.3f}) than general questions come (up to {z[j]:.3f})")
+               f"{g[j]:.3f}) than general questions come (up to {z[j]:.3f})")
     else:
         j = max((i for i in range(len(b)) if recurring[i]), key=lambda i: (b[i] - r[i], -i))
         why = (f"not relevant: the query is farther from the retrieved answers' examples (best cosine "
