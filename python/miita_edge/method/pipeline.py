@@ -169,12 +169,12 @@ class Pipeline:
             pr = self.preset
             index = RetrievalIndex.build(bank, entries, centroids=pr.centroid_vote)
             if pr.null_gate and index.packed is not None and bank.n_prototypes:
-                bits = self.generic_bits(bank)
+                G = self.generic_float(bank)
+                bits = np.packbits(G >= 0, axis=1)
                 if pr.null_rule == "nearest":
                     index.null = null_scores(generic_best(index, bits), z=NEAREST_Z, cap=False)
                     index.generic_packed = bits
                     if pr.gate_query == "float":
-                        G = self.generic_float(bank)
                         gb = np.stack([float_best_all(index, g) for g in G])
                         index.null_float = null_scores(gb, z=NEAREST_Z, cap=False)
                 else:
@@ -195,21 +195,19 @@ class Pipeline:
         return paraphrase_reach(bits, group_ids(), K)
 
 
-    def generic_bits(self, bank: MemoryBank) -> np.ndarray:
-        """The packed sign bits of relevance.GENERIC_QUESTIONS as this memory stores keys (raw keys
-        computed once; the preparation follows the bank's centring, order and width, which repair
-        may narrow)."""
+    def generic_float(self, bank: MemoryBank) -> np.ndarray:
+        """relevance.GENERIC_QUESTIONS prepared as this memory prepares keys (unit float, K wide; raw
+        keys computed once; the preparation follows the bank's centring, order and width, which
+        repair may narrow)."""
         if self._generic_raw is None:
             eng = self.keyed_engine()
             self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
                                           for x in GENERIC_QUESTIONS])
-        K = bank.key_dim
-        return np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in self._generic_raw])
-
-    def generic_float(self, bank: MemoryBank) -> np.ndarray:
-        """relevance.GENERIC_QUESTIONS prepared as this memory prepares a query (unit float, K wide)."""
-        self.generic_bits(bank)
         return np.stack([bank.prepare_key(k) for k in self._generic_raw]).astype(np.float32)
+
+    def generic_bits(self, bank: MemoryBank) -> np.ndarray:
+        """The packed sign bits of ``generic_float``: the generic questions as this memory stores keys."""
+        return np.packbits(self.generic_float(bank) >= 0, axis=1)
 
     def prepare(self, bank: MemoryBank, entries: dict | None) -> None:
         """Derive what a query of this memory needs (these decode other prompts: call before the
