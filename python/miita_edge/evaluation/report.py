@@ -49,7 +49,7 @@ PathLike = str | os.PathLike[str]
 
 
 def _atomic_write_bytes(path: PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see either the old file or the whole new one.
+    """Write ``data`` to ``path`` so that readers see either the file as it was or the whole new one.
 
     The temporary file lives in the destination directory because ``os.replace`` is only
     atomic within one file system.
@@ -93,7 +93,7 @@ def write_json(result: Mapping[str, Any], path: PathLike) -> None:
 
     NaN is rejected (strict JSON has none) except inside a ``CLMatrix``, whose unknown cells are
     written as ``null``. Serialisation happens before the file is touched, so an unserialisable
-    result leaves any previous file intact.
+    result leaves any file already there intact.
     """
     text = json.dumps(result, default=_json_default, allow_nan=False, indent=2, ensure_ascii=False)
     _atomic_write_bytes(path, (text + "\n").encode("utf-8"))

@@ -7,7 +7,7 @@ decided here from :class:`KeyOptions`, a frozen value the CLI, serve or a caller
 values (the engine, template, preset): this module knows nothing of the facade.
 
 - one prompt per decode on the engine itself (the default): every stored key is bitwise the key
-  the same prompt gets at ask time, continuing the rows it shares with the previous prompt where
+  the same prompt gets at ask time, continuing the rows it shares with the prompt decoded before it where
   that keeps it bitwise (``runtime.key_pass``); what the relevance gate's exact-repeat rule and
   forget's exact property rely on (docs/serving.md);
 - several prompts per decode on one context (``batch``), or on ``contexts`` contexts side by side
