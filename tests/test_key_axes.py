@@ -138,3 +138,89 @@ def test_a_rotated_memory_opens_with_its_frame(engine, tmp_path):
         assert m.preset.key_axes == "general"
         np.testing.assert_array_equal(m.bank.key_whiten, R.astype(np.float32))
         assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text
+
+
+def test_leading_axes_are_the_principal_axes_then_every_coordinate():
+    """The overcomplete frame against the SVD reference: its first rows are the prompts' axes with
+    non-zero variance (up to sign, as principal_axes signs them), then the identity's rows in
+    ``order``, untouched; a key narrowed to P bits is the axes alone, a full one holds every coordinate."""
+    rng = np.random.default_rng(7)
+    N, n = 6, 10  # fewer prompts than coordinates: rank N - 1
+    z = rng.standard_normal((N, n))
+    order = rng.permutation(n)
+    F = ka.leading_axes(z, order)
+    ref = _gram_schmidt_reference(z, order)
+    P = N - 1
+    assert F.shape == (P + n, n)
+    np.testing.assert_allclose(np.abs(np.sum(F[:P] * ref[:P], axis=1)), 1.0, atol=1e-8)
+    np.testing.assert_allclose(F[:P], ka.principal_axes(z, order)[:P], atol=1e-12)
+    np.testing.assert_array_equal(F[P:], np.eye(n)[order])
+
+
+@pytest.mark.parametrize("key_dim", [None, 300, 104])
+def test_an_overcomplete_bank_keeps_the_axes_first(key_dim):
+    """prepare_key and prepare_query against numpy with a (P + n, n) frame: centre, block norms,
+    the frame, cut, unit; the full width is P + n; a frame taller than the key takes no order."""
+    H, parts = 64, 2
+    rng = np.random.default_rng(4)
+    full = H * parts
+    mean = rng.standard_normal(full).astype(np.float32)
+    F = ka.leading_axes(rng.standard_normal((60, full)), rng.permutation(full)).astype(np.float32)
+    assert F.shape == (59 + full, full)
+    kd = None if key_dim is None else min(key_dim, len(F))
+    bank = MemoryBank(default_preset().bank, H, mean, parts, None, kd, key_whiten=F)
+    assert bank.key_dim == (len(F) if kd is None else kd)
+    for _ in range(3):
+        raw = (rng.standard_normal(full) * 3).astype(np.float32)
+        x = raw.astype(np.float64) - np.float16(mean).astype(np.float64)
+        x = np.concatenate([x[:H] / np.linalg.norm(x[:H]), x[H:] / np.linalg.norm(x[H:])])
+        x = (F.astype(np.float64) @ x)[:bank.key_dim]
+        ref = x / np.linalg.norm(x)
+        np.testing.assert_allclose(bank.prepare_key(raw), ref, atol=2e-6)
+        np.testing.assert_allclose(bank.prepare_query(raw), ref, atol=2e-6)
+    with pytest.raises(ValueError, match="order"):
+        MemoryBank(default_preset().bank, H, mean, parts, np.arange(full), None, key_whiten=F)
+    with pytest.raises(ValueError, match="key_whiten"):
+        MemoryBank(default_preset().bank, H, mean, parts, None, None, key_whiten=F[:full - 1])
+    with pytest.raises(ValueError, match="key width"):
+        MemoryBank(default_preset().bank, H, mean, parts, None, len(F) + 1, key_whiten=F)
+
+
+def test_cached_leading_axes_are_the_computed_ones(tmp_path, monkeypatch):
+    monkeypatch.setattr(ka, "cache_dir", lambda: tmp_path)
+    rng = np.random.default_rng(5)
+    raw = rng.standard_normal((9, 16)).astype(np.float32)
+    mean = rng.standard_normal(16).astype(np.float32)
+    order = rng.permutation(16)
+    z = kw.prepared(raw, mean, 2)
+    want = ka.leading_axes(z, order)
+    got = ka.cached_axes_for(raw, mean, 2, order=order, leading=True)
+    assert got.shape == (8 + 16, 16)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    monkeypatch.setattr(ka, "leading_axes", lambda *a: pytest.fail("recomputed cached axes"))
+    np.testing.assert_allclose(ka.cached_axes_for(raw, mean, 2, order=order, leading=True), want, atol=1e-6)
+    # the rotation of the same inputs is another file, not this one read back
+    assert ka.cached_axes_for(raw, mean, 2, order=order).shape == (16, 16)
+
+
+def test_an_overcomplete_memory_opens_with_its_frame_and_width(engine, tmp_path):
+    """A memory built with the leading axes stores keys P + n wide, and after it is opened again has
+    the same frame and answers the same; narrowed by repair, it keeps the axes' bits."""
+    from miita_edge import Example, Miita
+
+    p = default_preset()
+    p.key_axes = "leading"
+    rows = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
+           [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
+    d = tmp_path / "mem"
+    with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
+        m.ingest(rows, budget="none")
+        F = m.bank.key_whiten
+        n = F.shape[1]
+        assert m.bank.key_order is None and F.shape[0] > n and m.bank.key_dim == F.shape[0]
+        asked = m.ask("how can I change my PIN", max_tokens=4)
+    with Miita(engine=engine, memory=d, template="plain") as m:
+        assert m.preset.key_axes == "leading"
+        np.testing.assert_array_equal(m.bank.key_whiten, F)
+        assert m.bank.key_dim == F.shape[0]
+        assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text

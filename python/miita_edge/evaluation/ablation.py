@@ -89,6 +89,10 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "the gate's general-question tests score the float query against stored bits, as the vote does"),
     Mechanism("float-gate-axes", "all", _set(gate_query="float", key_axes="general"),
               "float-gate with the keys rotated onto the general prompts' axes (general-axes)"),
+    Mechanism("leading-axes", "all", _set(key_axes="leading"),
+              "the general prompts' axes' bits stored before all the key's coordinates (narrow keys keep the axes)"),
+    Mechanism("float-gate-leading", "all", _set(gate_query="float", key_axes="leading"),
+              "float-gate with leading-axes"),
 )}
 
 

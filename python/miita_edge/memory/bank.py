@@ -79,15 +79,21 @@ class MemoryBank(QueryView):
         self.key_order = None if key_order is None else np.asarray(key_order, np.int64)
         if self.key_order is not None and sorted(self.key_order.tolist()) != list(range(full)):
             raise ValueError(f"key_order is not a permutation of the {full} key coordinates")
-        # A (full, full) matrix each centred, block-normalised key is multiplied by before its
-        # coordinates are ordered and cut (method/key_whitening.py; derived, not stored). None: none.
+        # A (width, full) matrix each centred, block-normalised key is multiplied by before its
+        # coordinates are ordered and cut (method/key_whitening.py, method/key_axes.py; derived, not
+        # stored). Square, or taller for an overcomplete frame, whose rows are then the key's
+        # coordinates (no order after it). None: none.
         self.key_whiten = None if key_whiten is None else np.ascontiguousarray(key_whiten, np.float32)
-        if self.key_whiten is not None and self.key_whiten.shape != (full, full):
-            raise ValueError(f"key_whiten has shape {self.key_whiten.shape}, expected ({full}, {full})")
+        if self.key_whiten is not None and (self.key_whiten.ndim != 2 or self.key_whiten.shape[1] != full
+                                            or self.key_whiten.shape[0] < full):
+            raise ValueError(f"key_whiten has shape {self.key_whiten.shape}, expected (>= {full}, {full})")
+        if self.key_whiten is not None and self.key_whiten.shape[0] > full and self.key_order is not None:
+            raise ValueError("an overcomplete key frame takes no coordinate order after it")
+        width = full if self.key_whiten is None else self.key_whiten.shape[0]
         # Coordinates a stored key keeps now (repair may narrow 1-bit keys, never widen them).
-        self.key_dim = full if key_dim is None else int(key_dim)
-        if not 0 < self.key_dim <= full:
-            raise ValueError(f"key width {self.key_dim} outside 1..{full}")
+        self.key_dim = width if key_dim is None else int(key_dim)
+        if not 0 < self.key_dim <= width:
+            raise ValueError(f"key width {self.key_dim} outside 1..{width}")
 
     @property
     def protos(self) -> list[Prototype]:
@@ -428,7 +434,8 @@ class MemoryBank(QueryView):
         (see ``Miita``), so the caller passes them in again; the key width is the stored one.
         Every array is checked here; the Prototype objects are made on first use of ``protos``.
         """
-        stored = StoredArrays(config, int(n_embd), int(key_parts), arrays)
+        width = None if key_whiten is None else int(np.shape(key_whiten)[0])
+        stored = StoredArrays(config, int(n_embd), int(key_parts), arrays, width)
         bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim, key_whiten)
         bank._stored = stored
         bank._protos = None

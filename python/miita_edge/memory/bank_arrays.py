@@ -143,7 +143,10 @@ class StoredArrays:
     The checks (and their messages) are the ones ``from_arrays`` always made; the views read the
     arrays with numpy (one pass each) instead of walking Prototype objects."""
 
-    def __init__(self, config: BankConfig, H: int, key_parts: int, arrays: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: BankConfig, H: int, key_parts: int, arrays: dict[str, np.ndarray],
+                 width: int | None = None) -> None:
+        """``width``: the key frame's full width where it is not H · key_parts (an overcomplete
+        frame, ``MemoryBank.key_whiten``)."""
         self.config, self.H = config, H
         # A store accepts any valid arrays (a forged file with a recomputed checksum is valid), so the
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
@@ -166,7 +169,7 @@ class StoredArrays:
             D = codecs.decode(enc, config.dir_precision, H)
         raw = np.asarray(arrays["anchors"])
         scale = np.asarray(arrays["anchor_scale"]) if "anchor_scale" in arrays else None
-        full = H * key_parts
+        full = H * key_parts if width is None else int(width)
         if raw.ndim != 2:
             raise ValueError(f"anchors array has shape {raw.shape}, expected (n, width)")
         codecs.check_stored("anchors", raw, config.key_precision)

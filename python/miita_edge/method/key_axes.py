@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime.fingerprint import cache_dir, cached_matrix
 from .key_whitening import prepared
 
-__all__ = ["cached_axes_for", "principal_axes"]
+__all__ = ["cached_axes_for", "leading_axes", "principal_axes"]
 
 VERSION = 1  # of the rule and the cache file
 
@@ -52,13 +52,35 @@ def principal_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray
     return q
 
 
+def leading_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """(P + n, n) float64: the P principal axes of ``z`` (N, n) with a non-zero eigenvalue, as
+    ``principal_axes`` finds and signs them, followed by every coordinate in ``order`` (default:
+    index order) as it is, not orthogonalised.
+
+    Why overcomplete: a narrowed key keeps its first K rows, so a narrow key is the leading
+    axes, the directions a few bits tell prompts apart best along (general-axes at 104 bits), while
+    a wide key is mostly the memory's own coordinates, which reach further between paraphrases at
+    full width than the completed rotation does (docs/results/candidates/general-axes.md). P is the
+    rank of the general prompts' keys (fixed by construction: one row per direction they vary in)."""
+    z = np.asarray(z, np.float64)
+    n = z.shape[1]
+    order = np.arange(n) if order is None else np.asarray(order, np.int64)
+    full = principal_axes(z, order)
+    x = z - z.mean(axis=0)
+    w = np.linalg.eigvalsh(x.T @ x / (len(z) - 1))
+    P = int((w > 1e-9 * max(float(w.max()), 1e-300)).sum())
+    return np.concatenate([full[:P], np.eye(n)[order]], axis=0)
+
+
 def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
-                    whiten: np.ndarray | None = None, order: np.ndarray | None = None) -> np.ndarray:
+                    whiten: np.ndarray | None = None, order: np.ndarray | None = None,
+                    leading: bool = False) -> np.ndarray:
     """The key frame's rotation (float32, (L·H, L·H)), for ``MemoryBank``'s ``key_whiten`` slot
     (applied as ``R @ k`` to a centred, block-normalised key): the principal axes of the general
     prompts' raw keys ``raw`` prepared as a memory prepares keys (centred on ``mean``, blocks at
     unit norm, and whitened by ``whiten`` where the memory whitens, which the rotation then
     follows: ``R @ whiten``), completed by the coordinates in ``order`` (``principal_axes``).
+    ``leading``: the overcomplete frame instead, (P + L·H, L·H) (``leading_axes``).
 
     Read from the user cache directory when computed before (an eigendecomposition of an
     (L·H)² matrix takes about a second on one core, and a memory derives its frame at every open);
@@ -66,14 +88,15 @@ def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
     raw = np.ascontiguousarray(raw, np.float32)
     as32 = (lambda a: None if a is None else np.asarray(a, np.float32))
     key = [raw, as32(mean), as32(whiten), None if order is None else np.asarray(order, np.int64),
-           f"{parts}|{raw.shape}|v{VERSION}"]
-    return cached_matrix(cache_dir(), "axes", key, raw.shape[1], lambda: _axes(raw, mean, parts, whiten, order))
+           f"{parts}|{raw.shape}|v{VERSION}" + ("|leading" if leading else "")]
+    return cached_matrix(cache_dir(), "axes", key, raw.shape[1],
+                         lambda: _axes(raw, mean, parts, whiten, order, leading), square=not leading)
 
 
-def _axes(raw, mean, parts, whiten, order) -> np.ndarray:
+def _axes(raw, mean, parts, whiten, order, leading=False) -> np.ndarray:
     z = prepared(raw, mean, parts)
     W = None if whiten is None else np.asarray(whiten, np.float64)
     if W is not None:
         z = z @ W.T
-    R = principal_axes(z, order)
+    R = (leading_axes if leading else principal_axes)(z, order)
     return R if W is None else R @ W

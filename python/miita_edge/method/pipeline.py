@@ -16,7 +16,7 @@ that a first query does not pay its prompt twice.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -74,6 +74,11 @@ class Pipeline:
         self._generic_raw: np.ndarray | None = None
         self._index: RetrievalIndex | None = None
         self._rng = np.random.default_rng(0)  # RandomRet: a fresh draw per query, reproducible per memory
+        # the key frame's whitening, and how to build the frame again on another whitening (the
+        # held-out reach's folds), as ``key_frame`` last derived them
+        self._framed = False
+        self._whiten: np.ndarray | None = None
+        self._frame_on: Callable[[np.ndarray], np.ndarray] | None = None
 
     @staticmethod
     def new_key_layers(preset: Preset, engine: Engine, template: Template, model_sha: str) -> list[int]:
@@ -117,11 +122,16 @@ class Pipeline:
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
-        if pr.key_axes == "general":  # rotated: the axes, then the coordinates in that order
+        self._framed, self._whiten, self._frame_on = True, whiten, None
+        if pr.key_axes in ("general", "leading"):
+            # "general": rotated, the axes then the coordinates in that order; "leading": the axes'
+            # bits before all the coordinates (overcomplete)
             raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
                                                   self.fingerprint), keys])
-            axes = cached_axes_for(raw, mean.astype(np.float16).astype(np.float32), parts, whiten, order)
-            return KeyFrame(mean, None, axes)
+            m16 = mean.astype(np.float16).astype(np.float32)
+            leading = pr.key_axes == "leading"
+            self._frame_on = lambda W: cached_axes_for(raw, m16, parts, W, order, leading)
+            return KeyFrame(mean, None, self._frame_on(whiten))
         return KeyFrame(mean, order, whiten)
 
     @property
@@ -189,8 +199,9 @@ class Pipeline:
         whitening, order and width, which repair may narrow): ``relevance.paraphrase_reach``."""
         raw = paraphrase_keys(self.keyed_engine(), self.template, self.preset.skip_bos, self.fingerprint)
         K = bank.key_dim
-        if self.preset.single_reach == "paraphrase-heldout" and bank.key_whiten is not None:
-            return heldout_reach(bank, raw, group_ids())
+        whitened = self._whiten is not None if self._framed else bank.key_whiten is not None
+        if self.preset.single_reach == "paraphrase-heldout" and whitened:
+            return heldout_reach(bank, raw, group_ids(), self._frame_on)
         bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
         return paraphrase_reach(bits, group_ids(), K)
 
@@ -252,20 +263,23 @@ class Pipeline:
         return Steered(g, qp, eta_abs, None)
 
 
-def heldout_reach(bank: MemoryBank, raw: np.ndarray, groups: np.ndarray) -> float:
+def heldout_reach(bank: MemoryBank, raw: np.ndarray, groups: np.ndarray,
+                  frame_on: Callable[[np.ndarray], np.ndarray] | None = None) -> float:
     """``Pipeline._reach`` for a whitened memory, out of sample. Its whitening was fitted on the
     same paraphrase groups the reach is measured on, which brings their siblings nearer than any
     other paraphrase comes, so the threshold would be too strict for every question a user asks.
     Two folds (even and odd groups): each fold's phrasings (``raw``, their ``groups``) are prepared
     as the bank prepares keys, but whitened by the other fold's scatter, and their nearest sibling
     (own group) and nearest non-sibling (all phrasings) give the pooled cosines the threshold
-    separates."""
+    separates. ``frame_on``: where the memory's frame is built on its whitening (the general
+    prompts' axes), the frame built the same way on each fold's whitening."""
     K, parts = bank.key_dim, bank.key_parts
     groups = np.asarray(groups)
     sibs, nons = [], []
     for fold in (0, 1):
         held = groups % 2 == fold
         W = cached_whitening_for(raw[~held], bank.key_mean, parts, groups=groups[~held])
+        W = W if frame_on is None else frame_on(W)
         bits = np.stack([np.packbits(bank.prepare_key(k, whiten=W)[:K] >= 0) for k in raw])
         s, n = sibling_cosines(bits, groups, K, rows=held)
         sibs.append(s)

@@ -84,8 +84,10 @@ class Preset:
     # first ingest and kept in its manifest (method/key_whitening.whiten_replies).
     key_whitening: str = "none"
     # The key frame's axes (method/key_axes.py): "coordinates", the model's own (ordered by
-    # key_order); or "general", rotated onto the principal axes of the model's general prompts
-    # (highest variance first, after any whitening; key_order is then not read). Derived at open.
+    # key_order); "general", rotated onto the principal axes of the model's general prompts
+    # (highest variance first, after any whitening; key_order is then not read); or "leading", those
+    # axes' bits stored before all the coordinates (overcomplete: narrow keys keep the axes, wide
+    # keys the coordinates too). Derived at open.
     key_axes: str = "coordinates"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
     # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
@@ -184,10 +186,10 @@ class Preset:
             raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none', 'paraphrase' or 'replies'")
         if self.key_whitening != "none" and not self.center_keys:
             raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
-        if self.key_axes not in ("coordinates", "general"):
-            raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates' or 'general'")
+        if self.key_axes not in ("coordinates", "general", "leading"):
+            raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates', 'general' or 'leading'")
         if self.key_axes != "coordinates" and not self.center_keys:
-            raise StoreError("preset key_axes 'general' needs center_keys (the axes are of centred keys)")
+            raise StoreError(f"preset key_axes {self.key_axes!r} needs center_keys (the axes are of centred keys)")
         if self.single_reach not in ("repeat", "paraphrase", "paraphrase-heldout"):
             raise StoreError(f"preset single_reach {self.single_reach!r} is not 'repeat', 'paraphrase' or "
                              "'paraphrase-heldout'")

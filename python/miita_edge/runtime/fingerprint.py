@@ -40,9 +40,10 @@ def write_cached(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def cached_matrix(directory: Path, name: str, inputs: Sequence, n: int,
-                  compute: Callable[[], np.ndarray]) -> np.ndarray:
+                  compute: Callable[[], np.ndarray], square: bool = True) -> np.ndarray:
     """An (n, n) float32 matrix derived from the model, read from ``directory/NAME-HASH.npy`` when
     a finite file of that shape is there, else ``compute()``'d and written there (``write_cached``).
+    ``square`` False: (m, n) with any m >= n (an overcomplete frame, whose m the inputs decide).
     The hash covers every input (an array's bytes, None as "-", a text's UTF-8), so a changed input
     never reads a stale file; a damaged one is recomputed."""
     h = hashlib.blake2b(digest_size=12)
@@ -51,7 +52,8 @@ def cached_matrix(directory: Path, name: str, inputs: Sequence, n: int,
     path = directory / f"{name}-{h.hexdigest()}.npy"
     try:
         M = np.load(path)
-        if M.shape == (n, n) and M.dtype == np.float32 and np.isfinite(M).all():
+        shaped = M.shape == (n, n) if square else (M.ndim == 2 and M.shape[1] == n and M.shape[0] >= n)
+        if shaped and M.dtype == np.float32 and np.isfinite(M).all():
             return M
     except (OSError, ValueError):
         pass
