@@ -118,26 +118,33 @@ def test_the_preset_checks_its_axes():
         p.validate_keys()
 
 
-def test_a_rotated_memory_opens_with_its_frame(engine, tmp_path):
-    """A memory built with the general axes stores keys in that frame, keeps the setting in its
-    manifest, and answers the same after it is opened again."""
+def _built(engine, tmp_path, axes):
+    """A memory with key frame ``axes`` taught two answers, then opened again: its frame as built,
+    as opened, its key width both times, and one answer both times."""
     from miita_edge import Example, Miita
 
     p = default_preset()
-    p.key_axes = "general"
+    p.key_axes = axes
     rows = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
            [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
     d = tmp_path / "mem"
     with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
         m.ingest(rows, budget="none")
         assert m.bank.key_order is None and m.bank.key_whiten is not None
-        R = m.bank.key_whiten.astype(np.float64)
-        np.testing.assert_allclose(R @ R.T, np.eye(len(R)), atol=1e-4)
-        asked = m.ask("how can I change my PIN", max_tokens=4)
+        built = (m.bank.key_whiten.copy(), m.bank.key_dim, m.ask("how can I change my PIN", max_tokens=4).text)
     with Miita(engine=engine, memory=d, template="plain") as m:
-        assert m.preset.key_axes == "general"
-        np.testing.assert_array_equal(m.bank.key_whiten, R.astype(np.float32))
-        assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text
+        assert m.preset.key_axes == axes
+        opened = (m.bank.key_whiten, m.bank.key_dim, m.ask("how can I change my PIN", max_tokens=4).text)
+    return built, opened
+
+
+def test_a_rotated_memory_opens_with_its_frame(engine, tmp_path):
+    """A memory built with the general axes stores keys in that frame (orthonormal, square), keeps
+    the setting in its manifest, and answers the same after it is opened again."""
+    (R, K, asked), (R2, K2, again) = _built(engine, tmp_path, "general")
+    np.testing.assert_allclose(R.astype(np.float64) @ R.T.astype(np.float64), np.eye(len(R)), atol=1e-4)
+    np.testing.assert_array_equal(R2, R)
+    assert K == K2 == len(R) and again == asked
 
 
 def test_leading_axes_are_the_principal_axes_then_every_coordinate():
@@ -203,24 +210,12 @@ def test_cached_leading_axes_are_the_computed_ones(tmp_path, monkeypatch):
     assert ka.cached_axes_for(raw, mean, 2, order=order).shape == (16, 16)
 
 
+
+
 def test_an_overcomplete_memory_opens_with_its_frame_and_width(engine, tmp_path):
     """A memory built with the leading axes stores keys P + n wide, and after it is opened again has
-    the same frame and answers the same; narrowed by repair, it keeps the axes' bits."""
-    from miita_edge import Example, Miita
-
-    p = default_preset()
-    p.key_axes = "leading"
-    rows = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
-           [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
-    d = tmp_path / "mem"
-    with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
-        m.ingest(rows, budget="none")
-        F = m.bank.key_whiten
-        n = F.shape[1]
-        assert m.bank.key_order is None and F.shape[0] > n and m.bank.key_dim == F.shape[0]
-        asked = m.ask("how can I change my PIN", max_tokens=4)
-    with Miita(engine=engine, memory=d, template="plain") as m:
-        assert m.preset.key_axes == "leading"
-        np.testing.assert_array_equal(m.bank.key_whiten, F)
-        assert m.bank.key_dim == F.shape[0]
-        assert m.ask("how can I change my PIN", max_tokens=4).text == asked.text
+    the same frame and width and answers the same."""
+    (F, K, asked), (F2, K2, again) = _built(engine, tmp_path, "leading")
+    assert F.shape[0] > F.shape[1] and K == K2 == F.shape[0]
+    np.testing.assert_array_equal(F2, F)
+    assert again == asked
