@@ -35,6 +35,11 @@ def principal_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray
     tail is the memory's own coordinates, in the order it would keep them, as nearly as an
     orthonormal basis allows. Each row's sign is fixed so that its largest-magnitude entry is
     positive, which makes the basis one function of ``z`` and ``order``."""
+    return _principal(z, order)[0]
+
+
+def _principal(z, order) -> tuple[np.ndarray, int]:
+    """``principal_axes`` and P, how many of its rows are the prompts' axes (the rest complete it)."""
     z = np.asarray(z, np.float64)
     if z.ndim != 2 or len(z) < 2:
         raise ValueError(f"principal axes need at least two rows of keys, got shape {z.shape}")
@@ -49,7 +54,7 @@ def principal_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray
     q = np.linalg.qr(M)[0].T
     big = np.abs(q).argmax(axis=1)
     q *= np.where(q[np.arange(n), big] < 0, -1.0, 1.0)[:, None]
-    return q
+    return q, len(lead)
 
 
 def leading_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
@@ -62,14 +67,10 @@ def leading_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
     a wide key is mostly the memory's own coordinates, which reach further between paraphrases at
     full width than the completed rotation does (docs/results/candidates/general-axes.md). P is the
     rank of the general prompts' keys (fixed by construction: one row per direction they vary in)."""
-    z = np.asarray(z, np.float64)
-    n = z.shape[1]
+    q, P = _principal(z, order)
+    n = q.shape[1]
     order = np.arange(n) if order is None else np.asarray(order, np.int64)
-    full = principal_axes(z, order)
-    x = z - z.mean(axis=0)
-    w = np.linalg.eigvalsh(x.T @ x / (len(z) - 1))
-    P = int((w > 1e-9 * max(float(w.max()), 1e-300)).sum())
-    return np.concatenate([full[:P], np.eye(n)[order]], axis=0)
+    return np.concatenate([q[:P], np.eye(n)[order]], axis=0)
 
 
 def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
