@@ -219,3 +219,125 @@ def test_an_overcomplete_memory_opens_with_its_frame_and_width(engine, tmp_path)
     assert F.shape[0] > F.shape[1] and K == K2 == F.shape[0]
     np.testing.assert_array_equal(F2, F)
     assert again == asked
+
+
+def _narrow_bank(rng, whiten: bool, H=64, parts=2):
+    """A bank of three answers, two keys each (one anchor per key), whose keys hold every coordinate
+    in the coordinates' frame (an order, and a square whitening when asked) and move to a leading
+    frame when narrowed; with the raw keys and the pieces of a plain numpy preparation."""
+    full = H * parts
+    mean = rng.standard_normal(full).astype(np.float32)
+    order = rng.permutation(full)
+    W = None
+    if whiten:
+        A = rng.standard_normal((full, full))
+        W = (np.eye(full) + 0.3 * (A + A.T) / np.sqrt(full)).astype(np.float32)
+    F = ka.leading_axes(rng.standard_normal((40, full)), order).astype(np.float32)
+    bank = MemoryBank(default_preset().bank, H, mean, parts, order, None, key_whiten=W, key_narrow=F)
+    raws = (rng.standard_normal((6, full)) * 3).astype(np.float32)
+    for i, raw in enumerate(raws):
+        bank.write(np.zeros((0, H), np.float32), np.array([10 + i // 2, 7], np.int32), raw)
+    return bank, raws, mean, order, W, F
+
+
+def _blocks(raw, mean, H):
+    x = raw.astype(np.float64) - np.float16(mean).astype(np.float64)
+    return np.concatenate([x[:H] / np.linalg.norm(x[:H]), x[H:] / np.linalg.norm(x[H:])])
+
+
+@pytest.mark.parametrize("whiten", [False, True])
+def test_a_bank_moves_to_the_narrow_frame_when_repair_first_narrows_it(whiten):
+    """Against numpy: at full width keys are prepared in the coordinates' frame (whitening, order),
+    exactly as a bank without a narrow frame prepares them; the first narrowing moves every anchor to
+    the first m rows of the narrow frame, and a one-key anchor's bits are then the signs its key gets
+    there; an anchor folded from two keys, the signs of the sum of each key's new coordinates over its
+    old norm; queries follow the frame (prepare_key and prepare_query); a second narrowing is a prefix."""
+    rng = np.random.default_rng(11)
+    H = 64
+    bank, raws, mean, order, W, F = _narrow_bank(rng, whiten)
+    full = 2 * H
+    plain = MemoryBank(default_preset().bank, H, mean, 2, order, None, key_whiten=W)
+    assert not bank.narrowed and bank.key_dim == full
+    for raw in raws[:2]:
+        np.testing.assert_allclose(bank.prepare_key(raw), plain.prepare_key(raw), atol=1e-6)
+        np.testing.assert_allclose(bank.prepare_query(raw), plain.prepare_query(raw), atol=1e-6)
+    assert [len(p.anchors) for p in bank.protos] == [2, 2, 2]
+    bank.fold_anchor(bank.protos[2], 1)  # the third answer's two keys become one anchor
+
+    def old_frame(raw):
+        x = _blocks(raw, mean, H)
+        return (x if W is None else W.astype(np.float64) @ x)[order]
+
+    assert bank.narrow_keys()
+    m = full - 8
+    assert bank.narrowed and bank.key_dim == m
+    new = [F.astype(np.float64)[:m] @ _blocks(r, mean, H) for r in raws]
+    for j in range(2):
+        for a in range(2):
+            np.testing.assert_array_equal(bank.protos[j].anchors[a] > 0, new[2 * j + a] > 0)
+    folded = sum(new[i] / np.linalg.norm(old_frame(raws[i])) for i in (4, 5))
+    np.testing.assert_array_equal(bank.protos[2].anchors[0] > 0, folded > 0)
+    for raw in raws[:3]:
+        ref = new[0] if raw is raws[0] else F.astype(np.float64)[:m] @ _blocks(raw, mean, H)
+        ref = ref / np.linalg.norm(ref)
+        np.testing.assert_allclose(bank.prepare_key(raw), ref, atol=2e-5)
+        np.testing.assert_allclose(bank.prepare_query(raw), ref, atol=2e-5)
+    before = np.concatenate([p.anchors for p in bank.protos])
+    assert bank.narrow_keys() and bank.key_dim == m - 8
+    np.testing.assert_array_equal(np.concatenate([p.anchors for p in bank.protos]), before[:, :m - 8])
+
+
+def test_a_narrowed_bank_opens_in_the_narrow_frame_and_a_wide_one_in_its_coordinates():
+    """The frame is not stored: a bank opened with the same matrices is in the narrow frame exactly
+    when its stored keys are narrower than every coordinate, and prepares queries as before."""
+    rng = np.random.default_rng(12)
+    bank, raws, mean, order, W, F = _narrow_bank(rng, False)
+    wide = MemoryBank.from_arrays(bank.config, 64, bank.to_arrays(), mean, 2, order, None, F)
+    assert not wide.narrowed
+    np.testing.assert_allclose(wide.prepare_query(raws[0]), bank.prepare_query(raws[0]), atol=1e-6)
+    bank.narrow_keys()
+    back = MemoryBank.from_arrays(bank.config, 64, bank.to_arrays(), mean, 2, order, None, F)
+    assert back.narrowed and back.key_dim == bank.key_dim
+    np.testing.assert_array_equal(back.packed_anchors(), bank.packed_anchors())
+    np.testing.assert_allclose(back.prepare_query(raws[1]), bank.prepare_query(raws[1]), atol=1e-6)
+    # opened from the store, the sums are the stored bits' estimate: moving it is deterministic
+    again = MemoryBank.from_arrays(bank.config, 64, wide.to_arrays(), mean, 2, order, None, F)
+    twice = MemoryBank.from_arrays(bank.config, 64, wide.to_arrays(), mean, 2, order, None, F)
+    assert again.narrow_keys() and twice.narrow_keys()
+    np.testing.assert_array_equal(again.packed_anchors(), twice.packed_anchors())
+
+
+def test_a_narrow_frame_is_checked():
+    rng = np.random.default_rng(13)
+    H, full = 64, 128
+    F = ka.leading_axes(rng.standard_normal((20, full))).astype(np.float32)
+    cfg = default_preset().bank
+    with pytest.raises(ValueError, match="key_narrow"):
+        MemoryBank(cfg, H, None, 2, None, None, key_narrow=F[:, :-1])
+    with pytest.raises(ValueError, match="square frame"):
+        MemoryBank(cfg, H, None, 2, None, None, key_whiten=F, key_narrow=F)
+    p = default_preset()
+    p.key_axes = "narrowed"
+    p.validate_keys()
+    assert Preset.from_json(p.to_json()).key_axes == "narrowed"
+
+
+def test_a_narrowed_memory_opens_with_its_frames(engine, tmp_path):
+    """A memory of preset key_axes "narrowed" taught without a budget keeps every coordinate in the
+    coordinates' frame (a narrow frame beside it, unused), and opens again the same."""
+    from miita_edge import Example, Miita
+
+    p = default_preset()
+    p.key_axes = "narrowed"
+    rows = [Example(f"how do I change my PIN {i}", "pin") for i in range(3)] + \
+           [Example(f"my card has not arrived yet {i}", "card arrival") for i in range(3)]
+    d = tmp_path / "mem"
+    with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
+        m.ingest(rows, budget="none")
+        assert m.bank.key_narrow is not None and m.bank.key_order is not None and not m.bank.narrowed
+        asked = m.ask("how can I change my PIN", max_tokens=4).text
+        F = m.bank.key_narrow.copy()
+    with Miita(engine=engine, memory=d, template="plain") as m:
+        assert m.preset.key_axes == "narrowed" and not m.bank.narrowed
+        np.testing.assert_array_equal(m.bank.key_narrow, F)
+        assert m.ask("how can I change my PIN", max_tokens=4).text == asked

@@ -143,9 +143,9 @@ class Miita:
         self.key_whitened = bool(meta.get("key_whitened", False))
         self.pipeline.check_whitened(self.key_whitened, f"memory {self.memory_dir}")
         try:
-            mean, order, whiten = self._key_frame()
-            self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, mean,
-                                               len(self.key_layers), order, whiten)
+            frame = self._key_frame()
+            self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, frame.mean,
+                                               len(self.key_layers), frame.order, frame.whiten, frame.narrow)
             top = self.bank.max_token()
             if top >= self.engine.n_vocab:  # a consistent but foreign tokens array (corruption campaign)
                 raise ValueError(f"token id {top} is outside the model's vocabulary of {self.engine.n_vocab}")

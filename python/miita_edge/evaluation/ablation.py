@@ -93,6 +93,10 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "the general prompts' axes' bits stored before all the key's coordinates (narrow keys keep the axes)"),
     Mechanism("float-gate-leading", "all", _set(gate_query="float", key_axes="leading"),
               "float-gate with leading-axes"),
+    Mechanism("narrowed-axes", "all", _set(key_axes="narrowed"),
+              "keys keep their coordinates at full width and move to leading-axes once repair narrows them"),
+    Mechanism("float-gate-narrowed", "all", _set(gate_query="float", key_axes="narrowed"),
+              "float-gate with narrowed-axes"),
 )}
 
 

@@ -60,7 +60,7 @@ class MemoryBank(QueryView):
 
     def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None,
                  key_parts: int = 1, key_order: np.ndarray | None = None, key_dim: int | None = None,
-                 key_whiten: np.ndarray | None = None):
+                 key_whiten: np.ndarray | None = None, key_narrow: np.ndarray | None = None):
         config.validate()
         self.config = config
         self.n_embd = int(n_embd)
@@ -89,6 +89,16 @@ class MemoryBank(QueryView):
             raise ValueError(f"key_whiten has shape {self.key_whiten.shape}, expected (>= {full}, {full})")
         if self.key_whiten is not None and self.key_whiten.shape[0] > full and self.key_order is not None:
             raise ValueError("an overcomplete key frame takes no coordinate order after it")
+        # The frame a key moves to the first time repair narrows it (a (width >= full, full) matrix
+        # applied like ``key_whiten`` to a centred, block-normalised key, no order after it; derived,
+        # not stored): a key keeps the frame above while it holds every coordinate, and this one, cut
+        # to ``key_dim``, once it holds fewer (``narrow_keys``). None: the frame above throughout.
+        self.key_narrow = None if key_narrow is None else np.ascontiguousarray(key_narrow, np.float32)
+        if self.key_narrow is not None:
+            if self.key_narrow.ndim != 2 or self.key_narrow.shape[1] != full or self.key_narrow.shape[0] < full:
+                raise ValueError(f"key_narrow has shape {self.key_narrow.shape}, expected (>= {full}, {full})")
+            if self.key_whiten is not None and self.key_whiten.shape[0] != full:
+                raise ValueError("a frame for narrowed keys needs a square frame before it")
         width = full if self.key_whiten is None else self.key_whiten.shape[0]
         # Coordinates a stored key keeps now (repair may narrow 1-bit keys, never widen them).
         self.key_dim = width if key_dim is None else int(key_dim)
@@ -352,11 +362,39 @@ class MemoryBank(QueryView):
         m = (self.key_dim - 1) // 8 * 8  # the next narrower multiple of 8 bits (whole stored bytes)
         if not cfg.shrink_keys or cfg.key_precision != "bit" or m < MIN_KEY_BITS:
             return False
+        if self.key_narrow is not None and not self.narrowed:
+            self._move_to_narrow_frame(m)
+            return True
         for p in self.protos:
             p.anchor_sum = p.anchor_sum[:, :m]
             p._anchors = p.anchors[:, :m]
         self.key_dim = m
         return True
+
+    def _move_to_narrow_frame(self, m: int) -> None:
+        """Mutates: every anchor goes from the full-width frame to the first ``m`` rows of
+        ``key_narrow``. A frame is linear, so an anchor's sum of prepared keys maps through
+        ``key_narrow @ F^-1`` (F the full-width frame: the whitening, its rows in ``key_order``),
+        each key weighted by 1/|F k| instead of 1/|key_narrow[:m] k|: the signs of a one-key anchor
+        are exactly those its key would get in the new frame. A bank opened from the store has no
+        sums, only its stored bits (``Prototype.anchor_sum``'s estimate), so there the move works
+        from the sign bits of the coordinates, as merging does."""
+        full = self.n_embd * self.key_parts
+        F = np.eye(full, dtype=np.float64) if self.key_whiten is None else self.key_whiten.astype(np.float64)
+        if self.key_order is not None:
+            F = F[self.key_order]
+        T = np.linalg.solve(F.T, self.key_narrow[:m].astype(np.float64).T).T  # (m, full): T @ F = key_narrow[:m]
+        for p in self.protos:
+            s = (p.anchor_sum.astype(np.float64) @ T.T).astype(np.float32)
+            p.anchor_sum = s
+            p._anchors = codecs.roundtrip(unit_rows(s), self.config.key_precision) if len(s) else s
+        self.key_dim = m
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether keys are in ``key_narrow``'s frame: it has one, and keys hold fewer than every
+        coordinate (narrowing from full width is what moves them there)."""
+        return self.key_narrow is not None and self.key_dim < self.n_embd * self.key_parts
 
     def merge_one_pair(self) -> bool:
         """Mutates: merge the pair of least Ward distortion if allowed; False if none."""
@@ -427,16 +465,17 @@ class MemoryBank(QueryView):
     @classmethod
     def from_arrays(cls, config: BankConfig, n_embd: int, arrays: dict[str, np.ndarray],
                     key_mean: np.ndarray | None = None, key_parts: int = 1,
-                    key_order: np.ndarray | None = None, key_whiten: np.ndarray | None = None) -> "MemoryBank":
+                    key_order: np.ndarray | None = None, key_whiten: np.ndarray | None = None,
+                    key_narrow: np.ndarray | None = None) -> "MemoryBank":
         """Rebuild from stored arrays; raises ValueError on inconsistent arrays.
 
-        ``key_mean``, ``key_order`` and ``key_whiten`` are not stored: they derive from the model and template
+        ``key_mean``, ``key_order``, ``key_whiten`` and ``key_narrow`` are not stored: they derive from the model and template
         (see ``Miita``), so the caller passes them in again; the key width is the stored one.
         Every array is checked here; the Prototype objects are made on first use of ``protos``.
         """
         width = None if key_whiten is None else int(np.shape(key_whiten)[0])
         stored = StoredArrays(config, int(n_embd), int(key_parts), arrays, width)
-        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim, key_whiten)
+        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim, key_whiten, key_narrow)
         bank._stored = stored
         bank._protos = None
         return bank

@@ -26,7 +26,9 @@ class QueryView:
     key_mean: np.ndarray | None
     key_order: np.ndarray | None
     key_whiten: np.ndarray | None
+    key_narrow: np.ndarray | None
     key_dim: int
+    narrowed: bool
     _protos: list[Prototype] | None
     _stored: StoredArrays | None
     protos: list[Prototype]
@@ -125,14 +127,20 @@ class QueryView:
         if self.key_parts > 1:
             blocks = k.reshape(self.key_parts, self.n_embd)
             k = (blocks / np.maximum(np.linalg.norm(blocks, axis=1, keepdims=True), 1e-12)).reshape(-1)
-        return self._whiten_order_cut(k, self.key_whiten if whiten is None else whiten)
+        frame, order = self._frame()
+        return self._whiten_order_cut(k, frame if whiten is None else whiten, order)
 
-    def _whiten_order_cut(self, k: np.ndarray, whiten: np.ndarray | None) -> np.ndarray:
+    def _frame(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The matrix and the coordinate order keys are prepared with now: ``key_narrow`` (no order)
+        once repair has narrowed keys into it, else ``key_whiten`` and ``key_order``."""
+        return (self.key_narrow, None) if self.narrowed else (self.key_whiten, self.key_order)
+
+    def _whiten_order_cut(self, k: np.ndarray, whiten: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
         if whiten is not None:
             # without an order after it, only the rows of the coordinates kept are needed
-            k = (whiten if self.key_order is not None else whiten[:self.key_dim]) @ k
-        if self.key_order is not None:
-            k = k[self.key_order]
+            k = (whiten if order is not None else whiten[:self.key_dim]) @ k
+        if order is not None:
+            k = k[order]
         k = k[:self.key_dim]
         n = np.linalg.norm(k)
         return k / n if n > 0 else k
@@ -149,13 +157,14 @@ class QueryView:
         k = np.asarray(key, np.float32)
         if k.shape != (self.n_embd * self.key_parts,):
             raise ValueError(f"key has shape {k.shape}, expected ({self.n_embd * self.key_parts},)")
-        if self.key_whiten is None:
-            return ext.prepare_query(k, self.key_parts, self.key_mean, self.key_order, self.key_dim, rows)
+        frame, order = self._frame()
+        if frame is None:
+            return ext.prepare_query(k, self.key_parts, self.key_mean, order, self.key_dim, rows)
         # whitening mixes coordinates, so it comes before the order and the cut: the native call
         # centres and normalises the blocks (and the whole key, a scale the linear whitening and
         # the final norm drop), numpy does the rest as prepare_key does
         full = ext.prepare_query(k, self.key_parts, self.key_mean, None, self.n_embd * self.key_parts, rows)
-        return self._whiten_order_cut(np.asarray(full, np.float32), self.key_whiten).astype(np.float32)
+        return self._whiten_order_cut(np.asarray(full, np.float32), frame, order).astype(np.float32)
 
     def store_key(self, key: np.ndarray) -> np.ndarray:
         """What a prepared key becomes on disk (decoded), shape (1, H)."""

@@ -46,6 +46,8 @@ class KeyFrame(NamedTuple):
     mean: np.ndarray | None
     order: np.ndarray | None
     whiten: np.ndarray | None
+    # the frame keys move to when repair first narrows them (``MemoryBank.key_narrow``), or None
+    narrow: np.ndarray | None = None
 
 
 class Steered(NamedTuple):
@@ -123,14 +125,17 @@ class Pipeline:
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         self._framed, self._whiten, self._frame_on = True, whiten, None
-        if pr.key_axes in ("general", "leading"):
+        if pr.key_axes in ("general", "leading", "narrowed"):
             # "general": rotated, the axes then the coordinates in that order; "leading": the axes'
-            # bits before all the coordinates (overcomplete)
+            # bits before all the coordinates (overcomplete); "narrowed": the coordinates until
+            # repair narrows a key, then "leading"
             raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
                                                   self.fingerprint), keys])
             m16 = mean.astype(np.float16).astype(np.float32)
-            leading = pr.key_axes == "leading"
+            leading = pr.key_axes != "general"
             self._frame_on = lambda W: cached_axes_for(raw, m16, parts, W, order, leading)
+            if pr.key_axes == "narrowed":
+                return KeyFrame(mean, order, whiten, self._frame_on(whiten))
             return KeyFrame(mean, None, self._frame_on(whiten))
         return KeyFrame(mean, order, whiten)
 
@@ -155,7 +160,7 @@ class Pipeline:
     def empty_bank(self, n_embd: int, frame: KeyFrame, key_dim: int | None = None) -> MemoryBank:
         kw = {} if key_dim is None else {"key_dim": key_dim}
         return MemoryBank(self.preset.bank, n_embd, frame.mean, len(self.key_layers), frame.order,
-                          key_whiten=frame.whiten, **kw)
+                          key_whiten=frame.whiten, key_narrow=frame.narrow, **kw)
 
     @property
     def forgets_by_answer(self) -> bool:
@@ -201,7 +206,8 @@ class Pipeline:
         K = bank.key_dim
         whitened = self._whiten is not None if self._framed else bank.key_whiten is not None
         if self.preset.single_reach == "paraphrase-heldout" and whitened:
-            return heldout_reach(bank, raw, group_ids(), self._frame_on)
+            frame_on = None if self.preset.key_axes == "narrowed" and not bank.narrowed else self._frame_on
+            return heldout_reach(bank, raw, group_ids(), frame_on)
         bits = np.stack([np.packbits(bank.prepare_key(k)[:K] >= 0) for k in raw])
         return paraphrase_reach(bits, group_ids(), K)
 

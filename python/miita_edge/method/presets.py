@@ -87,7 +87,8 @@ class Preset:
     # key_order); "general", rotated onto the principal axes of the model's general prompts
     # (highest variance first, after any whitening; key_order is then not read); or "leading", those
     # axes' bits stored before all the coordinates (overcomplete: narrow keys keep the axes, wide
-    # keys the coordinates too). Derived at open.
+    # keys the coordinates too); or "narrowed", the coordinates while a key holds every one, and the
+    # "leading" frame once repair narrows it (MemoryBank.key_narrow). Derived at open.
     key_axes: str = "coordinates"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
     # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
@@ -186,8 +187,8 @@ class Preset:
             raise StoreError(f"preset key_whitening {self.key_whitening!r} is not 'none', 'paraphrase' or 'replies'")
         if self.key_whitening != "none" and not self.center_keys:
             raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
-        if self.key_axes not in ("coordinates", "general", "leading"):
-            raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates', 'general' or 'leading'")
+        if self.key_axes not in ("coordinates", "general", "leading", "narrowed"):
+            raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates', 'general', 'leading' or 'narrowed'")
         if self.key_axes != "coordinates" and not self.center_keys:
             raise StoreError(f"preset key_axes {self.key_axes!r} needs center_keys (the axes are of centred keys)")
         if self.single_reach not in ("repeat", "paraphrase", "paraphrase-heldout"):
