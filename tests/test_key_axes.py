@@ -341,3 +341,26 @@ def test_a_narrowed_memory_opens_with_its_frames(engine, tmp_path):
         assert m.preset.key_axes == "narrowed" and not m.bank.narrowed
         np.testing.assert_array_equal(m.bank.key_narrow, F)
         assert m.ask("how can I change my PIN", max_tokens=4).text == asked
+
+
+def test_a_whitened_memory_narrowed_by_its_budget_answers_in_the_narrow_frame(engine, tmp_path):
+    """A memory that whitens its keys (so its reach is measured out of sample, on each fold's frame)
+    and whose budget narrows them: its keys move to the narrow frame, answering measures the reach
+    there, and the memory opens again in that frame with the same width and answer."""
+    from miita_edge import Example, Miita
+
+    p = default_preset()
+    p.key_axes, p.key_whitening = "narrowed", "paraphrase"
+    answers = ["pin", "card arrival", "refund", "exchange rate", "top up", "lost card", "fees", "transfer"]
+    rows = [Example(f"question {i} about {a}", a) for a in answers for i in range(2)]
+    d = tmp_path / "mem"
+    with Miita(engine=engine, memory=d, template="plain", preset=p) as m:
+        m.ingest(rows, budget="900B")
+        assert m.bank.narrowed and m.bank.key_dim < m.bank.n_embd * m.bank.key_parts
+        asked = m.ask("question 1 about refund", max_tokens=4).text
+        reach = m.pipeline.index(m.bank, m._entries).reach
+        assert 0.0 < reach <= 1.0
+        K = m.bank.key_dim
+    with Miita(engine=engine, memory=d, template="plain") as m:
+        assert m.bank.narrowed and m.bank.key_dim == K
+        assert m.ask("question 1 about refund", max_tokens=4).text == asked
