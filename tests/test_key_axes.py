@@ -364,3 +364,50 @@ def test_a_whitened_memory_narrowed_by_its_budget_answers_in_the_narrow_frame(en
     with Miita(engine=engine, memory=d, template="plain") as m:
         assert m.bank.narrowed and m.bank.key_dim == K
         assert m.ask("question 1 about refund", max_tokens=4).text == asked
+
+
+def test_unit_rows_have_one_size_over_the_prompts_and_keep_every_sign():
+    """Each scaled row, applied to the prompts, has root mean square 1 (written out per row), and a
+    key's sign bits in the scaled frame are its bits in the unscaled one."""
+    rng = np.random.default_rng(11)
+    z = rng.standard_normal((30, 10)) * np.linspace(0.2, 3.0, 10)
+    R = ka.leading_axes(z, rng.permutation(10))
+    U = ka.unit_rows_of(R, z)
+    for i in range(len(R)):
+        vals = [float(R[i] @ row) for row in z]
+        rms = (sum(v * v for v in vals) / len(vals)) ** 0.5
+        np.testing.assert_allclose(U[i], R[i] / rms, rtol=1e-12)
+        np.testing.assert_allclose(np.sqrt(np.mean((z @ U[i]) ** 2)), 1.0, rtol=1e-12)
+    k = rng.standard_normal((50, 10))
+    np.testing.assert_array_equal(np.sign(k @ U.T), np.sign(k @ R.T))
+    with pytest.raises(ValueError, match="no size"):
+        ka.unit_rows_of(np.vstack([R, np.zeros((1, 10))]), z)
+
+
+def test_cached_unit_axes_are_scaled_after_the_whitening_and_kept_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr(ka, "cache_dir", lambda: tmp_path)
+    rng = np.random.default_rng(12)
+    raw = rng.standard_normal((9, 16)).astype(np.float32)
+    mean = rng.standard_normal(16).astype(np.float32)
+    order = rng.permutation(16)
+    W = (np.eye(16) + 0.1 * rng.standard_normal((16, 16))).astype(np.float32)
+    zw = kw.prepared(raw, mean, 2) @ W.astype(np.float64).T
+    want = ka.unit_rows_of(ka.leading_axes(zw, order), zw) @ W.astype(np.float64)
+    got = ka.cached_axes_for(raw, mean, 2, W, order, leading=True, unit=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the unscaled frame of the same inputs is another cache file
+    plain = ka.cached_axes_for(raw, mean, 2, W, order, leading=True)
+    assert not np.allclose(plain, got)
+    np.testing.assert_array_equal(np.sign(plain @ raw[0]), np.sign(got @ raw[0]))
+
+
+def test_the_preset_checks_its_axes_scale():
+    p = default_preset()
+    assert p.key_axes_scale == "none"
+    p.key_axes, p.key_axes_scale = "narrowed", "unit"
+    p.validate_keys()
+    back = Preset.from_json(p.to_json())
+    assert (back.key_axes, back.key_axes_scale) == ("narrowed", "unit")
+    p.key_axes_scale = "eigen"
+    with pytest.raises(StoreError, match="key_axes_scale"):
+        p.validate_keys()

@@ -18,7 +18,7 @@ import numpy as np
 from ..runtime.fingerprint import cache_dir, cached_matrix
 from .key_whitening import prepared
 
-__all__ = ["cached_axes_for", "leading_axes", "principal_axes"]
+__all__ = ["cached_axes_for", "leading_axes", "principal_axes", "unit_rows_of"]
 
 VERSION = 1  # of the rule and the cache file
 
@@ -75,13 +75,14 @@ def leading_axes(z: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
 
 def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
                     whiten: np.ndarray | None = None, order: np.ndarray | None = None,
-                    leading: bool = False) -> np.ndarray:
+                    leading: bool = False, unit: bool = False) -> np.ndarray:
     """The key frame's rotation (float32, (L·H, L·H)), for ``MemoryBank``'s ``key_whiten`` slot
     (applied as ``R @ k`` to a centred, block-normalised key): the principal axes of the general
     prompts' raw keys ``raw`` prepared as a memory prepares keys (centred on ``mean``, blocks at
     unit norm, and whitened by ``whiten`` where the memory whitens, which the rotation then
     follows: ``R @ whiten``), completed by the coordinates in ``order`` (``principal_axes``).
-    ``leading``: the overcomplete frame instead, (P + L·H, L·H) (``leading_axes``).
+    ``leading``: the overcomplete frame instead, (P + L·H, L·H) (``leading_axes``). ``unit``: each
+    row divided by the root mean square of its value over the general prompts (``unit_rows_of``).
 
     Read from the user cache directory when computed before (an eigendecomposition of an
     (L·H)² matrix takes about a second on one core, and a memory derives its frame at every open);
@@ -89,15 +90,36 @@ def cached_axes_for(raw: np.ndarray, mean: np.ndarray | None, parts: int,
     raw = np.ascontiguousarray(raw, np.float32)
     as32 = (lambda a: None if a is None else np.asarray(a, np.float32))
     key = [raw, as32(mean), as32(whiten), None if order is None else np.asarray(order, np.int64),
-           f"{parts}|{raw.shape}|v{VERSION}" + ("|leading" if leading else "")]
+           f"{parts}|{raw.shape}|v{VERSION}" + ("|leading" if leading else "") + ("|unit" if unit else "")]
     return cached_matrix(cache_dir(), "axes", key, raw.shape[1],
-                         lambda: _axes(raw, mean, parts, whiten, order, leading), square=not leading)
+                         lambda: _axes(raw, mean, parts, whiten, order, leading, unit), square=not leading)
 
 
-def _axes(raw, mean, parts, whiten, order, leading=False) -> np.ndarray:
+def unit_rows_of(R: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``R`` with each row divided by the root mean square of ``z @ R.T``'s column for it: the
+    typical size of that row's value in a prepared general prompt key.
+
+    Why: the vote scores the float query against stored sign bits (q . b), so a coordinate weighs
+    in by how large the query's value in it is. In the coordinates' frame those sizes are alike;
+    a principal axis, though, carries the variance of many coordinates (its eigenvalue), so the
+    leading axes' bits outweigh every coordinate's and the first axes outweigh the last. Dividing
+    each row by its own size gives every stored bit the same expected weight, as in the
+    coordinates' frame. A positive factor per row changes no sign: a key's bits are the unscaled
+    frame's, only the float query's weights move (and a sum of several keys, each now normalised
+    at its own scaled length)."""
+    R = np.asarray(R, np.float64)
+    rms = np.sqrt(np.mean((np.asarray(z, np.float64) @ R.T) ** 2, axis=0))
+    if not np.all(rms > 0):
+        raise ValueError("a frame row on which every general prompt is 0 has no size to divide by")
+    return R / rms[:, None]
+
+
+def _axes(raw, mean, parts, whiten, order, leading=False, unit=False) -> np.ndarray:
     z = prepared(raw, mean, parts)
     W = None if whiten is None else np.asarray(whiten, np.float64)
     if W is not None:
         z = z @ W.T
     R = (leading_axes if leading else principal_axes)(z, order)
+    if unit:
+        R = unit_rows_of(R, z)
     return R if W is None else R @ W

@@ -133,7 +133,8 @@ class Pipeline:
                                                   self.fingerprint), keys])
             m16 = mean.astype(np.float16).astype(np.float32)
             leading = pr.key_axes != "general"
-            self._frame_on = lambda W: cached_axes_for(raw, m16, parts, W, order, leading)
+            unit = pr.key_axes_scale == "unit"
+            self._frame_on = lambda W: cached_axes_for(raw, m16, parts, W, order, leading, unit)
             if pr.key_axes == "narrowed":
                 return KeyFrame(mean, order, whiten, self._frame_on(whiten))
             return KeyFrame(mean, None, self._frame_on(whiten))

@@ -90,6 +90,10 @@ class Preset:
     # keys the coordinates too); or "narrowed", the coordinates while a key holds every one, and the
     # "leading" frame once repair narrows it (MemoryBank.key_narrow). Derived at open.
     key_axes: str = "coordinates"
+    # How the axes' frame weighs its rows in the float vote (method/key_axes.unit_rows_of): "none",
+    # as the principal axes come (each axis as large as its variance); "unit", every row scaled to
+    # the same size over the general prompts. A key's bits stay the same. Read only with key_axes.
+    key_axes_scale: str = "none"
     # How far an answer taught by one example reaches (method/relevance.py): "repeat", only a query
     # that repeats the example exactly; "paraphrase", as near as the model's own paraphrases come
     # (relevance.paraphrase_reach over key_whitening.GROUPS in the memory's key frame);
@@ -189,6 +193,8 @@ class Preset:
             raise StoreError("preset key_whitening needs center_keys (the scatter is of centred keys)")
         if self.key_axes not in ("coordinates", "general", "leading", "narrowed"):
             raise StoreError(f"preset key_axes {self.key_axes!r} is not 'coordinates', 'general', 'leading' or 'narrowed'")
+        if self.key_axes_scale not in ("none", "unit"):
+            raise StoreError(f"preset key_axes_scale {self.key_axes_scale!r} is not 'none' or 'unit'")
         if self.key_axes != "coordinates" and not self.center_keys:
             raise StoreError(f"preset key_axes {self.key_axes!r} needs center_keys (the axes are of centred keys)")
         if self.single_reach not in ("repeat", "paraphrase", "paraphrase-heldout"):
