@@ -184,3 +184,74 @@ def test_heldout_reach_of_a_whitened_memory_matches_two_folds_written_out(tmp_pa
     assert pl.heldout_reach(bank, raw, groups) == got
     for k in raw[:3]:  # a whitening given in place of the bank's own is applied as the bank's
         np.testing.assert_allclose(bank.prepare_key(k, whiten=M), bank.prepare_key(k), atol=2e-6)
+
+
+def reference_contested(signs, owner, J, reach):
+    """The rule in words, pair by pair: prototype j is contested when one of its anchors and an
+    anchor of another prototype have a cosine (mean of the products of their ±1 signs) of at least
+    the reach."""
+    out = [False] * J
+    for a in range(len(signs)):
+        for b in range(len(signs)):
+            if owner[a] != owner[b] and float(np.mean(signs[a] * signs[b])) >= reach:
+                out[owner[a]] = True
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_contested_equals_the_pairs_written_out(seed):
+    from miita_edge.method.relevance import contested
+    rng = np.random.default_rng(seed)
+    K, J = int(rng.choice([8, 13, 64])), int(rng.integers(1, 7))
+    owner = np.sort(rng.integers(0, J, int(rng.integers(1, 14))))
+    base = rng.standard_normal((J, K))
+    signs = np.where(base[owner] + rng.standard_normal((len(owner), K)) * rng.choice([0.3, 1.5]) >= 0, 1.0, -1.0)
+    reach = float(rng.choice([-1.0, 0.0, 0.25, 0.5, 0.75, 1.0]))
+    got = contested(_bits(signs), owner, J, K, reach, chunk=int(rng.integers(1, 5)))
+    assert got.tolist() == reference_contested(signs, owner, J, reach)
+    assert not contested(_bits(signs), owner, J, K, np.inf).any()
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_contested_answer_is_not_trusted_by_the_reach(seed):
+    rng = np.random.default_rng(1000 + seed)
+    m, J = int(rng.integers(1, 7)), 12
+    ids = rng.choice(J, m, replace=False)
+    grid = np.round(np.linspace(0.2, 1.0, 9), 3)
+    best = rng.choice(grid, m)
+    counts = rng.integers(1, 4, J)
+    radius = rng.choice(grid, J)
+    null = rng.choice(grid, J)
+    reach = float(rng.choice(grid))
+    contest = rng.random(J) < 0.5
+    abstain = bool(rng.random() < 0.6)
+    d = gate(ids, best, counts, radius, null, reach=reach, abstain=abstain, contest=contest)
+    # the rule with the contested answers' reach taken away: they pass as answers without a reach would
+    want = [keep_r if not contest[j] else keep_0
+            for j, keep_r, keep_0 in zip(ids, reference_keep(best, counts[ids], radius[ids], null[ids], -np.inf,
+                                                             reach, False),
+                                         reference_keep(best, counts[ids], radius[ids], null[ids], -np.inf,
+                                                        None, False))]
+    lead = int(np.argmax(best))
+    if abstain and any(want) and not want[lead]:
+        want = [False] * m
+    assert d.keep.tolist() == want
+    assert (d.reason is None) == any(want)
+
+
+def test_a_query_between_two_answers_taught_once_alike_is_left_to_the_frozen_model():
+    from miita_edge.method.relevance import contested
+    # two answers' examples 2 bits apart of 16 (cosine 0.75), a third far from both
+    a = np.ones(16)
+    b = a.copy(); b[:2] = -1
+    c = -a
+    signs = np.stack([a, b, c])
+    owner = np.array([0, 1, 2])
+    contest = contested(_bits(signs), owner, 3, 16, reach=0.7)
+    assert contest.tolist() == [True, True, False]
+    counts, radius = np.array([1, 1, 1]), np.ones(3)
+    d = gate(np.array([0, 1]), np.array([0.875, 0.75]), counts, radius, reach=0.7, abstain=True, contest=contest)
+    assert not d.keep.any() and "another answer's example" in d.reason
+    # an exact repeat of the contested example still steers; the uncontested answer still reaches
+    assert gate(np.array([0]), np.array([1.0]), counts, radius, reach=0.7, contest=contest).keep.tolist() == [True]
+    assert gate(np.array([2]), np.array([0.875]), counts, radius, reach=0.7, contest=contest).keep.tolist() == [True]

@@ -97,6 +97,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "keys keep their coordinates at full width and move to leading-axes once repair narrows them"),
     Mechanism("float-gate-narrowed", "all", _set(gate_query="float", key_axes="narrowed"),
               "float-gate with narrowed-axes"),
+    Mechanism("contested-reach", "all", _set(reach_contested=True),
+              "the paraphrase reach does not trust an answer taught once whose example has another answer's "
+              "example as near as a paraphrase comes"),
     Mechanism("narrowed-unit", "all", _set(key_axes="narrowed", key_axes_scale="unit"),
               "narrowed-axes with every row of the axes' frame at one size over the general prompts, so no "
               "stored bit outweighs another in the vote"),

@@ -30,7 +30,7 @@ from .key_layers import choose_key_layers
 from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
 from .plan import QueryPlan, RetrievalIndex, float_best_all, generic_best, plan_query
 from .presets import Preset
-from .relevance import GENERIC_QUESTIONS, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
+from .relevance import GENERIC_QUESTIONS, contested, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
 from .templates import Template
 
 __all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach"]
@@ -197,6 +197,9 @@ class Pipeline:
                     index.null = null_scores(generic_best(index, bits))
             if pr.single_reach != "repeat" and index.packed is not None and bank.n_prototypes:
                 index.reach = self._reach(bank)
+                if pr.reach_contested:
+                    index.contest = contested(index.packed, index.owner, bank.n_prototypes, bank.key_dim,
+                                              index.reach)
             self._index = index
         return self._index
 

@@ -117,6 +117,7 @@ class RetrievalIndex:
     null: np.ndarray | None = None  # (J,) each prototype's null score (relevance.null_scores), if used
     generic_packed: np.ndarray | None = None  # (G, ceil(K/8)) generic questions' bits: the nearest-question test
     reach: float | None = None  # how near a paraphrase comes (relevance.paraphrase_reach); None: exact repeats only
+    contest: np.ndarray | None = None  # (J,) relevance.contested: the reach does not trust these
     voters: np.ndarray | None = None  # packed rows the vote scores: the anchors, then the centroids
     voter_owner: np.ndarray | None = None  # (rows,) prototype of each voter row
     key_dim: int = 0  # coordinates of a stored key (bits)
@@ -269,11 +270,11 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
         floor = float_margin(q, index.generic_packed, K)
         near = float_best(index, q, ids)
         return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null_float, floor,
-                    reach=index.reach, abstain=abstain, reach_every=reach_every, near=near)
+                    reach=index.reach, abstain=abstain, reach_every=reach_every, near=near, contest=index.contest)
     if index.generic_packed is not None:
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
-                reach=index.reach, abstain=abstain, reach_every=reach_every)
+                reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest)
 
 
 def float_margin(q: np.ndarray, generic_packed: np.ndarray, key_dim: int) -> float:

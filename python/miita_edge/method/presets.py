@@ -103,6 +103,9 @@ class Preset:
     # Whether that reach also trusts an answer taught more than once (beside its radius test): one
     # example is evidence for its own neighbourhood however many others share its answer.
     reach_every: bool = False
+    # Whether the reach leaves out an answer whose example has another answer's example as near as a
+    # paraphrase comes (relevance.contested): a neighbourhood two answers share decides neither.
+    reach_contested: bool = False
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
     abstain: bool = False

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["EXACT_REPEAT", "GENERIC_QUESTIONS", "NEAREST_Z", "NULL_Z", "GateDecision", "best_per_prototype", "gate",
-           "nearest_margin", "null_scores", "paraphrase_reach", "separating_threshold", "sibling_cosines"]
+           "contested", "nearest_margin", "null_scores", "paraphrase_reach", "separating_threshold", "sibling_cosines"]
 
 #: Questions and small talk that no taught answer is meant for: the gate's reference for how close
 #: text the memory has nothing to say about comes to each answer's examples (``null_scores``).
@@ -164,9 +164,37 @@ def separating_threshold(sib: np.ndarray, non: np.ndarray) -> float:
     return best
 
 
+def contested(packed: np.ndarray, owner: np.ndarray, n_prototypes: int, key_dim: int, reach: float,
+              chunk: int = 1024) -> np.ndarray:
+    """(J,) bool: prototype j is contested when one of its stored anchors and an anchor of another
+    prototype are at least ``reach`` near each other (cosine of their K sign bits, (K - 2·Hamming)/K).
+
+    Why: ``paraphrase_reach`` says how near a paraphrase comes on this model. Two examples of
+    different answers that near each other are, by the model's own account, as alike as two
+    phrasings of one request, so nearness to either says nothing about which answer a query wants
+    (questions about one paragraph, instances of one task under its long instruction, two facts
+    asked alike). An answer taught once is then no evidence for the neighbourhood it shares. No
+    constant: the reach is the one the gate already uses. Exact over every pair, in chunks of
+    ``chunk`` rows (±1 products in float32 are exact integers for K < 2^24)."""
+    packed = np.asarray(packed, np.uint8)
+    owner = np.asarray(owner, np.int64)
+    out = np.zeros(int(n_prototypes), bool)
+    if len(packed) < 2 or not np.isfinite(reach):
+        return out
+    s = np.unpackbits(packed, axis=1)[:, :key_dim].astype(np.float32) * 2 - 1
+    bar = reach * key_dim - 1e-3  # cos >= reach  <=>  dot >= reach·K (dots are integers)
+    for a in range(0, len(s), chunk):
+        dots = s[a:a + chunk] @ s.T
+        near = (dots >= bar) & (owner[a:a + chunk, None] != owner[None, :])
+        rows = np.flatnonzero(near.any(axis=1))
+        out[owner[a + rows]] = True
+    return out
+
+
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
          null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
-         abstain: bool = False, reach_every: bool = False, near: np.ndarray | None = None) -> GateDecision:
+         abstain: bool = False, reach_every: bool = False, near: np.ndarray | None = None,
+         contest: np.ndarray | None = None) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -183,7 +211,9 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     ``best`` (the float query against stored bits); the radius, the reach and an exact repeat
     still read ``best``. ``abstain``: where the retrieved answer nearest to the query (its best cosine;
     ties: the first) is not trusted, nothing steers: the vote never hands a query to another
-    answer because the one it resembles most was declined."""
+    answer because the one it resembles most was declined. ``contest`` (J,), if given: every
+    prototype's ``contested`` flag; a contested answer is not trusted by the reach (an exact
+    repeat still is)."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -200,9 +230,10 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     g = np.asarray(near, np.float64).reshape(-1).tolist() if near is not None else b
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and gj > zj) for bj, gj, rec, rj, zj in zip(b, g, recurring, r, z)]
+    c = np.asarray(contest, bool)[ids].tolist() if contest is not None else [False] * len(b)
     if reach is not None:
-        keep = [k or ((reach_every or not rec) and bj >= reach and gj > zj)
-                for k, bj, gj, rec, zj in zip(keep, b, g, recurring, z)]
+        keep = [k or ((reach_every or not rec) and not cj and bj >= reach and gj > zj)
+                for k, bj, gj, rec, cj, zj in zip(keep, b, g, recurring, c, z)]
     if abstain and any(keep):
         lead = max(range(len(b)), key=lambda i: (b[i], -i))
         if not keep[lead]:
@@ -211,7 +242,12 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
                                 f"so no other answer steers in its place")
     if any(keep):
         return GateDecision(np.array(keep, bool), None)
-    if not any(recurring) and reach is not None:
+    shared = [i for i in range(len(b)) if c[i] and reach is not None and b[i] >= reach and g[i] > z[i]]
+    if shared:
+        j = max(shared, key=lambda i: (b[i], -i))
+        why = (f"not decided: the query is near an example (best cosine {b[j]:.3f}) whose neighbourhood holds "
+               f"another answer's example as near as a paraphrase comes ({reach:.3f})")
+    elif not any(recurring) and reach is not None:
         j = max(range(len(b)), key=lambda i: (b[i], -i))
         why = (f"not relevant: the query is no nearer to the retrieved answers' examples (best cosine {b[j]:.3f}) "
                f"than a paraphrase reaches on this model ({reach:.3f}), or general questions come as near")
