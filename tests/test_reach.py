@@ -255,3 +255,37 @@ def test_a_query_between_two_answers_taught_once_alike_is_left_to_the_frozen_mod
     # an exact repeat of the contested example still steers; the uncontested answer still reaches
     assert gate(np.array([0]), np.array([1.0]), counts, radius, reach=0.7, contest=contest).keep.tolist() == [True]
     assert gate(np.array([2]), np.array([0.875]), counts, radius, reach=0.7, contest=contest).keep.tolist() == [True]
+
+
+def test_a_real_memory_flags_the_examples_that_share_a_neighbourhood(engine, tmp_path):
+    """In a memory, the contested flags are the pairs written out over its stored anchors and reach;
+    two questions about one paragraph (different answers, each taught once) share a neighbourhood,
+    an unrelated request does not, and a third question about the paragraph steers neither answer."""
+    from miita_edge.method.presets import default_preset
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    ctx = ("Context: The old mill on the river was built in 1843 by the Harlow family, who ground wheat there "
+           "for three generations before it became a museum. Question: ")
+    p = default_preset()
+    p.reach_contested = True
+    with Miita(engine=engine, memory=tmp_path / "mem", template="plain", preset=p) as m:
+        m.ingest([Example(ctx + "When was the mill built?", "1843"),
+                  Example(ctx + "Who built the mill?", "the Harlow family"),
+                  Example("how do I reset my router password?", "hold the reset button")],
+                 budget=None, progress=False)
+        index = m.retrieval_index()
+        assert index.reach is not None and index.contest is not None
+        K = index.key_dim
+        signs = np.unpackbits(index.packed, axis=1)[:, :K].astype(np.float64) * 2 - 1
+        assert index.contest.tolist() == reference_contested(signs, index.owner, len(index.counts), index.reach)
+        assert index.contest.tolist() == [True, True, False]  # ingest order: one prototype per answer
+        state = m.keyed_engine().query(m.prompt_tokens(ctx + "What did the family grind there?"),
+                                       skip_bos_in_key=m.preset.skip_bos)
+        qp = m.plan(state)
+        assert qp.gate is not None and not qp.gate.keep.any() and "another answer's example" in qp.gate.reason
+        # without the rule the same memory hands that question to a stored answer of the paragraph
+        m.preset.reach_contested = False
+        m.pipeline.forget_index()
+        qp = m.plan(state)
+        assert qp.gate is not None and qp.gate.keep.any()
