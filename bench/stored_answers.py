@@ -54,7 +54,7 @@ def count(run_dir: Path, data: Path, label_max: int) -> tuple[list[str], dict]:
             tot["open_gold"] += gold
         else:
             tot["labels"] += len(preds)
-        lines.append(f"| {name} | {kind} | {len(preds)} | {own} | {other} | {gold} | {100 * float(cell['score']) / (100 if cell['score'] > 1 else 1):.1f} |")
+        lines.append(f"| {name} | {kind} | {len(preds)} | {own} | {other} | {gold} | {float(cell['score']):.1f} |")
     return lines, tot
 
 
