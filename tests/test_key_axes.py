@@ -193,12 +193,18 @@ def test_an_overcomplete_bank_keeps_the_axes_first(key_dim):
         MemoryBank(default_preset().bank, H, mean, parts, None, len(F) + 1, key_whiten=F)
 
 
-def test_cached_leading_axes_are_the_computed_ones(tmp_path, monkeypatch):
+def _cached_frame_inputs(tmp_path, monkeypatch, seed):
+    """Raw keys of 9 prompts, a centring mean and a coordinate order for a 2-block key of 16, with
+    the frame cache in ``tmp_path``; and the generator, for more draws."""
     monkeypatch.setattr(ka, "cache_dir", lambda: tmp_path)
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     raw = rng.standard_normal((9, 16)).astype(np.float32)
     mean = rng.standard_normal(16).astype(np.float32)
-    order = rng.permutation(16)
+    return raw, mean, rng.permutation(16), rng
+
+
+def test_cached_leading_axes_are_the_computed_ones(tmp_path, monkeypatch):
+    raw, mean, order, _ = _cached_frame_inputs(tmp_path, monkeypatch, 5)
     z = kw.prepared(raw, mean, 2)
     want = ka.leading_axes(z, order)
     got = ka.cached_axes_for(raw, mean, 2, order=order, leading=True)
@@ -385,11 +391,7 @@ def test_unit_rows_have_one_size_over_the_prompts_and_keep_every_sign():
 
 
 def test_cached_unit_axes_are_scaled_after_the_whitening_and_kept_apart(tmp_path, monkeypatch):
-    monkeypatch.setattr(ka, "cache_dir", lambda: tmp_path)
-    rng = np.random.default_rng(12)
-    raw = rng.standard_normal((9, 16)).astype(np.float32)
-    mean = rng.standard_normal(16).astype(np.float32)
-    order = rng.permutation(16)
+    raw, mean, order, rng = _cached_frame_inputs(tmp_path, monkeypatch, 12)
     W = (np.eye(16) + 0.1 * rng.standard_normal((16, 16))).astype(np.float32)
     zw = kw.prepared(raw, mean, 2) @ W.astype(np.float64).T
     want = ka.unit_rows_of(ka.leading_axes(zw, order), zw) @ W.astype(np.float64)
