@@ -30,7 +30,7 @@ from .key_layers import choose_key_layers
 from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whiten_replies
 from .plan import QueryPlan, RetrievalIndex, float_best_all, generic_best, plan_query
 from .presets import Preset
-from .relevance import GENERIC_QUESTIONS, contested, NEAREST_Z, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
+from .relevance import GENERIC_QUESTIONS, NEAREST_Z, contested, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
 from .templates import Template
 
 __all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach"]

@@ -139,7 +139,7 @@ def sibling_cosines(bits: np.ndarray, groups: np.ndarray, key_dim: int, rows: np
     """(nearest sibling's cosine, nearest non-sibling's cosine) of each phrasing in ``rows`` (a
     boolean mask; default all), against every other phrasing of ``bits``; phrasings without a
     sibling or a non-sibling are left out."""
-    s = np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(np.float64) * 2 - 1
+    s = _signs(bits, key_dim, np.float64)
     groups = np.asarray(groups)
     cos = (s @ s.T) / key_dim  # ±1 vectors: the dot product is K - 2·Hamming, exact in float64
     np.fill_diagonal(cos, -np.inf)
@@ -149,6 +149,11 @@ def sibling_cosines(bits: np.ndarray, groups: np.ndarray, key_dim: int, rows: np
     if rows is not None:
         sib, non = sib[np.asarray(rows, bool)], non[np.asarray(rows, bool)]
     return sib[np.isfinite(sib)], non[np.isfinite(non)]
+
+
+def _signs(bits: np.ndarray, key_dim: int, dtype) -> np.ndarray:
+    """The ±1 vectors of packed sign bits (N, ceil(K/8)), their first ``key_dim`` coordinates."""
+    return np.unpackbits(np.asarray(bits, np.uint8), axis=1)[:, :key_dim].astype(dtype) * 2 - 1
 
 
 def separating_threshold(sib: np.ndarray, non: np.ndarray) -> float:
@@ -181,7 +186,7 @@ def contested(packed: np.ndarray, owner: np.ndarray, n_prototypes: int, key_dim:
     out = np.zeros(int(n_prototypes), bool)
     if len(packed) < 2 or not np.isfinite(reach):
         return out
-    s = np.unpackbits(packed, axis=1)[:, :key_dim].astype(np.float32) * 2 - 1
+    s = _signs(packed, key_dim, np.float32)
     bar = reach * key_dim - 1e-3  # cos >= reach  <=>  dot >= reach·K (dots are integers)
     for a in range(0, len(s), chunk):
         dots = s[a:a + chunk] @ s.T
