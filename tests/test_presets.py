@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from miita_edge.errors import InputError, StoreError
+from miita_edge.memory.prototype import BankConfig
 from miita_edge.method.presets import PAST_VERSIONS, RETIRED_FIELDS, Preset, default_preset, get_preset, paper_preset, \
     preset_names, preset_version
 
@@ -37,6 +38,11 @@ def test_every_archived_version_is_rebuilt_setting_for_setting(key):
     name, _, version = key.partition("@")
     got = _plain(asdict(preset_version(name, int(version))))
     assert set(ARCHIVE[key]) - CURRENT <= set(RETIRED_FIELDS)
+    # a bank setting added since sits at its BankConfig default, likewise
+    bank_defaults = {f.name: f.default for f in fields(BankConfig)}
+    assert {k: v for k, v in got["bank"].items() if k not in ARCHIVE[key]["bank"]} == \
+        {k: bank_defaults[k] for k in got["bank"] if k not in ARCHIVE[key]["bank"]}
+    got["bank"] = {k: v for k, v in got["bank"].items() if k in ARCHIVE[key]["bank"]}
     assert {k: v for k, v in got.items() if k in ARCHIVE[key]} == \
         {k: v for k, v in ARCHIVE[key].items() if k in CURRENT}
     defaults = {f.name: f.default for f in fields(Preset)}

@@ -106,6 +106,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("float-gate-narrowed-unit", "all",
               _set(gate_query="float", key_axes="narrowed", key_axes_scale="unit"),
               "float-gate with narrowed-unit"),
+    Mechanism("balanced-bits", "repair", _bank(narrow_rule="balanced"),
+              "narrowing drops the coordinates whose bits the memory's answers share most, not the frame's last "
+              "ones, and stores which it kept"),
 )}
 
 

@@ -9,7 +9,8 @@ that before it returns.
 
 Parts (by stored array; docs/results/bytes.md):
 
-* ``keys``: the anchors' key bits (``anchors``, and ``anchor_scale`` for int8 keys). An anchor that
+* ``keys``: the anchors' key bits (``anchors``, ``anchor_scale`` for int8 keys, and ``key_kept``, which
+  coordinates a balanced narrowing kept). An anchor that
   stands for more than one key (``anchor_count`` > 1) is a centroid that repair folded; its bytes
   are also reported apart as ``centroid_keys`` (a share of ``keys``, not a fifth part).
 * ``answers``: the stored answer tokens (``tok_dict``, ``tok_dict3`` and ``tok_idx``, or ``tok_bits``, the indices and
@@ -33,7 +34,7 @@ __all__ = ["ARRAY_PARTS", "PARTS", "ByteAccount", "Coverage", "account", "answer
 
 PARTS = ("keys", "answers", "vectors", "framing")
 #: Each stored array's part; an array not named here is framing (an index or a count).
-ARRAY_PARTS = {"anchors": "keys", "anchor_scale": "keys", "tok_dict": "answers", "tok_dict3": "answers",
+ARRAY_PARTS = {"anchors": "keys", "anchor_scale": "keys", "key_kept": "keys", "tok_dict": "answers", "tok_dict3": "answers",
                "tok_idx": "answers", "tok_bits": "answers",
                "tok3": "answers", "tokens": "answers",
                "dirs": "vectors", "dir_scale": "vectors"}

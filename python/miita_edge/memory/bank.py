@@ -44,6 +44,7 @@ from . import codecs
 from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, distinct_tokens, packed_token_widths,
                           to_arrays, token_row_bytes, tokens_packed)
 from .bank_view import QueryView
+from .kept_coordinates import decode_kept, order_with_kept
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
 
@@ -104,6 +105,11 @@ class MemoryBank(QueryView):
         self.key_dim = width if key_dim is None else int(key_dim)
         if not 0 < self.key_dim <= width:
             raise ValueError(f"key width {self.key_dim} outside 1..{width}")
+        # Where a balanced narrowing (``narrow_rule``) kept other coordinates than the frame's first
+        # key_dim: their places in the derived order, ascending (stored, ``key_kept``), and that
+        # order; ``key_order`` is then the kept places first. None: the first key_dim (a prefix).
+        self.key_kept: np.ndarray | None = None
+        self._base_order = self.key_order
 
     @property
     def protos(self) -> list[Prototype]:
@@ -365,11 +371,54 @@ class MemoryBank(QueryView):
         if self.key_narrow is not None and not self.narrowed:
             self._move_to_narrow_frame(m)
             return True
+        keep = self._balanced_keep(m) if cfg.narrow_rule == "balanced" and self._orderable else np.arange(m)
         for p in self.protos:
-            p.anchor_sum = p.anchor_sum[:, :m]
-            p._anchors = p.anchors[:, :m]
+            p.anchor_sum = p.anchor_sum[:, keep]
+            p._anchors = p.anchors[:, keep]
+        if not np.array_equal(keep, np.arange(m)) or self.key_kept is not None:
+            self._keep_places(keep)
         self.key_dim = m
         return True
+
+    @property
+    def _orderable(self) -> bool:
+        """Whether the key frame has a coordinate order to keep places of: not an overcomplete frame
+        (its rows are the coordinates, no order after it) nor one keys move to when narrowed."""
+        return self.key_narrow is None and (self.key_whiten is None
+                                            or self.key_whiten.shape[0] == self.n_embd * self.key_parts)
+
+    def _balanced_keep(self, m: int) -> np.ndarray:
+        """The ``m`` of the current ``key_dim`` coordinates a balanced narrowing keeps, ascending:
+        it drops those whose bits this memory's answers share most. Each coordinate's balance is
+        min(p, 1 - p), p the share of answers whose anchors (each answer's weighted by the keys
+        they stand for, so every answer counts once) have a positive bit there; the least balanced
+        go first, and among equally balanced the last (so with nothing to tell apart, one answer or
+        none, the rule drops what the prefix rule drops).
+
+        Why: the vote scores every answer by the query's dot product with its bits; a coordinate
+        in which every answer has the same sign adds the same to every score and tells none apart,
+        while the frame's order (the model's spread over neutral prompts) knows nothing of what
+        this memory holds. Banking77's answers share the sign of most of the first coordinates."""
+        protos = self.protos
+        if not protos:
+            return np.arange(m)
+        share = np.zeros(self.key_dim)
+        for p in protos:
+            w = np.asarray(p.anchor_n, np.float64)
+            share += (w @ (np.asarray(p.anchors) > 0)) / max(w.sum(), 1.0)
+        share /= len(protos)
+        balance = np.minimum(share, 1.0 - share)
+        drop = np.lexsort((-np.arange(self.key_dim), balance))[:self.key_dim - m]
+        return np.setdiff1d(np.arange(self.key_dim), drop)
+
+    def _keep_places(self, keep: np.ndarray) -> None:
+        """Mutates: the current coordinates ``keep`` (ascending) stay, as places in the derived
+        order (``key_kept``); ``key_order`` lists them first, then the rest in that order."""
+        width = self.n_embd * self.key_parts if self.key_whiten is None else self.key_whiten.shape[0]
+        base = np.arange(width) if self._base_order is None else self._base_order
+        places = (np.arange(self.key_dim) if self.key_kept is None else self.key_kept)[keep]
+        self.key_kept = None if np.array_equal(places, np.arange(len(places))) else places
+        self.key_order = order_with_kept(base, places)
 
     def _move_to_narrow_frame(self, m: int) -> None:
         """Mutates: every anchor goes from the full-width frame to the first ``m`` rows of
@@ -475,7 +524,17 @@ class MemoryBank(QueryView):
         """
         width = None if key_whiten is None else int(np.shape(key_whiten)[0])
         stored = StoredArrays(config, int(n_embd), int(key_parts), arrays, width)
-        bank = cls(config, n_embd, key_mean, key_parts, key_order, stored.key_dim, key_whiten, key_narrow)
+        full = int(n_embd) * int(key_parts) if width is None else width
+        kept = None
+        if "key_kept" in arrays:
+            if key_narrow is not None or full != int(n_embd) * int(key_parts):
+                raise ValueError("key_kept is stored, but this memory's key frame has no coordinate order to keep "
+                                 "places of")
+            kept = decode_kept(arrays["key_kept"], stored.key_dim, full)
+        base = None if key_order is None else np.asarray(key_order, np.int64)
+        order = base if kept is None else order_with_kept(np.arange(full) if base is None else base, kept)
+        bank = cls(config, n_embd, key_mean, key_parts, order, stored.key_dim, key_whiten, key_narrow)
+        bank.key_kept, bank._base_order = kept, base
         bank._stored = stored
         bank._protos = None
         return bank

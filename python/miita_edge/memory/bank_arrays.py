@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import codecs
+from .kept_coordinates import encode_kept, kept_nbytes
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
 __all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "decode_token_dict", "dictionary_pays", "distinct_tokens",
@@ -45,6 +46,11 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
 
     def fake(shape, dtype):
         return np.broadcast_to(np.zeros((), dtype), shape)
+
+    if bank.key_kept is not None:  # a balanced narrowing kept other coordinates than the first ones
+        w = H * bank.key_parts
+        out["key_kept"] = fake((kept_nbytes(bank.key_kept, w),), np.uint8) if shapes_only \
+            else encode_kept(bank.key_kept, w)
 
     kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
     per_dt, cnt_dt = uint_for(max(per, default=0)), uint_for(max((p.n for p in bank.protos), default=0))
@@ -152,7 +158,7 @@ class StoredArrays:
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
         # (the corruption campaign, docs/reliability.md).
         for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
-                     "tok_len", "tok_idx", "tok_bits", "radius"):
+                     "tok_len", "tok_idx", "tok_bits", "radius", "key_kept"):
             if name in arrays and np.ndim(arrays[name]) != 1:
                 raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])

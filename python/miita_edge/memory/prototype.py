@@ -12,6 +12,7 @@ from . import codecs
 
 PAYLOADS = ("mean", "sequence", "tokens")
 ANCHOR_FOLDS = ("closest", "ward")
+NARROW_RULES = ("prefix", "balanced")
 TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array
 
 
@@ -39,6 +40,10 @@ class BankConfig:
     # one prototype, folded into its nearest sibling) or "ward" (the pair whose fold distorts the
     # keys they stand for least, n_a·n_b/(n_a+n_b)·‖a − b‖², as eq. 5's merge measures prototypes).
     anchor_fold: str = "closest"
+    # Which coordinates narrowing drops: "prefix", the frame's last ones (a narrowed key is the
+    # stored key's prefix); or "balanced", those whose bits the memory's answers share most (a
+    # coordinate every answer has the same sign in tells none apart), the kept set then stored.
+    narrow_rule: str = "prefix"
 
     def validate(self) -> None:
         if self.payload not in PAYLOADS:
@@ -49,6 +54,8 @@ class BankConfig:
             raise ValueError(f"key_precision must be one of {codecs.KEY_PRECISIONS}")
         if self.anchor_fold not in ANCHOR_FOLDS:
             raise ValueError(f"anchor_fold must be one of {ANCHOR_FOLDS}")
+        if self.narrow_rule not in NARROW_RULES:
+            raise ValueError(f"narrow_rule must be one of {NARROW_RULES}")
         for name in ("tau_d", "tau_k", "tau_merge"):
             v = getattr(self, name)
             if not -1.0 <= v <= 1.0:
