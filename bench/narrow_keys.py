@@ -12,11 +12,15 @@ blocks, sign bits), no memory and no generation:
     python bench/narrow_keys.py frames keys.npz
     python bench/narrow_keys.py gate keys.npz
     python bench/narrow_keys.py sizes keys.npz
+    python bench/narrow_keys.py balanced keys.npz
 
 Rows: the stream's training rows (dev rows left out) make the centroids, the dev rows are asked.
 ``frames``: the vote's accuracy (float query · stored bits) at K bits for the shipped order and for
 alternatives. ``gate``: the share of dev rows the gate keeps and the vote gets right, and the share of
 ``key_whitening.GROUPS``' everyday requests (no benchmark's intents) it lets through, per margin.
+``balanced``: which K coordinates a narrowed key keeps: the shipped order's first K, or the K of most
+worth to this memory's answers (``MemoryBank._balanced_keep``: p(1 - p), p the share of answers with
+a positive bit, times the coordinate's size over a set of the model's prompts, or alone).
 """
 from __future__ import annotations
 
@@ -271,6 +275,30 @@ def cmd_sizes(path, halves: int = 20, seed: int = 0) -> None:
     print(f"| paraphrase groups ({len(ug)}) | whitened vote right %, {n} bits | {summary(full, subs)} |")
 
 
+def cmd_balanced(path) -> None:
+    """The vote's accuracy at K bits, one centroid per answer, the kept coordinates chosen by their worth
+    to the memory's answers against the shipped order's first K; the size s_i of a coordinate is its root
+    mean square over one of the model's prompt sets (``calibration.coordinate_rms``' rule)."""
+    d, prep, _ = load(path)
+    o = d["order"]
+    Z, Q = prep(d["train"])[:, o], prep(d["dev"])[:, o]
+    labels = sorted(set(d["train_y"].tolist()))
+    gold = np.array([labels.index(y) if y in labels else -1 for y in d["dev_y"].tolist()])
+    B = centroid_bits(Z, d["train_y"].tolist(), labels)
+    p = (B > 0).mean(0)
+    pos = np.arange(B.shape[1])
+    rules = {"shipped order": -pos.astype(float), "p(1 - p) alone": p * (1 - p)}
+    for name, key in (("calibration inputs", "calib"), ("general questions", "generic"), ("paraphrase groups", "para")):
+        rules[f"s x p(1 - p), s over the {name}"] = np.sqrt((prep(d[key])[:, o] ** 2).mean(0)) * p * (1 - p)
+    widths = (64, 96, 104, 112, 128, 160, 256, 512)
+    print("| kept coordinates | " + " | ".join(str(K) for K in widths) + " |")
+    print("|---|" + "---|" * len(widths))
+    for name, worth in rules.items():
+        sel = np.lexsort((pos, -worth))
+        row = [100 * float(np.mean((Q[:, sel[:K]] @ B[:, sel[:K]].T).argmax(1) == gold)) for K in widths]
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -279,7 +307,7 @@ def main(argv=None) -> int:
     e.add_argument("--benchmark", default="banking77")
     e.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "banking77")
     e.add_argument("--out", type=Path, required=True)
-    for name in ("frames", "gate", "sizes"):
+    for name in ("frames", "gate", "sizes", "balanced"):
         sub.add_parser(name).add_argument("keys", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "extract":
@@ -288,6 +316,8 @@ def main(argv=None) -> int:
         cmd_frames(args.keys)
     elif args.cmd == "sizes":
         cmd_sizes(args.keys)
+    elif args.cmd == "balanced":
+        cmd_balanced(args.keys)
     else:
         cmd_gate(args.keys)
     return 0

@@ -67,14 +67,15 @@ def test_the_kept_places_come_first_in_the_order():
     assert order_with_kept(base, np.array([1, 3, 6])).tolist() == [2, 0, 3, 5, 7, 1, 6, 4]
 
 
-def _bank(rule, H=96, parts=2, seed=0, answers=24, shared=3.0, per=(1, 3)):
+def _bank(rule, H=96, parts=2, seed=0, answers=24, shared=3.0, per=(1, 3), scaled=False):
     """A bank of ``answers`` answers whose keys share a common component (many coordinates of one
     sign in every answer) plus their own, a few examples each, some far enough to be second anchors."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(H * parts)
     cfg = BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
                      narrow_rule=rule)
-    bank = MemoryBank(cfg, H, np.zeros(H * parts), parts, order)
+    scale = rng.uniform(0.2, 2.0, H * parts) if scaled else None
+    bank = MemoryBank(cfg, H, np.zeros(H * parts), parts, order, key_scale=scale)
     common = shared * rng.standard_normal(H * parts)
     for j in range(answers):
         own = rng.standard_normal(H * parts)
@@ -85,7 +86,8 @@ def _bank(rule, H=96, parts=2, seed=0, answers=24, shared=3.0, per=(1, 3)):
 
 def _keep_by_loop(bank, m):
     """The balanced rule re-stated: per coordinate, the mean over answers of the share of the answer's
-    anchor weight (keys stood for) with a positive bit; drop the least balanced, the last among ties."""
+    anchor weight (keys stood for) with a positive bit, p; its worth p(1 - p) times the coordinate's
+    size in ``key_scale`` (looked up through the order); drop the least worth, the last among ties."""
     K = bank.key_dim
     scored = []
     for i in range(K):
@@ -94,13 +96,16 @@ def _keep_by_loop(bank, m):
             w = [float(n) for n in p.anchor_n]
             shares.append(sum(wa for wa, a in zip(w, p.anchors) if a[i] > 0) / sum(w))
         s = sum(shares) / len(shares)
-        scored.append((min(s, 1 - s), -i))
+        size = 1.0 if bank.key_scale is None else float(bank.key_scale[bank.key_order[i]])
+        scored.append((s * (1 - s) * size, -i))
     dropped = {-i for _, i in sorted(scored)[:K - m]}
     return [i for i in range(K) if i not in dropped]
 
 
-def test_balanced_narrowing_keeps_what_the_loop_keeps_and_the_keys_follow_it():
-    bank, _ = _bank("balanced")
+@pytest.mark.parametrize("scaled", [False, True])
+def test_balanced_narrowing_keeps_what_the_loop_keeps_and_the_keys_follow_it(scaled):
+    bank, _ = _bank("balanced", scaled=scaled)
+    assert (bank.key_scale is not None) == scaled
     assert any(len(p.anchors) > 1 for p in bank.protos)
     for _ in range(5):
         K = bank.key_dim
@@ -163,3 +168,20 @@ def test_a_balanced_memory_is_stored_exactly_and_opens_as_it_was():
     with pytest.raises(ValueError, match="no coordinate order"):
         MemoryBank.from_arrays(bank.config, bank.n_embd, arrays, np.zeros(len(order)), bank.key_parts, order,
                                key_narrow=np.eye(len(order), dtype=np.float32))
+
+
+def test_coordinate_rms_is_each_prepared_coordinates_root_mean_square():
+    from miita_edge.method.calibration import coordinate_rms
+
+    rng = np.random.default_rng(2)
+    H, parts = 6, 2
+    keys, mean = rng.standard_normal((9, H * parts)), rng.standard_normal(H * parts)
+    W = rng.standard_normal((H * parts, H * parts))
+    for whiten in (None, W):
+        rows = []
+        for k in keys:
+            x = k - mean
+            x = np.concatenate([x[b * H:(b + 1) * H] / np.linalg.norm(x[b * H:(b + 1) * H]) for b in range(parts)])
+            rows.append(x if whiten is None else whiten @ x)
+        want = [np.sqrt(sum(r[i] ** 2 for r in rows) / len(rows)) for i in range(H * parts)]
+        assert np.allclose(coordinate_rms(keys, mean, parts, whiten), want)

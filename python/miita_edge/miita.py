@@ -145,7 +145,8 @@ class Miita:
         try:
             frame = self._key_frame()
             self.bank = MemoryBank.from_arrays(stored.bank, self.engine.n_embd, snap.arrays, frame.mean,
-                                               len(self.key_layers), frame.order, frame.whiten, frame.narrow)
+                                               len(self.key_layers), frame.order, frame.whiten, frame.narrow,
+                                               frame.scale)
             top = self.bank.max_token()
             if top >= self.engine.n_vocab:  # a consistent but foreign tokens array (corruption campaign)
                 raise ValueError(f"token id {top} is outside the model's vocabulary of {self.engine.n_vocab}")

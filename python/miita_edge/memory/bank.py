@@ -61,7 +61,8 @@ class MemoryBank(QueryView):
 
     def __init__(self, config: BankConfig, n_embd: int, key_mean: np.ndarray | None = None,
                  key_parts: int = 1, key_order: np.ndarray | None = None, key_dim: int | None = None,
-                 key_whiten: np.ndarray | None = None, key_narrow: np.ndarray | None = None):
+                 key_whiten: np.ndarray | None = None, key_narrow: np.ndarray | None = None,
+                 key_scale: np.ndarray | None = None):
         config.validate()
         self.config = config
         self.n_embd = int(n_embd)
@@ -110,6 +111,12 @@ class MemoryBank(QueryView):
         # order; ``key_order`` is then the kept places first. None: the first key_dim (a prefix).
         self.key_kept: np.ndarray | None = None
         self._base_order = self.key_order
+        # Each coordinate's typical size in a query (method/calibration.coordinate_rms; derived, not
+        # stored), indexed as the coordinates before the order: a balanced narrowing weighs by it.
+        # None: every coordinate alike.
+        self.key_scale = None if key_scale is None else np.asarray(key_scale, np.float64)
+        if self.key_scale is not None and self.key_scale.shape != (width,):
+            raise ValueError(f"key_scale has shape {self.key_scale.shape}, expected ({width},)")
 
     @property
     def protos(self) -> list[Prototype]:
@@ -389,16 +396,18 @@ class MemoryBank(QueryView):
 
     def _balanced_keep(self, m: int) -> np.ndarray:
         """The ``m`` of the current ``key_dim`` coordinates a balanced narrowing keeps, ascending:
-        it drops those whose bits this memory's answers share most. Each coordinate's balance is
-        min(p, 1 - p), p the share of answers whose anchors (each answer's weighted by the keys
-        they stand for, so every answer counts once) have a positive bit there; the least balanced
-        go first, and among equally balanced the last (so with nothing to tell apart, one answer or
-        none, the rule drops what the prefix rule drops).
+        it drops those that tell this memory's answers apart least. A coordinate's worth is
+        s · p(1 - p): p the share of answers whose anchors (each answer's weighted by the keys they
+        stand for, so every answer counts once) have a positive bit there, and s its typical size
+        in a query (``key_scale``; 1 without one). The least worth go first, and among equal worth
+        the last (so with nothing to tell apart, one answer or none, the rule drops what the prefix
+        rule drops).
 
-        Why: the vote scores every answer by the query's dot product with its bits; a coordinate
-        in which every answer has the same sign adds the same to every score and tells none apart,
-        while the frame's order (the model's spread over neutral prompts) knows nothing of what
-        this memory holds. Banking77's answers share the sign of most of the first coordinates."""
+        Why: the vote scores answer j by q · b_j, so coordinate i moves the margin between two
+        answers only where their bits differ, by about 2·|q_i|; the pairs of answers that differ
+        there are a share 2p(1 - p) of all pairs, and |q_i| is about s_i. The frame's order (the
+        model's spread over neutral prompts) knows s but nothing of what this memory holds:
+        Banking77's answers share the sign of many of the first coordinates."""
         protos = self.protos
         if not protos:
             return np.arange(m)
@@ -407,8 +416,11 @@ class MemoryBank(QueryView):
             w = np.asarray(p.anchor_n, np.float64)
             share += (w @ (np.asarray(p.anchors) > 0)) / max(w.sum(), 1.0)
         share /= len(protos)
-        balance = np.minimum(share, 1.0 - share)
-        drop = np.lexsort((-np.arange(self.key_dim), balance))[:self.key_dim - m]
+        worth = share * (1.0 - share)
+        if self.key_scale is not None:
+            coords = self.key_order[:self.key_dim] if self.key_order is not None else np.arange(self.key_dim)
+            worth = worth * self.key_scale[coords]
+        drop = np.lexsort((-np.arange(self.key_dim), worth))[:self.key_dim - m]
         return np.setdiff1d(np.arange(self.key_dim), drop)
 
     def _keep_places(self, keep: np.ndarray) -> None:
@@ -515,10 +527,10 @@ class MemoryBank(QueryView):
     def from_arrays(cls, config: BankConfig, n_embd: int, arrays: dict[str, np.ndarray],
                     key_mean: np.ndarray | None = None, key_parts: int = 1,
                     key_order: np.ndarray | None = None, key_whiten: np.ndarray | None = None,
-                    key_narrow: np.ndarray | None = None) -> "MemoryBank":
+                    key_narrow: np.ndarray | None = None, key_scale: np.ndarray | None = None) -> "MemoryBank":
         """Rebuild from stored arrays; raises ValueError on inconsistent arrays.
 
-        ``key_mean``, ``key_order``, ``key_whiten`` and ``key_narrow`` are not stored: they derive from the model and template
+        ``key_mean``, ``key_order``, ``key_whiten``, ``key_narrow`` and ``key_scale`` are not stored: they derive from the model and template
         (see ``Miita``), so the caller passes them in again; the key width is the stored one.
         Every array is checked here; the Prototype objects are made on first use of ``protos``.
         """
@@ -533,7 +545,7 @@ class MemoryBank(QueryView):
             kept = decode_kept(arrays["key_kept"], stored.key_dim, full)
         base = None if key_order is None else np.asarray(key_order, np.int64)
         order = base if kept is None else order_with_kept(np.arange(full) if base is None else base, kept)
-        bank = cls(config, n_embd, key_mean, key_parts, order, stored.key_dim, key_whiten, key_narrow)
+        bank = cls(config, n_embd, key_mean, key_parts, order, stored.key_dim, key_whiten, key_narrow, key_scale)
         bank.key_kept, bank._base_order = kept, base
         bank._stored = stored
         bank._protos = None

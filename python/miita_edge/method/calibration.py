@@ -16,7 +16,7 @@ from ..runtime.fingerprint import cache_dir, write_cached
 from ..runtime.key_pooling import key_mean
 from .templates import Template
 
-__all__ = ["CALIBRATION_INPUTS", "cached_raw_keys", "calibration_keys", "key_order", "raw_key"]
+__all__ = ["CALIBRATION_INPUTS", "cached_raw_keys", "calibration_keys", "coordinate_rms", "key_order", "raw_key"]
 
 # key mean, the centring vector is the mean key of these through the template.
 CALIBRATION_INPUTS = [
@@ -89,6 +89,21 @@ def key_order(keys: np.ndarray, n_parts: int, whiten: np.ndarray | None = None) 
         blocks = (blocks.reshape(len(x), -1) @ np.asarray(whiten, np.float64).T).reshape(len(x), n_parts, H)
     std = blocks.std(axis=0)  # (n_parts, H)
     return np.concatenate([b * H + np.argsort(-std[b], kind="stable") for b in range(n_parts)]).astype(np.int64)
+
+
+def coordinate_rms(keys: np.ndarray, mean: np.ndarray, n_parts: int, whiten: np.ndarray | None = None) -> np.ndarray:
+    """Each key coordinate's root mean square over ``keys`` (raw pooled keys, the model's general
+    prompts) prepared as a memory prepares them before ordering: centred on ``mean``, each layer's
+    block at unit norm, whitened where the memory whitens; indexed as those coordinates (before the
+    order). A balanced narrowing weighs a coordinate by it: how much a bit there moves the vote's
+    score, q · b, depends on how large the query's coordinate is. Derived from the model, not stored."""
+    x = np.asarray(keys, np.float64) - np.asarray(mean, np.float64)
+    H = x.shape[1] // n_parts
+    blocks = x.reshape(len(x), n_parts, H)
+    x = (blocks / np.maximum(np.linalg.norm(blocks, axis=2, keepdims=True), 1e-12)).reshape(len(x), -1)
+    if whiten is not None:
+        x = x @ np.asarray(whiten, np.float64).T
+    return np.sqrt((x ** 2).mean(axis=0))
 
 
 def _cache_dir() -> Path:

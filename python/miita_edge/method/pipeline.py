@@ -23,7 +23,7 @@ import numpy as np
 from ..memory.bank import MemoryBank
 from ..runtime.engine import Engine, QueryState
 from ..runtime.engine_types import Generation
-from .calibration import calibration_keys, key_order, raw_key
+from .calibration import calibration_keys, coordinate_rms, key_order, raw_key
 from .head_geometry import HeadGeometry, head_geometry
 from .key_axes import cached_axes_for
 from .key_layers import choose_key_layers
@@ -48,6 +48,9 @@ class KeyFrame(NamedTuple):
     whiten: np.ndarray | None
     # the frame keys move to when repair first narrows them (``MemoryBank.key_narrow``), or None
     narrow: np.ndarray | None = None
+    # each coordinate's typical size over the model's general prompts, read by a balanced narrowing
+    # (``MemoryBank.key_scale``), or None
+    scale: np.ndarray | None = None
 
 
 class Steered(NamedTuple):
@@ -125,6 +128,10 @@ class Pipeline:
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         self._framed, self._whiten, self._frame_on = True, whiten, None
+        scale = None
+        if pr.bank.narrow_rule == "balanced" and mean is not None:
+            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
+            scale = coordinate_rms(raw, mean.astype(np.float16).astype(np.float32), parts, whiten)
         if pr.key_axes in ("general", "leading", "narrowed"):
             # "general": rotated, the axes then the coordinates in that order; "leading": the axes'
             # bits before all the coordinates (overcomplete); "narrowed": the coordinates until
@@ -138,7 +145,7 @@ class Pipeline:
             if pr.key_axes == "narrowed":
                 return KeyFrame(mean, order, whiten, self._frame_on(whiten))
             return KeyFrame(mean, None, self._frame_on(whiten))
-        return KeyFrame(mean, order, whiten)
+        return KeyFrame(mean, order, whiten, scale=scale)
 
     @property
     def decides_whitening(self) -> bool:
@@ -161,7 +168,7 @@ class Pipeline:
     def empty_bank(self, n_embd: int, frame: KeyFrame, key_dim: int | None = None) -> MemoryBank:
         kw = {} if key_dim is None else {"key_dim": key_dim}
         return MemoryBank(self.preset.bank, n_embd, frame.mean, len(self.key_layers), frame.order,
-                          key_whiten=frame.whiten, key_narrow=frame.narrow, **kw)
+                          key_whiten=frame.whiten, key_narrow=frame.narrow, key_scale=frame.scale, **kw)
 
     @property
     def forgets_by_answer(self) -> bool:
