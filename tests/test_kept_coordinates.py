@@ -87,8 +87,9 @@ def _bank(rule, H=96, parts=2, seed=0, answers=24, shared=3.0, per=(1, 3), scale
 def _keep_by_loop(bank, m):
     """The balanced rule re-stated: per coordinate, the mean over answers of the share of the answer's
     anchor weight (keys stood for) with a positive bit, p; its worth p(1 - p) times the coordinate's
-    size in ``key_scale`` (looked up through the order); drop the least worth, the last among ties."""
-    K = bank.key_dim
+    size in ``key_scale`` (looked up through the order); drop the least worth, the last among ties.
+    Only the coordinates a key stores itself are candidates (not the shared ones)."""
+    K = bank.key_stored
     scored = []
     for i in range(K):
         shares = []
@@ -147,8 +148,9 @@ def test_with_one_answer_balanced_narrowing_is_the_prefix():
     assert "key_kept" not in prefix.to_arrays() and "key_kept" in balanced.to_arrays()
 
 
-def test_a_balanced_memory_is_stored_exactly_and_opens_as_it_was():
-    bank, order = _bank("balanced", answers=30)
+@pytest.mark.parametrize("rule", ["balanced", "balanced-shared"])
+def test_a_balanced_memory_is_stored_exactly_and_opens_as_it_was(rule):
+    bank, order = _bank(rule, answers=30)
     budget = encoded_size(bank.to_arrays(), {}) * 2 // 3
     log = bank.repair(budget, lambda b: encoded_size(b.to_arrays(shapes_only=True), {}))
     assert log.narrowed and bank.key_kept is not None
@@ -162,9 +164,11 @@ def test_a_balanced_memory_is_stored_exactly_and_opens_as_it_was():
     assert np.array_equal(back.prepare_key(q), bank.prepare_key(q))
     assert np.array_equal(back.prepare_query(q.astype(np.float32)), bank.prepare_query(q.astype(np.float32)))
     # and narrowing goes on from the stored places after a reopen
+    assert np.array_equal(back.key_shared, bank.key_shared) and (len(bank.key_shared) > 0) == (rule != "balanced")
     back.narrow_keys()
     bank.narrow_keys()
     assert back.key_kept.tolist() == bank.key_kept.tolist()
+    assert np.array_equal(back.packed_anchors(), bank.packed_anchors())
     with pytest.raises(ValueError, match="no coordinate order"):
         MemoryBank.from_arrays(bank.config, bank.n_embd, arrays, np.zeros(len(order)), bank.key_parts, order,
                                key_narrow=np.eye(len(order), dtype=np.float32))
@@ -185,3 +189,44 @@ def test_coordinate_rms_is_each_prepared_coordinates_root_mean_square():
             rows.append(x if whiten is None else whiten @ x)
         want = [np.sqrt(sum(r[i] ** 2 for r in rows) / len(rows)) for i in range(H * parts)]
         assert np.allclose(coordinate_rms(keys, mean, parts, whiten), want)
+
+
+def test_shared_coordinates_are_the_dropped_first_places_with_the_answers_majority_sign():
+    """balanced-shared: a dropped coordinate among the frame's first SHARED_SPAN stays in every key
+    with the sign most answers had there when it was dropped (a loop over answers); its place is not
+    stored; every key, old or written later or folded, has those signs there."""
+    from miita_edge.memory.prototype import SHARED_SPAN
+
+    bank, order = _bank("balanced-shared", H=96, answers=30, shared=6.0)
+    want_places, want_signs = [], {}
+    for _ in range(6):
+        stored = bank.key_stored
+        places = np.arange(stored) if bank.key_kept is None else bank.key_kept.copy()
+        keep = _keep_by_loop(bank, stored - 8)
+        for c in sorted(set(range(stored)) - set(keep)):
+            if places[c] < SHARED_SPAN:
+                ups = [sum(float(w) for w, a in zip(p.anchor_n, p.anchors) if a[c] > 0) / float(sum(p.anchor_n))
+                       for p in bank.protos]
+                want_signs[int(places[c])] = 1.0 if sum(ups) / len(ups) >= 0.5 else -1.0
+        assert bank.narrow_keys()
+    want_places = sorted(want_signs)
+    assert want_places and bank.key_stored == 192 - 48
+    assert sorted(set(range(SHARED_SPAN)) - set(bank.key_kept.tolist())) == want_places
+    assert bank.key_shared.tolist() == [want_signs[p] for p in want_places]
+    assert bank.key_dim == bank.key_stored + len(want_places)
+    assert np.array_equal(bank.key_order[bank.key_stored:bank.key_dim], bank._base_order[want_places])
+    for p in bank.protos:
+        assert (p.anchors[:, bank.key_stored:] == bank.key_shared).all()
+    rng = np.random.default_rng(11)
+    res = bank.write(None, [999, 1], rng.standard_normal(192) * 5)
+    assert (bank.protos[res.proto].anchors[:, bank.key_stored:] == bank.key_shared).all()
+    while bank.prune_one_anchor():
+        pass
+    for p in bank.protos:
+        assert (p.anchors[:, bank.key_stored:] == bank.key_shared).all()
+    arrays = bank.to_arrays()
+    assert arrays["anchors"].shape[1] == bank.key_stored // 8
+    assert len(arrays["key_shared"]) == (len(want_places) + 7) // 8
+    with pytest.raises(ValueError, match="one bit for each"):
+        MemoryBank.from_arrays(bank.config, bank.n_embd, dict(arrays, key_shared=arrays["key_shared"][:0]),
+                               np.zeros(192), 2, order)

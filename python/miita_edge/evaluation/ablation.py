@@ -109,6 +109,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-bits", "repair", _bank(narrow_rule="balanced"),
               "narrowing drops the coordinates whose bits the memory's answers share most, not the frame's last "
               "ones, and stores which it kept"),
+    Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
+              "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
+              "bit the memory stores once (the answers' majority sign), for the relevance gate"),
 )}
 
 

@@ -45,7 +45,7 @@ from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, disti
                           to_arrays, token_row_bytes, tokens_packed)
 from .bank_view import QueryView
 from .kept_coordinates import decode_kept, order_with_kept
-from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
+from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, SHARED_SPAN, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
 
 # Re-exported: the bank's settings and unit were defined here before they had a module of their own.
@@ -111,6 +111,10 @@ class MemoryBank(QueryView):
         # order; ``key_order`` is then the kept places first. None: the first key_dim (a prefix).
         self.key_kept: np.ndarray | None = None
         self._base_order = self.key_order
+        # With narrow_rule "balanced-shared": the sign every key has at each dropped place among the
+        # first SHARED_SPAN (stored once, ``key_shared``); these are a key's last coordinates, after
+        # the ``key_stored`` it stores itself. Empty: none.
+        self.key_shared = np.zeros(0, np.float32)
         # Each coordinate's typical size in a query (method/calibration.coordinate_rms; derived, not
         # stored), indexed as the coordinates before the order: a balanced narrowing weighs by it.
         # None: every coordinate alike.
@@ -167,6 +171,8 @@ class MemoryBank(QueryView):
         else:
             d = np.zeros((0, self.n_embd), np.float32)
         kp = self.prepare_key(key)[None].astype(np.float32)
+        if len(self.key_shared):  # every key has the shared signs there (sums keep them through folds)
+            kp[0, self.key_stored:] = self.key_shared * np.abs(kp[0, self.key_stored:])
         k = self.store_key(kp[0])
         new = Prototype(d, tokens, k, 1, np.ones(1, np.int64), kp.copy())
         if self.protos:
@@ -213,7 +219,7 @@ class MemoryBank(QueryView):
         cfg, H = self.config, self.n_embd
         isz = self._per_proto_itemsizes() if itemsizes is None else itemsizes
         b = len(p.dirs) * codecs.bytes_per_vector(cfg.dir_precision, H)
-        b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_dim) + isz["acnt"])
+        b += len(p.anchors) * (codecs.bytes_per_vector(cfg.key_precision, self.key_stored) + isz["acnt"])
         b += isz["per"] + isz["cnt"]
         if cfg.payload != "mean":
             if isz["dict"]:
@@ -372,20 +378,60 @@ class MemoryBank(QueryView):
         of the vote where index order kept 66 / 51 / 27% (docs/method.md). Sign bits need no
         original to narrow from, so this is exact: a narrowed key is the stored key's prefix."""
         cfg = self.config
-        m = (self.key_dim - 1) // 8 * 8  # the next narrower multiple of 8 bits (whole stored bytes)
+        m = (self.key_stored - 1) // 8 * 8  # the next narrower multiple of 8 bits (whole stored bytes)
         if not cfg.shrink_keys or cfg.key_precision != "bit" or m < MIN_KEY_BITS:
             return False
         if self.key_narrow is not None and not self.narrowed:
             self._move_to_narrow_frame(m)
             return True
-        keep = self._balanced_keep(m) if cfg.narrow_rule == "balanced" and self._orderable else np.arange(m)
+        balanced = cfg.narrow_rule in ("balanced", "balanced-shared") and self._orderable
+        keep = self._balanced_keep(m) if balanced else np.arange(m)
+        stored = self.key_stored
+        places = np.arange(stored) if self.key_kept is None else self.key_kept
+        dropped = np.setdiff1d(np.arange(stored), keep)
+        # dropped places that join the shared bits (balanced-shared), with the answers' majority sign
+        joins = dropped[places[dropped] < SHARED_SPAN] if cfg.narrow_rule == "balanced-shared" and balanced \
+            else np.zeros(0, np.int64)
+        signs = np.where(self._answer_shares(joins) >= 0.5, 1.0, -1.0).astype(np.float32)
+        shared_places = np.concatenate([self._shared_places(), places[joins]])
+        shared_signs = np.concatenate([self.key_shared, signs])
+        by_place = np.argsort(shared_places, kind="stable")
+        cols = np.concatenate([stored + np.arange(len(self.key_shared)), joins])  # as shared_places
+        cols = np.concatenate([keep, cols[by_place]])
         for p in self.protos:
-            p.anchor_sum = p.anchor_sum[:, keep]
-            p._anchors = p.anchors[:, keep]
-        if not np.array_equal(keep, np.arange(m)) or self.key_kept is not None:
-            self._keep_places(keep)
-        self.key_dim = m
+            s, a = p.anchor_sum[:, cols], p.anchors[:, cols]
+            if len(joins):  # the new shared coordinates take the shared sign in every anchor and sum
+                a[:, m:] = shared_signs[by_place]
+                s[:, m:] = shared_signs[by_place] * np.abs(s[:, m:])
+            p.anchor_sum, p._anchors = s, a
+        if not np.array_equal(keep, np.arange(m)) or self.key_kept is not None or len(joins):
+            self._keep_places(places[keep], shared_places[by_place])
+        self.key_shared = shared_signs[by_place]
+        self.key_dim = m + len(self.key_shared)
         return True
+
+    @property
+    def key_stored(self) -> int:
+        """Coordinates each key stores itself: ``key_dim`` less the shared ones."""
+        return self.key_dim - len(self.key_shared)
+
+    def _shared_places(self) -> np.ndarray:
+        """The places (in the derived order) of the shared coordinates: those among the first
+        SHARED_SPAN that a key does not store itself, ascending (so not stored)."""
+        if not len(self.key_shared):
+            return np.zeros(0, np.int64)
+        kept = np.arange(self.key_stored) if self.key_kept is None else self.key_kept
+        return np.setdiff1d(np.arange(SHARED_SPAN), kept)
+
+    def _answer_shares(self, cols: np.ndarray) -> np.ndarray:
+        """At the current coordinates ``cols``: the share of answers whose anchors (each answer's
+        weighted by the keys they stand for, so every answer counts once) have a positive bit."""
+        share = np.zeros(len(cols))
+        protos = self.protos
+        for p in protos:
+            w = np.asarray(p.anchor_n, np.float64)
+            share += (w @ (np.asarray(p.anchors)[:, cols] > 0)) / max(w.sum(), 1.0)
+        return share / max(len(protos), 1)
 
     @property
     def _orderable(self) -> bool:
@@ -408,29 +454,25 @@ class MemoryBank(QueryView):
         there are a share 2p(1 - p) of all pairs, and |q_i| is about s_i. The frame's order (the
         model's spread over neutral prompts) knows s but nothing of what this memory holds:
         Banking77's answers share the sign of many of the first coordinates."""
-        protos = self.protos
-        if not protos:
+        K = self.key_stored
+        if not self.protos:
             return np.arange(m)
-        share = np.zeros(self.key_dim)
-        for p in protos:
-            w = np.asarray(p.anchor_n, np.float64)
-            share += (w @ (np.asarray(p.anchors) > 0)) / max(w.sum(), 1.0)
-        share /= len(protos)
+        share = self._answer_shares(np.arange(K))
         worth = share * (1.0 - share)
         if self.key_scale is not None:
-            coords = self.key_order[:self.key_dim] if self.key_order is not None else np.arange(self.key_dim)
+            coords = self.key_order[:K] if self.key_order is not None else np.arange(K)
             worth = worth * self.key_scale[coords]
-        drop = np.lexsort((-np.arange(self.key_dim), worth))[:self.key_dim - m]
-        return np.setdiff1d(np.arange(self.key_dim), drop)
+        drop = np.lexsort((-np.arange(K), worth))[:K - m]
+        return np.setdiff1d(np.arange(K), drop)
 
-    def _keep_places(self, keep: np.ndarray) -> None:
-        """Mutates: the current coordinates ``keep`` (ascending) stay, as places in the derived
-        order (``key_kept``); ``key_order`` lists them first, then the rest in that order."""
+    def _keep_places(self, places: np.ndarray, shared: np.ndarray) -> None:
+        """Mutates: keys store the coordinates at ``places`` (ascending places in the derived order,
+        ``key_kept``) and share those at ``shared``; ``key_order`` lists the stored ones first, then
+        the shared ones, then the rest in that order."""
         width = self.n_embd * self.key_parts if self.key_whiten is None else self.key_whiten.shape[0]
         base = np.arange(width) if self._base_order is None else self._base_order
-        places = (np.arange(self.key_dim) if self.key_kept is None else self.key_kept)[keep]
-        self.key_kept = None if np.array_equal(places, np.arange(len(places))) else places
-        self.key_order = order_with_kept(base, places)
+        self.key_kept = None if np.array_equal(places, np.arange(len(places))) and not len(shared) else places
+        self.key_order = order_with_kept(base, places, shared)
 
     def _move_to_narrow_frame(self, m: int) -> None:
         """Mutates: every anchor goes from the full-width frame to the first ``m`` rows of
@@ -537,16 +579,22 @@ class MemoryBank(QueryView):
         width = None if key_whiten is None else int(np.shape(key_whiten)[0])
         stored = StoredArrays(config, int(n_embd), int(key_parts), arrays, width)
         full = int(n_embd) * int(key_parts) if width is None else width
-        kept = None
+        kept, shared_places, shared = None, np.zeros(0, np.int64), np.zeros(0, np.float32)
         if "key_kept" in arrays:
             if key_narrow is not None or full != int(n_embd) * int(key_parts):
                 raise ValueError("key_kept is stored, but this memory's key frame has no coordinate order to keep "
                                  "places of")
             kept = decode_kept(arrays["key_kept"], stored.key_dim, full)
+            if "key_shared" in arrays:
+                shared_places = np.setdiff1d(np.arange(min(SHARED_SPAN, full)), kept)
+                shared = stored.share(shared_places)
+        elif "key_shared" in arrays:
+            raise ValueError("key_shared is stored without key_kept")
         base = None if key_order is None else np.asarray(key_order, np.int64)
-        order = base if kept is None else order_with_kept(np.arange(full) if base is None else base, kept)
+        order = base if kept is None else order_with_kept(np.arange(full) if base is None else base, kept,
+                                                          shared_places)
         bank = cls(config, n_embd, key_mean, key_parts, order, stored.key_dim, key_whiten, key_narrow, key_scale)
-        bank.key_kept, bank._base_order = kept, base
+        bank.key_kept, bank._base_order, bank.key_shared = kept, base, shared
         bank._stored = stored
         bank._protos = None
         return bank

@@ -38,7 +38,9 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     keys need every byte. Earlier memories (always ``tok3``; format 1's
     ``anchor_owner`` and int32 ``tokens`` with separators) are still read."""
     cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
-    key_bytes_cols = codecs.bytes_per_vector("bit", bank.key_dim) if cfg.key_precision == "bit" else bank.key_dim
+    # a key stores key_stored coordinates itself; the shared ones (narrow_rule "balanced-shared") once
+    stored_dim = bank.key_stored
+    key_bytes_cols = codecs.bytes_per_vector("bit", stored_dim) if cfg.key_precision == "bit" else stored_dim
     A = bank.n_anchors
     per = [len(p.anchors) for p in bank.protos]
     lens = [len(p.tokens) for p in bank.protos]
@@ -51,6 +53,9 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         w = H * bank.key_parts
         out["key_kept"] = fake((kept_nbytes(bank.key_kept, w),), np.uint8) if shapes_only \
             else encode_kept(bank.key_kept, w)
+    if len(bank.key_shared):
+        out["key_shared"] = fake(((len(bank.key_shared) + 7) // 8,), np.uint8) if shapes_only \
+            else np.packbits(bank.key_shared > 0, bitorder="little")
 
     kdt = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "bit": np.uint8}
     per_dt, cnt_dt = uint_for(max(per, default=0)), uint_for(max((p.n for p in bank.protos), default=0))
@@ -97,7 +102,7 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         if "scale" in enc:
             out["dir_scale"] = enc["scale"]
     Amat, _ = bank.anchor_matrix()
-    enc = codecs.encode(Amat, cfg.key_precision)
+    enc = codecs.encode(np.ascontiguousarray(Amat[:, :stored_dim]), cfg.key_precision)
     out["anchors"] = enc["data"].reshape(A, key_bytes_cols)
     if "scale" in enc:
         out["anchor_scale"] = enc["scale"]
@@ -158,7 +163,7 @@ class StoredArrays:
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
         # (the corruption campaign, docs/reliability.md).
         for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
-                     "tok_len", "tok_idx", "tok_bits", "radius", "key_kept"):
+                     "tok_len", "tok_idx", "tok_bits", "radius", "key_kept", "key_shared"):
             if name in arrays and np.ndim(arrays[name]) != 1:
                 raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
@@ -222,12 +227,29 @@ class StoredArrays:
             if radius.shape != (J,) or radius.dtype != np.int8 or (J and radius.min() < -RADIUS_SCALE):
                 raise ValueError("radius does not hold one int8 radius per prototype")
         self.J, self.counts, self.D, self.raw, self.scale = J, counts, D, raw, scale
+        self._arrays_shared = arrays.get("key_shared")
         self.key_dim, self.radius = key_dim, radius
         self.owner, self.acount, self._seqs = owner, acount, Seqs(flat, starts, ends)
         # Each prototype's anchors in stored order: a sort by owner instead of one mask per
         # prototype (O(A log A), not O(J·A)); none when the owners are sorted (as written).
         self.sorted = bool(len(owner) < 2 or (owner[1:] >= owner[:-1]).all())
         self.by_owner = None if self.sorted else np.argsort(owner, kind="stable")
+
+    def share(self, places: np.ndarray) -> np.ndarray:
+        """Mutates: every stored key gains the shared coordinates (``key_shared``, one bit each for
+        ``places``, stored once) after its own, so the views read keys as the bank holds them in RAM.
+        Returns their signs (±1). ValueError where ``key_shared`` does not hold one bit per place."""
+        bits = np.asarray(self._arrays_shared)
+        n = len(places)
+        if bits.ndim != 1 or bits.dtype != np.uint8 or len(bits) != (n + 7) // 8 or \
+                np.unpackbits(bits, bitorder="little")[n:].any() or self.config.key_precision != "bit":
+            raise ValueError(f"key_shared does not hold one bit for each of the {n} shared coordinates")
+        signs = np.unpackbits(bits, bitorder="little")[:n].astype(np.float32) * 2 - 1
+        own = np.unpackbits(self.raw, axis=1)[:, :self.key_dim]
+        self.raw = np.packbits(np.concatenate([own, np.broadcast_to(signs > 0, (len(own), n)).astype(np.uint8)],
+                                              axis=1), axis=1)
+        self.key_dim += n
+        return signs
 
     def radii(self) -> np.ndarray:
         """Each prototype's radius as a cosine (J,); 1.0 everywhere without the relevance gate."""

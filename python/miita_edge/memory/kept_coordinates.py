@@ -109,11 +109,14 @@ def decode_kept(buf, n_kept: int, width: int) -> np.ndarray:
     return np.flatnonzero(mask)
 
 
-def order_with_kept(base: np.ndarray, kept: np.ndarray) -> np.ndarray:
+def order_with_kept(base: np.ndarray, kept: np.ndarray, shared=()) -> np.ndarray:
     """The coordinate order of a key that keeps the places ``kept`` (ascending) of the derived order
-    ``base``: those first, in their order, then the rest, so that a key's first ``len(kept)``
-    coordinates are the kept ones, as every reader of ``key_order`` and ``key_dim`` assumes."""
+    ``base`` and shares the places ``shared``: those first, in their order, then the shared ones,
+    then the rest, so that a key's first ``len(kept) + len(shared)`` coordinates are the ones it
+    has, as every reader of ``key_order`` and ``key_dim`` assumes."""
     base = np.asarray(base, np.int64)
+    shared = np.asarray(shared, np.int64)
     rest = np.ones(len(base), bool)
     rest[kept] = False
-    return np.concatenate([base[kept], base[rest]])
+    rest[shared] = False
+    return np.concatenate([base[kept], base[shared], base[rest]])

@@ -12,7 +12,12 @@ from . import codecs
 
 PAYLOADS = ("mean", "sequence", "tokens")
 ANCHOR_FOLDS = ("closest", "ward")
-NARROW_RULES = ("prefix", "balanced")
+NARROW_RULES = ("prefix", "balanced", "balanced-shared")
+#: With ``narrow_rule = "balanced-shared"``, a coordinate among the frame's first SHARED_SPAN that a
+#: narrowing drops stays in every key as one bit the memory stores once (the answers' majority sign):
+#: chosen on Banking77's dev rows among 128, 256, 512 and every coordinate (a probe,
+#: docs/results/candidates/balanced-bits.md), the fewest bytes (at most 16).
+SHARED_SPAN = 128
 TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array
 
 
@@ -42,7 +47,9 @@ class BankConfig:
     anchor_fold: str = "closest"
     # Which coordinates narrowing drops: "prefix", the frame's last ones (a narrowed key is the
     # stored key's prefix); or "balanced", those whose bits the memory's answers share most (a
-    # coordinate every answer has the same sign in tells none apart), the kept set then stored.
+    # coordinate every answer has the same sign in tells none apart), the kept set then stored; or
+    # "balanced-shared", "balanced" with the dropped ones among the first SHARED_SPAN kept in every
+    # key as one shared bit each, stored once (they tell the memory's questions from others).
     narrow_rule: str = "prefix"
 
     def validate(self) -> None:

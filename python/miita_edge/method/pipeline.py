@@ -129,7 +129,7 @@ class Pipeline:
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         self._framed, self._whiten, self._frame_on = True, whiten, None
         scale = None
-        if pr.bank.narrow_rule == "balanced" and mean is not None:
+        if pr.bank.narrow_rule != "prefix" and mean is not None:
             raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
             scale = coordinate_rms(raw, mean.astype(np.float16).astype(np.float32), parts, whiten)
         if pr.key_axes in ("general", "leading", "narrowed"):
