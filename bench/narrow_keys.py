@@ -13,6 +13,7 @@ blocks, sign bits), no memory and no generation:
     python bench/narrow_keys.py gate keys.npz
     python bench/narrow_keys.py sizes keys.npz
     python bench/narrow_keys.py balanced keys.npz
+    python bench/narrow_keys.py balanced-gate keys.npz
 
 Rows: the stream's training rows (dev rows left out) make the centroids, the dev rows are asked.
 ``frames``: the vote's accuracy (float query · stored bits) at K bits for the shipped order and for
@@ -21,6 +22,11 @@ alternatives. ``gate``: the share of dev rows the gate keeps and the vote gets r
 ``balanced``: which K coordinates a narrowed key keeps: the shipped order's first K, or the K of most
 worth to this memory's answers (``MemoryBank._balanced_keep``: p(1 - p), p the share of answers with
 a positive bit, times the coordinate's size over a set of the model's prompts, or alone).
+``balanced-gate``: the stream taught in seven equal parts, keys narrowed after each (by the shipped
+order or by worth, s over the paraphrase groups) towards K bits; then the vote and the shipped gate
+(null at 1.64 sd over the general questions, nearest-question bar at 1/sqrt(K)) at K, the gate also
+with a shared row (the answers' majority sign at each dropped coordinate among the first N, beside
+each answer's own bits: ``narrow_rule = "balanced-shared"``).
 """
 from __future__ import annotations
 
@@ -299,6 +305,70 @@ def cmd_balanced(path) -> None:
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
 
 
+def cmd_balanced_gate(path) -> None:
+    from miita_edge.method.relevance import NEAREST_Z
+    d, prep, _ = load(path)
+    o = d["order"]
+    Z, Q, G, P = (prep(d[k])[:, o] for k in ("train", "dev", "generic", "para"))
+    rms = np.sqrt((P ** 2).mean(0))
+    ty = d["train_y"].tolist()
+    labels = list(dict.fromkeys(ty))  # in stream order
+    yi = np.array([labels.index(y) for y in ty])
+    gold = np.array([labels.index(y) if y in labels else -1 for y in d["dev_y"].tolist()])
+    n, N = Z.shape[1], len(ty)
+    Zn = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+
+    def cents(upto):
+        C = np.zeros((yi[:upto].max() + 1, n))
+        np.add.at(C, yi[:upto], Zn[:upto])
+        return np.where(C >= 0, 1.0, -1.0)
+
+    def narrow(rule, final, parts=7):
+        cols = np.arange(n)
+        for i, b in enumerate(np.linspace(0, N, parts + 1).astype(int)[1:]):
+            K = max(final, n - (n - final) * (i + 1) // parts) // 8 * 8
+            B = cents(b)
+            while len(cols) > K:
+                if rule == "shipped order":
+                    cols = cols[:-8]
+                    continue
+                p = (B[:, cols] > 0).mean(0)
+                drop = np.lexsort((-np.arange(len(cols)), p * (1 - p) * rms[cols]))[:8]
+                cols = np.delete(cols, drop)
+        return cols
+
+    def gate(cols, span):
+        B = cents(N)
+        dropped = np.setdiff1d(np.arange(min(span, n)), cols)
+        ext = np.concatenate([cols, dropped])
+        Bx = B.copy()
+        Bx[:, dropped] = np.where((B[:, dropped] > 0).mean(0) >= 0.5, 1.0, -1.0)
+        K = len(ext)
+
+        def sg(X):
+            return np.where(X[:, ext] >= 0, 1.0, -1.0)
+        gb = sg(G) @ Bx[:, ext].T / K
+        null = gb.mean(0) + NEAREST_Z * gb.std(0)
+        out = []
+        for X in (Q, P):
+            vote = (X[:, cols] @ B[:, cols].T).argmax(1)
+            best = (sg(X) @ Bx[:, ext].T / K)[np.arange(len(X)), vote]
+            floor = (sg(X) @ sg(G).T / K).max(1) + 1 / np.sqrt(K)
+            out.append((best > np.maximum(null[vote], floor), vote))
+        (kq, vq), (kp, _) = out
+        return [100 * float(v) for v in (np.mean(vq == gold), np.mean(kq & (vq == gold)), 1 - kq.mean(), kp.mean())]
+
+    print("| bits kept | narrowing | shared row over the first | vote % | gate: kept and right % | declined % "
+          "| everyday requests let through % |")
+    print("|---|---|---|---|---|---|---|")
+    for K in (96, 112):
+        for rule in ("shipped order", "by worth"):
+            cols = narrow(rule, K)
+            for span in ((0,) if rule == "shipped order" else (0, 128, 256, 512, n)):
+                v = gate(cols, span)
+                print(f"| {K} | {rule} | {span or 'none'} | " + " | ".join(f"{x:.1f}" for x in v) + " |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -307,7 +377,7 @@ def main(argv=None) -> int:
     e.add_argument("--benchmark", default="banking77")
     e.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "banking77")
     e.add_argument("--out", type=Path, required=True)
-    for name in ("frames", "gate", "sizes", "balanced"):
+    for name in ("frames", "gate", "sizes", "balanced", "balanced-gate"):
         sub.add_parser(name).add_argument("keys", type=Path)
     args = ap.parse_args(argv)
     if args.cmd == "extract":
@@ -318,6 +388,8 @@ def main(argv=None) -> int:
         cmd_sizes(args.keys)
     elif args.cmd == "balanced":
         cmd_balanced(args.keys)
+    elif args.cmd == "balanced-gate":
+        cmd_balanced_gate(args.keys)
     else:
         cmd_gate(args.keys)
     return 0
