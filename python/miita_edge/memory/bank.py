@@ -171,6 +171,7 @@ class MemoryBank(QueryView):
         else:
             d = np.zeros((0, self.n_embd), np.float32)
         kp = self.prepare_key(key)[None].astype(np.float32)
+        own = self.store_key(kp[0])  # the example as a query would be compared
         if len(self.key_shared):  # every key has the shared signs there (sums keep them through folds)
             kp[0, self.key_stored:] = self.key_shared * np.abs(kp[0, self.key_stored:])
         k = self.store_key(kp[0])
@@ -185,7 +186,9 @@ class MemoryBank(QueryView):
                     p.dirs = codecs.roundtrip(merged, self.config.dir_precision)
                 p.n += 1
                 # stored anchors are unit-norm except 'bit' (±1): normalise both sides
-                novel = self._max_anchorcos(p.anchors, k[0])
+                # with its own signs at the shared coordinates, as a query is: the radius says how near
+                # the answer's examples come as questions, and novelty is judged the same way
+                novel = self._max_anchorcos(p.anchors, own[0])
                 if self.config.relevance:
                     p.radius = min(p.radius, quantize_radius(novel))
                 added = novel < self.config.tau_k
