@@ -220,6 +220,16 @@ def test_shared_coordinates_are_the_dropped_first_places_with_the_answers_majori
     rng = np.random.default_rng(11)
     res = bank.write(None, [999, 1], rng.standard_normal(192) * 5)
     assert (bank.protos[res.proto].anchors[:, bank.key_stored:] == bank.key_shared).all()
+    # a second example of an answer: its radius is its own key's best cosine to the anchors (its
+    # own signs at the shared coordinates, as a query's), not the cosine after the shared signs
+    from miita_edge.memory.prototype import quantize_radius
+    key = rng.standard_normal(192) * 5
+    own = np.where(bank.prepare_key(key) >= 0, 1.0, -1.0)
+    p = bank.protos[res.proto]
+    want = quantize_radius(max(float(a @ own) / len(own) for a in p.anchors))
+    assert (own[bank.key_stored:] != bank.key_shared).any()
+    bank.write(None, [999, 1], key)
+    assert p.radius == min(1.0, want)
     while bank.prune_one_anchor():
         pass
     for p in bank.protos:
