@@ -112,6 +112,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
+    Mechanism("rival-shared", "repair", _bank(narrow_rule="rival-shared"),
+              "balanced-shared with a coordinate's worth from how often an answer's bit there differs from its "
+              "nearest rival's"),
 )}
 
 

@@ -387,13 +387,13 @@ class MemoryBank(QueryView):
         if self.key_narrow is not None and not self.narrowed:
             self._move_to_narrow_frame(m)
             return True
-        balanced = cfg.narrow_rule in ("balanced", "balanced-shared") and self._orderable
+        balanced = cfg.narrow_rule != "prefix" and self._orderable
         keep = self._balanced_keep(m) if balanced else np.arange(m)
         stored = self.key_stored
         places = np.arange(stored) if self.key_kept is None else self.key_kept
         dropped = np.setdiff1d(np.arange(stored), keep)
         # dropped places that join the shared bits (balanced-shared), with the answers' majority sign
-        joins = dropped[places[dropped] < SHARED_SPAN] if cfg.narrow_rule == "balanced-shared" and balanced \
+        joins = dropped[places[dropped] < SHARED_SPAN] if cfg.narrow_rule.endswith("-shared") and balanced \
             else np.zeros(0, np.int64)
         signs = np.where(self._answer_shares(joins) >= 0.5, 1.0, -1.0).astype(np.float32)
         shared_places = np.concatenate([self._shared_places(), places[joins]])
@@ -425,6 +425,25 @@ class MemoryBank(QueryView):
             return np.zeros(0, np.int64)
         kept = np.arange(self.key_stored) if self.key_kept is None else self.key_kept
         return np.setdiff1d(np.arange(SHARED_SPAN), kept)
+
+    def _rival_differences(self, K: int) -> np.ndarray:
+        """At each of the first ``K`` coordinates: the share of answers whose bit there differs from
+        their nearest rival's (the other answer whose bits, each answer's anchors' weighted majority,
+        differ from its own at the fewest coordinates; the first among ties), 0 with one answer.
+
+        Why not every answer's balance: in a memory of several tasks the answers of one task are
+        told apart at coordinates where the other tasks' answers do not vary, and a balance over all
+        answers drops those first (SuperNI's sentiment labels, docs/results/candidates/balanced-bits.md).
+        What the vote needs is a coordinate that separates an answer from the one it is confused with."""
+        protos = self.protos
+        if len(protos) < 2:
+            return np.zeros(K)
+        C = np.stack([np.asarray(p.anchor_n, np.float64) @ np.asarray(p.anchors)[:, :K] for p in protos])
+        C = np.where(C >= 0, 1.0, -1.0).astype(np.float32)
+        agree = C @ C.T
+        np.fill_diagonal(agree, -np.inf)
+        rival = np.argmax(agree, axis=1)
+        return (C != C[rival]).mean(axis=0)
 
     def _answer_shares(self, cols: np.ndarray) -> np.ndarray:
         """At the current coordinates ``cols``: the share of answers whose anchors (each answer's
@@ -460,8 +479,11 @@ class MemoryBank(QueryView):
         K = self.key_stored
         if not self.protos:
             return np.arange(m)
-        share = self._answer_shares(np.arange(K))
-        worth = share * (1.0 - share)
+        if self.config.narrow_rule == "rival-shared":
+            worth = self._rival_differences(K)
+        else:
+            share = self._answer_shares(np.arange(K))
+            worth = share * (1.0 - share)
         if self.key_scale is not None:
             coords = self.key_order[:K] if self.key_order is not None else np.arange(K)
             worth = worth * self.key_scale[coords]

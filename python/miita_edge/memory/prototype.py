@@ -12,7 +12,7 @@ from . import codecs
 
 PAYLOADS = ("mean", "sequence", "tokens")
 ANCHOR_FOLDS = ("closest", "ward")
-NARROW_RULES = ("prefix", "balanced", "balanced-shared")
+NARROW_RULES = ("prefix", "balanced", "balanced-shared", "rival-shared")
 #: With ``narrow_rule = "balanced-shared"``, a coordinate among the frame's first SHARED_SPAN that a
 #: narrowing drops stays in every key as one bit the memory stores once (the answers' majority sign):
 #: chosen on Banking77's dev rows among 128, 256, 512 and every coordinate (a probe,
@@ -49,7 +49,9 @@ class BankConfig:
     # stored key's prefix); or "balanced", those whose bits the memory's answers share most (a
     # coordinate every answer has the same sign in tells none apart), the kept set then stored; or
     # "balanced-shared", "balanced" with the dropped ones among the first SHARED_SPAN kept in every
-    # key as one shared bit each, stored once (they tell the memory's questions from others).
+    # key as one shared bit each, stored once (they tell the memory's questions from others); or
+    # "rival-shared", the same with a coordinate's worth taken from how often an answer's bit there
+    # differs from its nearest rival's, not from all answers' balance.
     narrow_rule: str = "prefix"
 
     def validate(self) -> None:
