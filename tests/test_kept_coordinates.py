@@ -240,3 +240,23 @@ def test_shared_coordinates_are_the_dropped_first_places_with_the_answers_majori
     with pytest.raises(ValueError, match="one bit for each"):
         MemoryBank.from_arrays(bank.config, bank.n_embd, dict(arrays, key_shared=arrays["key_shared"][:0]),
                                np.zeros(192), 2, order)
+
+
+def test_rival_worth_is_how_often_an_answer_differs_from_its_nearest_rival():
+    """rival-shared: per coordinate, the share of answers whose majority bit there differs from that of
+    the answer nearest to it (fewest differing bits, the first among ties), re-stated with loops."""
+    bank, _ = _bank("rival-shared", answers=12)
+    K = bank.key_stored
+    bits = []
+    for p in bank.protos:
+        w = [float(n) for n in p.anchor_n]
+        bits.append([1 if sum(wa * a[i] for wa, a in zip(w, p.anchors)) >= 0 else -1 for i in range(K)])
+    want = [0.0] * K
+    for j, b in enumerate(bits):
+        dist = [sum(x != y for x, y in zip(b, c)) if r != j else 10**9 for r, c in enumerate(bits)]
+        rival = bits[dist.index(min(dist))]
+        for i in range(K):
+            want[i] += (b[i] != rival[i]) / len(bits)
+    assert np.allclose(bank._rival_differences(K), want)
+    single, _ = _bank("rival-shared", answers=1)
+    assert not single._rival_differences(single.key_stored).any()
