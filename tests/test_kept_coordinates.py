@@ -8,6 +8,7 @@ import pytest
 
 from miita_edge.memory.bank import MemoryBank
 from miita_edge.memory.kept_coordinates import decode_kept, encode_kept, kept_nbytes, order_with_kept
+from miita_edge.memory.narrowing import rival_differences
 from miita_edge.memory.prototype import BankConfig
 from miita_edge.memory.store_format import encoded_size
 
@@ -243,7 +244,7 @@ def test_shared_coordinates_are_the_dropped_first_places_with_the_answers_majori
 
 
 def test_rival_worth_is_how_often_an_answer_differs_from_its_nearest_rival():
-    """rival-shared: per coordinate, the share of answers whose majority bit there differs from that of
+    """rival-shared (``narrowing.rival_differences``): per coordinate, the share of answers whose majority bit there differs from that of
     the answer nearest to it (fewest differing bits, the first among ties), re-stated with loops."""
     bank, _ = _bank("rival-shared", answers=12)
     K = bank.key_stored
@@ -257,6 +258,6 @@ def test_rival_worth_is_how_often_an_answer_differs_from_its_nearest_rival():
         rival = bits[dist.index(min(dist))]
         for i in range(K):
             want[i] += (b[i] != rival[i]) / len(bits)
-    assert np.allclose(bank._rival_differences(K), want)
+    assert np.allclose(rival_differences(bank.protos, K), want)
     single, _ = _bank("rival-shared", answers=1)
-    assert not single._rival_differences(single.key_stored).any()
+    assert not rival_differences(single.protos, single.key_stored).any()

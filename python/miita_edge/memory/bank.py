@@ -45,6 +45,7 @@ from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, disti
                           to_arrays, token_row_bytes, tokens_packed)
 from .bank_view import QueryView
 from .kept_coordinates import decode_kept, order_with_kept
+from .narrowing import answer_shares, keep_by_worth
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, SHARED_SPAN, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
 
@@ -395,7 +396,7 @@ class MemoryBank(QueryView):
         # dropped places that join the shared bits (balanced-shared), with the answers' majority sign
         joins = dropped[places[dropped] < SHARED_SPAN] if cfg.narrow_rule.endswith("-shared") and balanced \
             else np.zeros(0, np.int64)
-        signs = np.where(self._answer_shares(joins) >= 0.5, 1.0, -1.0).astype(np.float32)
+        signs = np.where(answer_shares(self.protos, joins) >= 0.5, 1.0, -1.0).astype(np.float32)
         shared_places = np.concatenate([self._shared_places(), places[joins]])
         shared_signs = np.concatenate([self.key_shared, signs])
         by_place = np.argsort(shared_places, kind="stable")
@@ -426,35 +427,6 @@ class MemoryBank(QueryView):
         kept = np.arange(self.key_stored) if self.key_kept is None else self.key_kept
         return np.setdiff1d(np.arange(SHARED_SPAN), kept)
 
-    def _rival_differences(self, K: int) -> np.ndarray:
-        """At each of the first ``K`` coordinates: the share of answers whose bit there differs from
-        their nearest rival's (the other answer whose bits, each answer's anchors' weighted majority,
-        differ from its own at the fewest coordinates; the first among ties), 0 with one answer.
-
-        Why not every answer's balance: in a memory of several tasks the answers of one task are
-        told apart at coordinates where the other tasks' answers do not vary, and a balance over all
-        answers drops those first (SuperNI's sentiment labels, docs/results/candidates/balanced-bits.md).
-        What the vote needs is a coordinate that separates an answer from the one it is confused with."""
-        protos = self.protos
-        if len(protos) < 2:
-            return np.zeros(K)
-        C = np.stack([np.asarray(p.anchor_n, np.float64) @ np.asarray(p.anchors)[:, :K] for p in protos])
-        C = np.where(C >= 0, 1.0, -1.0).astype(np.float32)
-        agree = C @ C.T
-        np.fill_diagonal(agree, -np.inf)
-        rival = np.argmax(agree, axis=1)
-        return (C != C[rival]).mean(axis=0)
-
-    def _answer_shares(self, cols: np.ndarray) -> np.ndarray:
-        """At the current coordinates ``cols``: the share of answers whose anchors (each answer's
-        weighted by the keys they stand for, so every answer counts once) have a positive bit."""
-        share = np.zeros(len(cols))
-        protos = self.protos
-        for p in protos:
-            w = np.asarray(p.anchor_n, np.float64)
-            share += (w @ (np.asarray(p.anchors)[:, cols] > 0)) / max(w.sum(), 1.0)
-        return share / max(len(protos), 1)
-
     @property
     def _orderable(self) -> bool:
         """Whether the key frame has a coordinate order to keep places of: not an overcomplete frame
@@ -463,32 +435,12 @@ class MemoryBank(QueryView):
                                             or self.key_whiten.shape[0] == self.n_embd * self.key_parts)
 
     def _balanced_keep(self, m: int) -> np.ndarray:
-        """The ``m`` of the current ``key_dim`` coordinates a balanced narrowing keeps, ascending:
-        it drops those that tell this memory's answers apart least. A coordinate's worth is
-        s · p(1 - p): p the share of answers whose anchors (each answer's weighted by the keys they
-        stand for, so every answer counts once) have a positive bit there, and s its typical size
-        in a query (``key_scale``; 1 without one). The least worth go first, and among equal worth
-        the last (so with nothing to tell apart, one answer or none, the rule drops what the prefix
-        rule drops).
-
-        Why: the vote scores answer j by q · b_j, so coordinate i moves the margin between two
-        answers only where their bits differ, by about 2·|q_i|; the pairs of answers that differ
-        there are a share 2p(1 - p) of all pairs, and |q_i| is about s_i. The frame's order (the
-        model's spread over neutral prompts) knows s but nothing of what this memory holds:
-        Banking77's answers share the sign of many of the first coordinates."""
+        """The ``m`` of the stored coordinates a balanced narrowing keeps (``narrowing.keep_by_worth``),
+        each weighed by its size in a query where the bank has one (``key_scale``)."""
         K = self.key_stored
-        if not self.protos:
-            return np.arange(m)
-        if self.config.narrow_rule == "rival-shared":
-            worth = self._rival_differences(K)
-        else:
-            share = self._answer_shares(np.arange(K))
-            worth = share * (1.0 - share)
-        if self.key_scale is not None:
-            coords = self.key_order[:K] if self.key_order is not None else np.arange(K)
-            worth = worth * self.key_scale[coords]
-        drop = np.lexsort((-np.arange(K), worth))[:K - m]
-        return np.setdiff1d(np.arange(K), drop)
+        coords = self.key_order[:K] if self.key_order is not None else np.arange(K)
+        scale = None if self.key_scale is None else self.key_scale[coords]
+        return keep_by_worth(self.protos, K, m, self.config.narrow_rule, scale)
 
     def _keep_places(self, places: np.ndarray, shared: np.ndarray) -> None:
         """Mutates: keys store the coordinates at ``places`` (ascending places in the derived order,
