@@ -73,7 +73,7 @@ def test_an_earlier_version_by_number_but_users_select_only_the_current_ones():
     for bad in ("default/3", "default/4", "default/5", "paper/1", "paper/2", "default/10", "default/11", "default/12", "default/13", "default/x", "nope", "nope/1", "default/"):
         with pytest.raises(InputError, match="unknown preset"):
             get_preset(bad)
-    for name, version in (("default", 15), ("paper", 3), ("nope", 1)):
+    for name, version in (("default", 16), ("paper", 3), ("nope", 1)):
         with pytest.raises(InputError, match="unknown preset"):
             preset_version(name, version)
 
