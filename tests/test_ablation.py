@@ -27,7 +27,7 @@ EXPECTED = {
     "relevance-gate": {"relevance_gate", "null_gate"},
     "head-direction": {"direction", "eta_unit", "eta", "gate"}, "measured-layers": {"key_select"},
     "hold": {"hold_min_tokens"}, "whitening": {"key_whitening"},
-    "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"},
+    "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"}, "rival-narrowing": {"bank.narrow_rule"},
     "paraphrase-reach": {"single_reach"}, "heldout-reach": {"single_reach"}, "abstain": {"abstain"},
 }
 
@@ -58,7 +58,7 @@ def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
             "narrowed-unit": {"key_axes", "key_axes_scale"},
             "float-gate-narrowed-unit": {"gate_query", "key_axes", "key_axes_scale"},
             "contested-reach": {"reach_contested"}, "balanced-bits": {"bank.narrow_rule"},
-            "balanced-shared": {"bank.narrow_rule"}, "rival-shared": {"bank.narrow_rule"}}
+            "balanced-shared": {"bank.narrow_rule"}}
     assert set(CANDIDATES) == set(want)
     for name, fields in want.items():
         assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields

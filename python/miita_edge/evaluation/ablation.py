@@ -66,6 +66,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("whitening", "replies", _set(key_whitening="none"), "reply memories keep unwhitened keys"),
     Mechanism("ward-fold", "repair", _bank(anchor_fold="closest"), "repair folds the closest anchor pair"),
     Mechanism("narrowing", "repair", _bank(shrink_keys=False), "repair evicts answers without narrowing keys first"),
+    Mechanism("rival-narrowing", "repair", _bank(narrow_rule="prefix"),
+              "narrowing drops the frame's last coordinates (a narrowed key is its prefix), not those that tell "
+              "answers from their nearest rivals least, and keeps no shared bits"),
     Mechanism("paraphrase-reach", "all", _set(single_reach="repeat"),
               "an answer taught once steers only on an exact repeat, not as far as the model's paraphrases come"),
     Mechanism("heldout-reach", "replies", _set(single_reach="paraphrase"),
@@ -112,9 +115,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
-    Mechanism("rival-shared", "repair", _bank(narrow_rule="rival-shared"),
-              "balanced-shared with a coordinate's worth from how often an answer's bit there differs from its "
-              "nearest rival's"),
 )}
 
 

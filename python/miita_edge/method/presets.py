@@ -231,7 +231,8 @@ def default_preset() -> Preset:
     number comes from (derived from the model, chosen on named dev rows, or fixed by construction)."""
     return Preset(
         "default",
-        BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward"),
+        BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
+                   narrow_rule="rival-shared"),
         skip_bos=True, center_keys=True, aggregation="prefix",
         retrieval=RetrievalConfig(T_agg=0.04), k_anchors=16,
         eta=1.25, eta_unit="push", direction="head", gate="ungated",
@@ -240,7 +241,7 @@ def default_preset() -> Preset:
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
         single_reach="paraphrase-heldout", abstain=True,
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=14)
+        version=15)
 
 
 def paper_preset() -> Preset:
@@ -266,34 +267,40 @@ PRESETS = {"paper": paper_preset, "default": default_preset}
 #: What every default before version 13 had in common against it: an answer taught once steered only on an
 #: exact repeat, and a declined nearest answer left the vote to the others.
 _BEFORE_13 = {"single_reach": "repeat", "abstain": False}
+#: ... and before version 15, repair narrowed a key to its prefix in the frame's order.
+_PREFIX = {"narrow_rule": "prefix"}
 
 PAST_VERSIONS: dict[tuple[str, int], dict] = {
-    ("default", 1): {"bank": {"relevance": False, "shrink_keys": False, "anchor_fold": "closest"},
+    ("default", 1): {"bank": {"relevance": False, "shrink_keys": False, "anchor_fold": "closest", **_PREFIX},
                      "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_depths": [0.5],
                      "key_pooling": [], "key_order": "index", "relevance_gate": False, "centroid_vote": False,
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
                      "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
-    ("default", 2): {"bank": {"anchor_fold": "closest"}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3,
-                     "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths",
+    ("default", 2): {"bank": {"anchor_fold": "closest", **_PREFIX}, "retrieval": {"T_agg": 0.02}, "k_anchors": 8,
+                     "eta": 0.3, "gate": "gated", "key_pooling": [], "direction": "row", "key_select": "depths",
                      "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
                      "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
     ("default", 3): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "key_pooling": [],
                      "direction": "row", "key_select": "depths", "null_gate": False, "null_rule": "tail",
-                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
+                     "eta_unit": "hidden", "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13,
+                     "bank": _PREFIX},
     ("default", 4): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "eta": 0.3, "gate": "gated", "direction": "row",
                      "key_select": "depths", "null_gate": False, "null_rule": "tail", "eta_unit": "hidden",
-                     "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13},
+                     "hold_min_tokens": 0, "key_whitening": "none", **_BEFORE_13, "bank": _PREFIX},
     ("default", 5): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail",
-                     "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
+                     "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
     ("default", 6): {"retrieval": {"T_agg": 0.02}, "k_anchors": 8, "null_rule": "tail", "hold_min_tokens": 0,
-                     "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
-    ("default", 7): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
-    ("default", 8): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
-    ("default", 9): {"hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13},
-    ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
-    ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13},
-    ("default", 12): {"eta": 1.0, **_BEFORE_13},
-    ("default", 13): {"single_reach": "paraphrase"},
+                     "key_whitening": "none", "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
+    ("default", 7): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13,
+                     "bank": _PREFIX},
+    ("default", 8): {"null_rule": "tail", "hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13,
+                     "bank": _PREFIX},
+    ("default", 9): {"hold_min_tokens": 0, "key_whitening": "none", "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
+    ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
+    ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
+    ("default", 12): {"eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
+    ("default", 13): {"bank": _PREFIX, "single_reach": "paraphrase"},
+    ("default", 14): {"bank": _PREFIX},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 
