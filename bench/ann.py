@@ -251,6 +251,9 @@ def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise
         elif name == "tok_dict3":
             ids = np.arange(70_000, 70_056, dtype=np.int64)
             out[name] = np.stack([(ids >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
+        elif name == "tok_ids":  # the same 256 ids as one Rice-coded list, where the bank writes that
+            from miita_edge.memory.token_ids import encode_token_ids
+            out[name] = encode_token_ids(np.concatenate([np.arange(1000, 1200), np.arange(70_000, 70_056)]))
         elif name == "tok_idx":
             out[name] = rng.integers(0, 256, 3 * J).astype(np.uint8)
         elif name == "radius":

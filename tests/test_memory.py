@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from miita_edge.memory.prototype import uint_for
+from miita_edge.memory.bank_arrays import decode_token_dict
 
 import miita_edge.memory.store
 from miita_edge.errors import BudgetError
@@ -169,6 +170,8 @@ class RefBank:
         # its answer length; every count the narrowest type of the bank's largest value (an anchor's
         # saturating at 65,535); its answer as 3-byte token ids, its radius byte (relevance gate)
         acnt = usize(min(max(int(c) for q in self.protos for c in q.anchor_n), 65535))
+        if all(len(q.anchor_n) == 1 and q.anchor_n[0] == q.n <= 65535 for q in self.protos):
+            acnt = 0  # no anchor_count array: counts says each one anchor's count
         b = len(p.dirs) * ref_bpv(cfg.dir_precision, H) + len(p.anchors) * (ref_bpv(cfg.key_precision, H) + acnt)
         # (no anchors-owned array while every prototype owns exactly one anchor)
         if any(len(q.anchors) != 1 for q in self.protos):
@@ -184,7 +187,15 @@ class RefBank:
             lens = [len(q.tokens) for q in self.protos]
             L, B = max(1, max(lens).bit_length()), max(1, (len(distinct) - 1).bit_length())
             plain = len(lens) * usize(max(lens)) + sum(lens) * usize(len(distinct) - 1)
-            b += sum(3 if t >= 65536 else 2 for t in set(p.tokens) - others)
+            rows = sum(3 if t >= 65536 else 2 for t in distinct)
+            ids = sorted(distinct)  # as a Rice-coded list: k, a varint count, the gaps' bits
+            gaps = [b - a - 1 for a, b in zip([-1] + ids, ids)]
+            rice = 1 + (1 if len(ids) < 128 else 2) + -(-min(sum(g >> k for g in gaps) + len(gaps) * (1 + k)
+                                                                 for k in range(24)) // 8)
+            if rows < rice:
+                b += sum(3 if t >= 65536 else 2 for t in set(p.tokens) - others)
+            else:  # each id it alone uses at the list's mean bytes per id
+                b += len(set(p.tokens) - others) * rice / len(ids)
             if 1 + -(-(len(lens) * L + sum(lens) * B) // 8) < plain:
                 b += (L + len(p.tokens) * B) / 8
             else:
@@ -618,14 +629,21 @@ def test_eq5_values_bruteforce(payload, dir_precision, key_precision):
     # Size(u_j) is this prototype's real share of the stored arrays: removing it frees exactly that
     # (with a bit stream, at least that up to the last byte's rounding: the others' indices may
     # also narrow by a bit when the dictionary loses rows)
+    # (with a Rice-coded dictionary, within a byte of that and the bytes of one id: an id's gap codes
+    # depend on its neighbours, so the share is the list's mean per id)
     total = nbytes_size(bank)
-    streamed = "tok_bits" in bank.to_arrays()
+    arrays = bank.to_arrays()
+    streamed, rice = "tok_bits" in arrays, "tok_ids" in arrays
+    per_id = len(arrays["tok_ids"]) / len(decode_token_dict(arrays)) if rice else 0.0
     for j, p in enumerate(bank.protos):
-        assert bank.proto_bytes(p) == ref.proto_bytes(ref.protos[j])
+        assert bank.proto_bytes(p) == pytest.approx(ref.proto_bytes(ref.protos[j]), rel=1e-12)
         other = copy.deepcopy(bank)
         del other.protos[j]
-        freed = total - nbytes_size(other)
-        assert freed > ref.proto_bytes(ref.protos[j]) - 1 if streamed else freed == ref.proto_bytes(ref.protos[j])
+        freed, want = total - nbytes_size(other), ref.proto_bytes(ref.protos[j])
+        if rice:
+            assert abs(freed - want) <= 1 + per_id
+        else:
+            assert freed > want - 1 if streamed else freed == want
 
 
 def test_eq5_single_prototype():
@@ -954,7 +972,9 @@ def test_budget_error_when_one_prototype_does_not_fit():
     bank = MemoryBank(BankConfig(payload="mean", tau_d=0.99), H)
     for _ in range(4):
         bank.write(rng.standard_normal(H), [], rng.standard_normal(H))
-    one = 4 * H + (4 * H + 1) + 1  # the smallest memory: a direction, one anchor + its uint8 count, n (one anchor: no anchors-owned array)
+    # the smallest memory: a direction, one anchor, n (one anchor standing for all n keys: no anchors-owned
+    # array, and no anchor_count, which counts says)
+    one = 4 * H + 4 * H + 1
     with pytest.raises(BudgetError):
         bank.repair(one - 1, nbytes_size)
     assert bank.n_prototypes == 1 and bank.n_anchors == 1  # it went as far as it could
@@ -1062,12 +1082,13 @@ def test_to_from_arrays_round_trip(payload, dir_precision, key_precision, centre
                 other["tok_dict3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in wide], np.uint8)
             other["tok_idx"] = np.array([distinct.index(t) for t in flat], np.uint16)
         else:
-            other = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx", "tok_bits")}
+            other = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_ids", "tok_idx",
+                                                                   "tok_bits")}
             other["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
             other["tok_len"] = np.array(lens, np.uint8)
         _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, other, key_mean=bank.key_mean))
     else:
-        assert not {"tok3", "tokens", "tok_dict", "tok_idx"} & set(arrays)
+        assert not {"tok3", "tokens", "tok_dict", "tok_ids", "tok_idx"} & set(arrays)
     assert ("dirs" in arrays) == (payload != "tokens")
     # a reloaded bank folds with the rebuilt sums, exactly as the reference does with them
     checked = 0
@@ -1142,6 +1163,39 @@ def test_anchor_count_saturates_at_uint16():
     assert MemoryBank.from_arrays(bank.config, 16, arrays).protos[0].anchor_n[0] == 65535
 
 
+def test_anchor_count_is_left_out_where_counts_says_it():
+    """One anchor per prototype standing for all of its keys (what a tight budget's folds leave):
+    no anchor_count array, one byte fewer per prototype, and the bank reads back the same. Where
+    any anchor stands for fewer keys than its prototype saw, or a prototype owns two, it is kept."""
+    H, rng = 16, np.random.default_rng(7)
+    bank = MemoryBank(BankConfig(payload="tokens", tau_d=0.99, tau_k=-1.0), H)  # tau_k -1: a repeat adds no anchor
+    for j in range(4):
+        for _ in range(j + 1):
+            bank.write(np.zeros((1, H)), [j], rng.standard_normal(H))
+    assert [p.n for p in bank.protos] == [1, 2, 3, 4] and all(len(p.anchors) == 1 for p in bank.protos)
+    for p in bank.protos:  # as repair's folds leave them: the one anchor stands for every key
+        p.anchor_n = np.array([p.n], np.int64)
+    arrays = bank.to_arrays()
+    assert "anchor_count" not in arrays and "anchor_per" not in arrays
+    assert sum(a.nbytes for a in arrays.values()) == sum(a.nbytes for a in bank.to_arrays(shapes_only=True).values())
+    _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, arrays))
+    bank.protos[2].anchor_n = np.array([2], np.int64)  # a key the anchor does not stand for
+    arrays = bank.to_arrays()
+    assert arrays["anchor_count"].tolist() == [1, 2, 2, 4]
+    _assert_banks_equal(bank, MemoryBank.from_arrays(bank.config, H, arrays))
+    bank.protos[2].anchor_n = np.array([3], np.int64)
+    bank.protos[0].n = 70000  # more keys than an anchor's stored count holds
+    bank.protos[0].anchor_n = np.array([70000], np.int64)
+    assert "anchor_count" in bank.to_arrays()
+
+
+def test_a_missing_anchor_count_is_refused_where_counts_cannot_say_it():
+    bank = _bank_with_protos(payload="tokens", J=5)
+    arrays = bank.to_arrays()
+    assert "anchor_per" in arrays  # some prototype owns two anchors
+    with pytest.raises(ValueError, match="anchor_count"):
+        MemoryBank.from_arrays(bank.config, 16, {k: v for k, v in arrays.items() if k != "anchor_count"})
+
 def test_from_arrays_rejects_inconsistent_arrays():
     bank = _bank_with_protos(payload="sequence", J=3)
     arrays = bank.to_arrays()
@@ -1154,7 +1208,8 @@ def test_from_arrays_rejects_inconsistent_arrays():
         MemoryBank.from_arrays(bank.config, 16, bad)
     # the answers as 3-byte ids in place, whichever coding the writer chose
     flat = [int(t) for p in bank.protos for t in p.tokens]
-    arrays = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_idx", "tok_bits", "tok_len")}
+    arrays = {k: v for k, v in arrays.items() if k not in ("tok_dict", "tok_dict3", "tok_ids", "tok_idx", "tok_bits",
+                                                           "tok_len")}
     arrays["tok3"] = np.array([[t & 255, (t >> 8) & 255, t >> 16] for t in flat], np.uint8).reshape(-1, 3)
     arrays["tok_len"] = np.array([len(p.tokens) for p in bank.protos], np.uint8)
     MemoryBank.from_arrays(bank.config, 16, arrays)
@@ -1282,8 +1337,11 @@ def test_property_random_writes_with_repair(sc):
             assert counts.sum() <= writes
             if evicted == 0:
                 assert counts.sum() == writes  # merges keep every experience counted
-            # anchor counts: one per anchor, >= 1; folds and merges keep every key counted
-            acount = arrays["anchor_count"].astype(np.int64)
+            # anchor counts: one per anchor, >= 1; folds and merges keep every key counted; left out
+            # exactly where each prototype's one anchor stands for all of its keys (then counts says them)
+            says = J > 0 and all(len(p.anchor_n) == 1 and p.anchor_n[0] == p.n for p in bank.protos)
+            assert ("anchor_count" not in arrays) == says
+            acount = (counts if says else arrays["anchor_count"]).astype(np.int64)
             assert acount.tolist() == [int(c) for p in bank.protos for c in p.anchor_n]
             assert np.all(acount >= 1)
             assert np.all(np.bincount(owner, weights=acount, minlength=J) <= counts)  # keys <= experiences
@@ -1433,6 +1491,40 @@ def _read_bit_stream(buf, J: int, n_ids: int) -> tuple[list[int], list[int]]:
     return idx, lens
 
 
+def _rice_list_bytes(ids) -> int:
+    """Bytes of the ascending ``ids`` as tok_ids: a k byte, a varint count, the gaps' bits at the best k."""
+    gaps = [b - a - 1 for a, b in zip([-1] + list(ids), ids)]
+    bits = min(sum(g >> k for g in gaps) + len(gaps) * (1 + k) for k in range(24))
+    n, count = len(ids), 1
+    while n >= 128:
+        n, count = n >> 7, count + 1
+    return 1 + count + -(-bits // 8)
+
+
+def _read_rice_list(buf) -> list[int]:
+    """tok_ids read bit by bit: k, the LEB128 count, then per id q one-bits, a zero and k low bits."""
+    b = [int(x) for x in buf]
+    k, n, shift, at = b[0], 0, 0, 1
+    while True:
+        n |= (b[at] & 127) << shift
+        shift, at = shift + 7, at + 1
+        if b[at - 1] < 128:
+            break
+    bits = [(byte >> i) & 1 for byte in b[at:] for i in range(8)]
+    out, pos, prev = [], 0, -1
+    for _ in range(n):
+        q = 0
+        while bits[pos]:
+            q, pos = q + 1, pos + 1
+        pos += 1
+        r = sum(bits[pos + i] << i for i in range(k))
+        pos += k
+        prev = prev + (q << k) + r + 1
+        out.append(prev)
+    assert not any(bits[pos:]) and len(bits) - pos < 8  # nothing after the last id
+    return out
+
+
 def _check_answer_coding(arrays, flat: list[int], lens: list[int] | None = None) -> None:
     """The answers ``flat`` (of lengths ``lens``) are stored the cheapest way, re-derived: a
     dictionary (each distinct id once, ascending, 2 bytes below 2^16 and 3 little-endian from
@@ -1449,13 +1541,21 @@ def _check_answer_coding(arrays, flat: list[int], lens: list[int] | None = None)
     L, B = max(1, max(lens).bit_length()), max(1, (len(distinct) - 1).bit_length())
     packed = 1 + -(-(J * L + len(flat) * B) // 8)
     index_side = min(packed, J * len_bytes + len(flat) * idx_bytes)
-    dictionary = sum(3 if t >= 65536 else 2 for t in distinct) + index_side
+    rows = sum(3 if t >= 65536 else 2 for t in distinct)
+    rice = _rice_list_bytes(distinct)
+    dictionary = min(rows, rice) + index_side
     if dictionary < 3 * len(flat) + J * len_bytes:
         assert "tok3" not in arrays
-        narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
-        d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
-        ids = narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist()
-        assert ids == distinct and all(t < 65536 for t in narrow)
+        if rice <= rows:  # one Rice-coded list
+            assert not {"tok_dict", "tok_dict3"} & set(arrays) and len(arrays["tok_ids"]) == rice
+            ids = _read_rice_list(arrays["tok_ids"])
+        else:
+            assert "tok_ids" not in arrays
+            narrow = arrays["tok_dict"].astype(np.int64).tolist() if "tok_dict" in arrays else []
+            d3 = arrays["tok_dict3"].astype(np.int64) if "tok_dict3" in arrays else np.zeros((0, 3), np.int64)
+            ids = narrow + (d3[:, 0] + 256 * d3[:, 1] + 65536 * d3[:, 2]).tolist()
+            assert all(t < 65536 for t in narrow)
+        assert ids == distinct
         if packed < J * len_bytes + len(flat) * idx_bytes:
             assert not {"tok_idx", "tok_len"} & set(arrays)
             assert len(arrays["tok_bits"]) == packed and arrays["tok_bits"][0] == L
@@ -1477,8 +1577,10 @@ def test_answers_of_distinct_tokens_stay_three_bytes_each():
     H = 8
     rng = np.random.default_rng(5)
     bank = MemoryBank(BankConfig(payload="tokens", tau_d=0.99), H)
-    for j in range(6):  # mostly ids past 2^16: a dictionary row would cost as much as the token
-        bank.write(np.zeros((3, H)), [1000 + 3 * j, 70000 + 2 * j, 70001 + 2 * j], rng.standard_normal(H))
+    # distinct ids spread over 2^24: a dictionary entry (even Rice-coded) would cost about as much as the token
+    for j in range(6):
+        bank.write(np.zeros((3, H)), [70000 + 2_700_000 * j, 1_000_000 + 2_600_000 * j, 2_000_000 + 2_500_000 * j],
+                   rng.standard_normal(H))
     arrays = bank.to_arrays()
     assert "tok3" in arrays and not {"tok_idx", "tok_bits"} & set(arrays)
     _check_answer_coding(arrays, [t for p in bank.protos for t in p.tokens.tolist()])
@@ -1486,7 +1588,7 @@ def test_answers_of_distinct_tokens_stay_three_bytes_each():
     for j, p in enumerate(bank.protos):
         other = copy.deepcopy(bank)
         del other.protos[j]
-        assert total - nbytes_size(other) == bank.proto_bytes(p) == 4 * H + 1 + 3 * 3 + 1 + 1  # key, count; tokens; len, n
+        assert total - nbytes_size(other) == bank.proto_bytes(p) == 4 * H + 3 * 3 + 1 + 1  # key; tokens; len, n
 
 
 def test_token_dictionary_holds_large_ids_and_sizes_each_answer_exactly():

@@ -173,8 +173,9 @@ def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer(monkeypatch):
 
     bank = copy.deepcopy(wide)
     # folding every answer to one anchor frees its other anchors (8 key bytes and a uint8 count
-    # each) and the anchors-owned array (one byte per answer)
-    one_anchor_each = size(bank) - (bank.n_anchors - bank.n_prototypes) * (8 + 1) - bank.n_prototypes
+    # each), the anchors-owned array (one byte per answer) and the last anchor counts (one byte per
+    # answer: each one anchor then stands for all of its answer's keys, which counts says)
+    one_anchor_each = size(bank) - (bank.n_anchors - bank.n_prototypes) * (8 + 1) - 2 * bank.n_prototypes
     budget = one_anchor_each - 10 * 3  # three bytes of key per answer too many
     log = bank.repair(budget, size)
     assert log.evicted == 0 and bank.n_prototypes == 10 and log.narrowed == 3

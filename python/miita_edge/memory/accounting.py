@@ -13,7 +13,7 @@ Parts (by stored array; docs/results/bytes.md):
   coordinates a balanced narrowing kept). An anchor that
   stands for more than one key (``anchor_count`` > 1) is a centroid that repair folded; its bytes
   are also reported apart as ``centroid_keys`` (a share of ``keys``, not a fifth part).
-* ``answers``: the stored answer tokens (``tok_dict``, ``tok_dict3`` and ``tok_idx``, or ``tok_bits``, the indices and
+* ``answers``: the stored answer tokens (``tok_ids`` or ``tok_dict``, ``tok_dict3``, and ``tok_idx``, or ``tok_bits``, the indices and
   the answers' lengths as one bit stream; earlier memories' ``tok3``, or
   format 1's ``tokens``).
 * ``vectors``: payload directions (``dirs``, ``dir_scale``); none for the ``tokens`` payload.
@@ -35,6 +35,7 @@ __all__ = ["ARRAY_PARTS", "PARTS", "ByteAccount", "Coverage", "account", "answer
 PARTS = ("keys", "answers", "vectors", "framing")
 #: Each stored array's part; an array not named here is framing (an index or a count).
 ARRAY_PARTS = {"anchors": "keys", "anchor_scale": "keys", "key_kept": "keys", "tok_dict": "answers", "tok_dict3": "answers",
+               "tok_ids": "answers",
                "tok_idx": "answers", "tok_bits": "answers",
                "tok3": "answers", "tokens": "answers",
                "dirs": "vectors", "dir_scale": "vectors"}
@@ -83,13 +84,17 @@ def account(arrays: Mapping[str, np.ndarray], manifest: dict) -> ByteAccount:
 
 def _centroid_key_bytes(arrays: Mapping[str, np.ndarray]) -> int:
     """Key bytes (row bits and any per-row scale) of the anchors that stand for more than one key."""
-    if "anchors" not in arrays or "anchor_count" not in arrays:
+    if "anchors" not in arrays:
+        return 0
+    # without anchor_count each prototype's one anchor stands for its count (bank_arrays)
+    counts = arrays.get("anchor_count", arrays.get("counts"))
+    if counts is None:
         return 0
     raw = np.asarray(arrays["anchors"])
     row = raw.dtype.itemsize * int(np.prod(raw.shape[1:], dtype=np.int64))
     if "anchor_scale" in arrays:
         row += np.asarray(arrays["anchor_scale"]).dtype.itemsize
-    return row * int(np.count_nonzero(np.asarray(arrays["anchor_count"]) > 1))
+    return row * int(np.count_nonzero(np.asarray(counts) > 1))
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ import numpy as np
 
 from ..errors import BudgetError
 from . import codecs
-from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, dictionary_pays, distinct_tokens, packed_token_widths,
-                          to_arrays, token_row_bytes, tokens_packed)
+from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, counts_say_anchor_counts, dictionary_pays, distinct_tokens,
+                          packed_token_widths, rows_are_smaller, to_arrays, token_row_bytes, tokens_packed)
+from .token_ids import token_ids_nbytes
 from .bank_view import QueryView
 from .kept_coordinates import decode_kept, order_with_kept
 from .narrowing import answer_shares, keep_by_worth
@@ -215,7 +216,8 @@ class MemoryBank(QueryView):
         lays them out now: payload, anchors with their counts, and one entry in each per-prototype
         array (anchors owned, count, answer length), each count the narrowest unsigned type of the
         bank's current largest value (no anchors-owned entry while every prototype owns one anchor);
-        one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16) of
+        one dictionary index per answer token and the dictionary rows (2 bytes, 3 from id 2^16; as a
+        Rice-coded list, its mean bytes per id: an estimate, since an id's gaps depend on its neighbours) of
         the ids no other prototype's answer uses, or 3 bytes per token where the bank's answers are
         stored without a dictionary (``dictionary_pays``); where the lengths and indices are one bit
         stream (``tokens_packed``), its length's and indices' bits, in bytes (a fraction) (``token_users``: how many prototypes use
@@ -228,7 +230,9 @@ class MemoryBank(QueryView):
         if cfg.payload != "mean":
             if isz["dict"]:
                 users = self._token_users() if token_users is None else token_users
-                b += sum(token_row_bytes(t) for t in set(p.tokens.tolist()) if users[t] == 1)
+                only = [t for t in set(p.tokens.tolist()) if users[t] == 1]
+                # a Rice-coded dictionary (tok_ids): the mean bytes of one of its ids
+                b += len(only) * isz["row"] if isz["row"] else sum(token_row_bytes(t) for t in only)
                 if isz["pack"]:  # its length and indices in the bit stream (tok_bits)
                     L, B = isz["pack"]
                     b += (L + len(p.tokens) * B) / 8
@@ -249,14 +253,17 @@ class MemoryBank(QueryView):
         use_dict = self.config.payload != "mean" and dictionary_pays(ids, sum(lens), lens)
         return {"idx": np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize,
                 "dict": use_dict,
+                "row": token_ids_nbytes(ids) / len(ids) if use_dict and not rows_are_smaller(ids) else None,
                 # the lengths and indices as one bit stream where it is smaller (bank_arrays.tokens_packed)
                 "pack": packed_token_widths(len(ids), lens) if use_dict and tokens_packed(len(ids), lens) else None,
                 # no anchor_per array while every prototype owns one anchor
                 "per": np.dtype(uint_for(max(per))).itemsize if any(n != 1 for n in per) else 0,
                 "cnt": np.dtype(uint_for(max((q.n for q in protos), default=0))).itemsize,
                 "len": np.dtype(uint_for(max((len(q.tokens) for q in protos), default=0))).itemsize,
-                "acnt": np.dtype(uint_for(min(max((int(c) for q in protos for c in q.anchor_n), default=0),
-                                              ANCHOR_COUNT_MAX))).itemsize}
+                # no anchor_count array where counts says it (bank_arrays.counts_say_anchor_counts)
+                "acnt": 0 if counts_say_anchor_counts(protos) else
+                np.dtype(uint_for(min(max((int(c) for q in protos for c in q.anchor_n), default=0),
+                                      ANCHOR_COUNT_MAX))).itemsize}
 
     def values(self) -> np.ndarray:
         """value(u_j) = log(1+n_j)·(1 − max_{r≠j} sim(d_j, d_r)) / Size(u_j)   (eq. 5)."""

@@ -10,9 +10,11 @@ import numpy as np
 
 from . import codecs
 from .kept_coordinates import encode_kept, kept_nbytes
+from .token_ids import decode_token_ids, encode_token_ids, token_ids_nbytes
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
 
-__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "decode_token_dict", "dictionary_pays", "distinct_tokens",
+__all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "counts_say_anchor_counts", "decode_token_dict",
+           "dictionary_bytes", "dictionary_pays", "distinct_tokens", "rows_are_smaller",
            "encode_token_dict", "pack_tokens", "packed_token_widths", "to_arrays", "token_row_bytes", "tokens_packed",
            "unpack_tokens"]
 
@@ -27,14 +29,17 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     Layout (every byte counts against the budget, so integers take the narrowest unsigned
     type their largest value fits): ``anchors`` grouped by prototype, ``anchor_per`` how many
     each prototype owns, ``anchor_count`` how many keys each anchor stands for (saturating at 65,535), ``counts``
-    each prototype's n (``anchor_per`` only where some prototype owns more than one anchor), the
-    answer tokens as a dictionary (each distinct id once, ascending: ``tok_dict`` uint16 for ids
-    below 2^16, ``tok_dict3`` 3-byte little-endian rows for the rest, vocabularies up to 2^24) and
+    each prototype's n (``anchor_per`` only where some prototype owns more than one anchor; ``anchor_count``
+    only where it says more than ``counts``: absent, every prototype owns one anchor standing for all its
+    keys, as under a tight budget, where it would repeat ``counts`` byte for byte), the
+    answer tokens as a dictionary (each distinct id once, ascending: ``tok_ids``, one Rice-coded
+    list, or where rows are smaller ``tok_dict`` uint16 for ids below 2^16 and ``tok_dict3`` 3-byte
+    little-endian rows for the rest, vocabularies up to 2^24) and ``tok_bits`` or
     ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type), or, where
     that is not smaller (``dictionary_pays``), ``tok3``, every token as a 3-byte id in place; with
     ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Why a dictionary: answers
     share most of their tokens (Banking77's 77 labels: 332 tokens, 114 distinct), so each
-    token costs one byte and each distinct id its two or three once, where a tight budget's
+    token costs a few bits and each distinct id about two bytes once, where a tight budget's
     keys need every byte. Earlier memories (always ``tok3``; format 1's
     ``anchor_owner`` and int32 ``tokens`` with separators) are still read."""
     cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
@@ -73,16 +78,20 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
             out["anchor_scale"] = fake((A,), np.float32)
         if any(n != 1 for n in per):
             out["anchor_per"] = fake((J,), per_dt)
-        out["anchor_count"] = fake((A,), acnt_dt)
+        if not counts_say_anchor_counts(bank.protos):
+            out["anchor_count"] = fake((A,), acnt_dt)
         out["counts"] = fake((J,), cnt_dt)
         if cfg.payload != "mean":
             ids = distinct_tokens(bank.protos)
             if dictionary_pays(ids, sum(lens), lens):
-                wide = int(np.count_nonzero(ids >= WIDE_TOKEN))
-                if len(ids) - wide:
-                    out["tok_dict"] = fake((len(ids) - wide,), np.uint16)
-                if wide:
-                    out["tok_dict3"] = fake((wide, 3), np.uint8)
+                if rows_are_smaller(ids):
+                    wide = int(np.count_nonzero(ids >= WIDE_TOKEN))
+                    if len(ids) - wide:
+                        out["tok_dict"] = fake((len(ids) - wide,), np.uint16)
+                    if wide:
+                        out["tok_dict3"] = fake((wide, 3), np.uint8)
+                else:
+                    out["tok_ids"] = fake((token_ids_nbytes(ids),), np.uint8)
                 if tokens_packed(len(ids), lens):
                     out["tok_bits"] = fake((packed_token_bytes(len(ids), lens),), np.uint8)
                 else:
@@ -108,8 +117,9 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
         out["anchor_scale"] = enc["scale"]
     if any(n != 1 for n in per):  # absent: every prototype owns exactly one anchor
         out["anchor_per"] = np.array(per, per_dt)
-    an = np.concatenate([p.anchor_n for p in bank.protos]) if J else np.zeros(0, np.int64)
-    out["anchor_count"] = np.minimum(an, ANCHOR_COUNT_MAX).astype(acnt_dt)
+    if not counts_say_anchor_counts(bank.protos):
+        an = np.concatenate([p.anchor_n for p in bank.protos]) if J else np.zeros(0, np.int64)
+        out["anchor_count"] = np.minimum(an, ANCHOR_COUNT_MAX).astype(acnt_dt)
     out["counts"] = np.array([p.n for p in bank.protos], cnt_dt)
     if cfg.payload != "mean":
         flat = np.concatenate([p.tokens for p in bank.protos]).astype(np.int64) if J else np.zeros(0, np.int64)
@@ -133,6 +143,15 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
                                  np.float64).clip(-RADIUS_SCALE, RADIUS_SCALE).astype(np.int8)
     return out
 
+
+
+def counts_say_anchor_counts(protos) -> bool:
+    """Whether ``counts`` alone says every anchor's count: each prototype owns one anchor, which
+    stands for all of its n keys, and n fits an anchor's stored count. Then ``anchor_count`` is left
+    out and read back as ``counts``, so a tight budget does not pay for one byte per prototype
+    twice. False for a bank without prototypes (its arrays stay as they always were)."""
+    return bool(protos) and all(len(p.anchor_n) == 1 and int(p.anchor_n[0]) == int(p.n) <= ANCHOR_COUNT_MAX
+                                for p in protos)
 
 
 class Seqs:
@@ -163,7 +182,7 @@ class StoredArrays:
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
         # (the corruption campaign, docs/reliability.md).
         for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
-                     "tok_len", "tok_idx", "tok_bits", "radius", "key_kept", "key_shared"):
+                     "tok_len", "tok_idx", "tok_bits", "tok_ids", "radius", "key_kept", "key_shared"):
             if name in arrays and np.ndim(arrays[name]) != 1:
                 raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
@@ -208,7 +227,14 @@ class StoredArrays:
                 raise ValueError(f"anchors array holds {len(raw)} rows for {J} prototypes of one anchor each "
                                  f"(anchor_per is absent)")
             owner = np.arange(J, dtype=np.int64)
-        acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
+        if "anchor_count" in arrays:
+            acount = np.asarray(arrays["anchor_count"]).astype(np.int64)
+        elif "anchor_per" in arrays or "anchor_owner" in arrays:
+            raise ValueError("anchor_count array is missing (some prototype owns more than one anchor)")
+        else:  # each prototype's one anchor stands for all its keys (counts_say_anchor_counts)
+            acount = counts.astype(np.int64)
+            if len(acount) and acount.max() > ANCHOR_COUNT_MAX:
+                raise ValueError(f"counts exceed {ANCHOR_COUNT_MAX} where anchor_count is absent")
         if len(acount) != len(owner) or (len(acount) and acount.min() < 1):
             raise ValueError("anchor_count does not match the anchors")
         if len(owner) != len(raw) or (len(owner) and (owner.min() < 0 or owner.max() >= J)):
@@ -318,6 +344,23 @@ def distinct_tokens(protos) -> np.ndarray:
 WIDE_TOKEN = 1 << 16
 
 
+def dictionary_rows_bytes(ids: np.ndarray) -> int:
+    """Bytes of the dictionary as rows: 2 per id, 3 from ``WIDE_TOKEN``."""
+    ids = np.asarray(ids, np.int64)
+    return 2 * len(ids) + int(np.count_nonzero(ids >= WIDE_TOKEN))
+
+
+def rows_are_smaller(ids: np.ndarray) -> bool:
+    """Whether the dictionary ``ids`` takes fewer bytes as rows (``tok_dict``, ``tok_dict3``) than as
+    one Rice-coded list (``tok_ids``); a tie goes to ``tok_ids`` (one array header, not two)."""
+    return dictionary_rows_bytes(ids) < token_ids_nbytes(ids)
+
+
+def dictionary_bytes(ids: np.ndarray) -> int:
+    """Bytes of the dictionary of the distinct ascending ``ids`` in its smaller form."""
+    return min(dictionary_rows_bytes(ids), token_ids_nbytes(ids))
+
+
 def dictionary_pays(ids: np.ndarray, n_tokens: int, lens=None) -> bool:
     """Whether a dictionary of the distinct ``ids`` and an index per token take fewer bytes than
     ``n_tokens`` 3-byte ids in place: answers that share their tokens (labels) are stored through a
@@ -325,7 +368,7 @@ def dictionary_pays(ids: np.ndarray, n_tokens: int, lens=None) -> bool:
     ``lens`` (each answer's length), if given: the indices cost what their cheaper coding costs
     (``tokens_packed``), and the lengths are counted on both sides."""
     ids = np.asarray(ids, np.int64)
-    rows = 2 * len(ids) + int(np.count_nonzero(ids >= WIDE_TOKEN))
+    rows = dictionary_bytes(ids)
     idx = n_tokens * np.dtype(uint_for(max(len(ids) - 1, 0))).itemsize
     if lens is None:
         return rows + idx < 3 * n_tokens
@@ -407,10 +450,13 @@ def token_row_bytes(token: int) -> int:
 
 
 def encode_token_dict(ids: np.ndarray) -> dict[str, np.ndarray]:
-    """The dictionary of the ascending distinct ``ids``: ``tok_dict`` (uint16) for those below
-    ``WIDE_TOKEN``, ``tok_dict3`` (3-byte little-endian rows) for the rest, each only where it has
-    a row; the dictionary's order is theirs concatenated, still ascending."""
+    """The dictionary of the ascending distinct ``ids``: one Rice-coded list (``tok_ids``,
+    ``token_ids``), or, where that is larger (``rows_are_smaller``), ``tok_dict`` (uint16) for
+    those below ``WIDE_TOKEN`` and ``tok_dict3`` (3-byte little-endian rows) for the rest, each
+    only where it has a row; the dictionary's order is theirs concatenated, still ascending."""
     ids = np.asarray(ids, np.int64)
+    if not rows_are_smaller(ids):
+        return {"tok_ids": encode_token_ids(ids)}
     out = {}
     narrow, wide = ids[ids < WIDE_TOKEN], ids[ids >= WIDE_TOKEN]
     if len(narrow):
@@ -422,6 +468,10 @@ def encode_token_dict(ids: np.ndarray) -> dict[str, np.ndarray]:
 
 def decode_token_dict(arrays) -> np.ndarray:
     """Inverse of ``encode_token_dict`` (int32 ids); ValueError for a dictionary it never writes."""
+    if "tok_ids" in arrays:
+        if "tok_dict" in arrays or "tok_dict3" in arrays:
+            raise ValueError("tok_ids and tok_dict/tok_dict3 both hold a token dictionary")
+        return decode_token_ids(arrays["tok_ids"])
     parts = []
     if "tok_dict" in arrays:
         d = np.asarray(arrays["tok_dict"])

@@ -10,36 +10,31 @@ Layout (``uint8``): byte 0 holds the Rice parameter k in its low 5 bits and, in 
 the list is of the coordinates dropped (1) or kept (0), whichever codes shorter; then, least
 significant bit first, each listed place's gap to the previous one (the first's to -1) minus one,
 as q = gap >> k one-bits, a zero bit, and gap's k low bits; the last byte's unused bits are zero.
-How many places are listed follows from the key width, so it is not stored.
+How many places are listed follows from the key width, so it is not stored. The code: ``rice.py``.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .rice import MAX_K, best_k, gaps_of, read_gaps, write_gaps
+
 __all__ = ["decode_kept", "encode_kept", "kept_nbytes", "order_with_kept"]
 
 _COMPLEMENT = 0x80
-_MAX_K = 24
 
 
-def _rice_bits(gaps: np.ndarray, k: int) -> int:
-    return int(np.sum(gaps >> k)) + len(gaps) * (1 + k)
-
-
-def _listed(kept: np.ndarray, width: int) -> tuple[np.ndarray, bool, int]:
+def _listed(kept: np.ndarray, width: int) -> tuple[np.ndarray, bool, int, int]:
     """The places to list (kept or dropped, whichever codes shorter), whether they are the dropped
-    ones, and the Rice parameter, each choice the first of the shortest."""
+    ones, the Rice parameter and the bits, each choice the first of the shortest."""
     mask = np.zeros(width, bool)
     mask[kept] = True
     best = None
     for complement in (False, True):
         pos = np.flatnonzero(~mask if complement else mask)
-        gaps = np.diff(np.concatenate([[-1], pos])) - 1
-        for k in range(_MAX_K):
-            bits = _rice_bits(gaps, k)
-            if best is None or bits < best[0]:
-                best = (bits, pos, complement, k)
-    return best[1], best[2], best[3]
+        k, bits = best_k(gaps_of(pos))
+        if best is None or bits < best[3]:
+            best = (pos, complement, k, bits)
+    return best
 
 
 def _check(kept: np.ndarray, width: int) -> np.ndarray:
@@ -51,24 +46,14 @@ def _check(kept: np.ndarray, width: int) -> np.ndarray:
 
 def encode_kept(kept, width: int) -> np.ndarray:
     """``key_kept`` for the ascending places ``kept`` of a frame ``width`` coordinates wide."""
-    kept = _check(kept, width)
-    pos, complement, k = _listed(kept, width)
-    gaps = np.diff(np.concatenate([[-1], pos])) - 1
-    bits = []
-    for g in gaps.tolist():
-        bits.extend([1] * (g >> k))
-        bits.append(0)
-        bits.extend((g >> i) & 1 for i in range(k))
+    pos, complement, k, _ = _listed(_check(kept, width), width)
     head = np.array([k | (_COMPLEMENT if complement else 0)], np.uint8)
-    return np.concatenate([head, np.packbits(np.array(bits, np.uint8), bitorder="little")])
+    return np.concatenate([head, np.packbits(write_gaps(gaps_of(pos), k), bitorder="little")])
 
 
 def kept_nbytes(kept, width: int) -> int:
     """Bytes of ``encode_kept(kept, width)``, without building it."""
-    kept = _check(kept, width)
-    pos, _, k = _listed(kept, width)
-    gaps = np.diff(np.concatenate([[-1], pos])) - 1
-    return 1 + (_rice_bits(gaps, k) + 7) // 8
+    return 1 + (_listed(_check(kept, width), width)[3] + 7) // 8
 
 
 def decode_kept(buf, n_kept: int, width: int) -> np.ndarray:
@@ -81,25 +66,14 @@ def decode_kept(buf, n_kept: int, width: int) -> np.ndarray:
         raise ValueError(f"key_kept: a key of {n_kept} coordinates out of {width}")
     head = int(b[0])
     k, complement = head & 0x1F, bool(head & _COMPLEMENT)
-    if head & 0x60 or k >= _MAX_K:
+    if head & 0x60 or k >= MAX_K:
         raise ValueError(f"key_kept has a header byte {head} it never writes")
     n = width - n_kept if complement else n_kept
     bits = np.unpackbits(b[1:], bitorder="little")
-    # where each run of one-bits ends: the next zero at or after every place
-    zeros = np.flatnonzero(bits == 0)
-    pos, at, prev = np.empty(n, np.int64), 0, -1
-    weights = 1 << np.arange(k, dtype=np.int64)
-    for i in range(n):
-        z = np.searchsorted(zeros, at)
-        if z == len(zeros) or zeros[z] + 1 + k > len(bits):
-            raise ValueError("key_kept is shorter than the places it must list")
-        stop = int(zeros[z])
-        g = ((stop - at) << k) + int(bits[stop + 1:stop + 1 + k] @ weights)
-        prev = prev + g + 1
-        if prev >= width:
-            raise ValueError(f"key_kept lists a place past the frame's {width} coordinates")
-        pos[i] = prev
-        at = stop + 1 + k
+    gaps, at = read_gaps(bits, n, k, "key_kept")
+    pos = np.cumsum(gaps + 1) - 1
+    if n and pos[-1] >= width:
+        raise ValueError(f"key_kept lists a place past the frame's {width} coordinates")
     if (at + 7) // 8 != len(b) - 1 or bits[at:].any():
         raise ValueError("key_kept does not end where its places do")
     if not complement:

@@ -26,7 +26,7 @@ The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":[
 
 The omitted values are constants of this format, not the CLI's defaults (those may change).
 ``prototypes`` and ``anchors`` are not stored: they are the lengths of the ``counts`` and
-``anchor_count`` arrays. Extensible: a later version may add keys (readers ignore keys they do
+``anchor_count`` arrays (``anchors`` where ``anchor_count`` is left out). Extensible: a later version may add keys (readers ignore keys they do
 not know, so a new key must have a meaning when absent). Pure functions, no I/O.
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def expand(stored, arrays: Mapping) -> dict:
            "examples": stored.get("e"),
            "skipped": stored.get("k", OMITTED["k"]),
            "prototypes": _length(arrays, "counts"),
-           "anchors": _length(arrays, "anchor_count"),
+           "anchors": _length(arrays, "anchor_count" if "anchor_count" in arrays else "anchors"),
            "key_whitened": _flag(stored.get("w", 0))}
     return out
 
