@@ -13,9 +13,9 @@ Parts (by stored array; docs/results/bytes.md):
   coordinates a balanced narrowing kept). An anchor that
   stands for more than one key (``anchor_count`` > 1) is a centroid that repair folded; its bytes
   are also reported apart as ``centroid_keys`` (a share of ``keys``, not a fifth part).
-* ``answers``: the stored answer tokens (``tok_ids`` or ``tok_dict``, ``tok_dict3``, and ``tok_idx``, or ``tok_bits``, the indices and
-  the answers' lengths as one bit stream; earlier memories' ``tok3``, or
-  format 1's ``tokens``).
+* ``answers``: the stored answer tokens (the dictionary, ``tok_ids`` or ``tok_dict`` and ``tok_dict3``;
+  ``tok_idx``, or ``tok_bits``, the indices and the answers' lengths as one bit stream; earlier
+  memories' ``tok3``, or format 1's ``tokens``).
 * ``vectors``: payload directions (``dirs``, ``dir_scale``); none for the ``tokens`` payload.
 * ``framing``: the file header, the manifest (compact JSON), alignment padding, and the
   per-record arrays that index the rest (``anchor_per``, ``anchor_count``, ``counts``,
@@ -34,9 +34,8 @@ __all__ = ["ARRAY_PARTS", "PARTS", "ByteAccount", "Coverage", "account", "answer
 
 PARTS = ("keys", "answers", "vectors", "framing")
 #: Each stored array's part; an array not named here is framing (an index or a count).
-ARRAY_PARTS = {"anchors": "keys", "anchor_scale": "keys", "key_kept": "keys", "tok_dict": "answers", "tok_dict3": "answers",
-               "tok_ids": "answers",
-               "tok_idx": "answers", "tok_bits": "answers",
+ARRAY_PARTS = {"anchors": "keys", "anchor_scale": "keys", "key_kept": "keys",
+               "tok_ids": "answers", "tok_dict": "answers", "tok_dict3": "answers", "tok_idx": "answers", "tok_bits": "answers",
                "tok3": "answers", "tokens": "answers",
                "dirs": "vectors", "dir_scale": "vectors"}
 

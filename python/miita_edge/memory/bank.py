@@ -43,12 +43,12 @@ from ..errors import BudgetError
 from . import codecs
 from .bank_arrays import (ANCHOR_COUNT_MAX, StoredArrays, counts_say_anchor_counts, dictionary_pays, distinct_tokens,
                           packed_token_widths, rows_are_smaller, to_arrays, token_row_bytes, tokens_packed)
-from .token_ids import token_ids_nbytes
 from .bank_view import QueryView
 from .kept_coordinates import decode_kept, order_with_kept
 from .narrowing import answer_shares, keep_by_worth
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, SHARED_SPAN, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
                         RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
+from .token_ids import token_ids_nbytes
 
 # Re-exported: the bank's settings and unit were defined here before they had a module of their own.
 __all__ = ["ANCHOR_FOLDS", "MIN_KEY_BITS", "PAYLOADS", "RADIUS_SCALE", "TOKEN_END", "BankConfig", "MemoryBank",

@@ -10,8 +10,8 @@ import numpy as np
 
 from . import codecs
 from .kept_coordinates import encode_kept, kept_nbytes
-from .token_ids import decode_token_ids, encode_token_ids, token_ids_nbytes
 from .prototype import RADIUS_SCALE, TOKEN_END, BankConfig, Prototype, uint_for
+from .token_ids import decode_token_ids, encode_token_ids, token_ids_nbytes
 
 __all__ = ["ANCHOR_COUNT_MAX", "Seqs", "StoredArrays", "WIDE_TOKEN", "counts_say_anchor_counts", "decode_token_dict",
            "dictionary_bytes", "dictionary_pays", "distinct_tokens", "rows_are_smaller",

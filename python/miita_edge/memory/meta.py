@@ -26,8 +26,9 @@ The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":[
 
 The omitted values are constants of this format, not the CLI's defaults (those may change).
 ``prototypes`` and ``anchors`` are not stored: they are the lengths of the ``counts`` and
-``anchor_count`` arrays (``anchors`` where ``anchor_count`` is left out). Extensible: a later version may add keys (readers ignore keys they do
-not know, so a new key must have a meaning when absent). Pure functions, no I/O.
+``anchor_count`` arrays (``anchors`` where ``anchor_count`` is left out). Extensible: a later
+version may add keys (readers ignore keys they do not know, so a new key must have a meaning when
+absent). Pure functions, no I/O.
 """
 from __future__ import annotations
 
