@@ -1,7 +1,8 @@
 """OP and BWT against the byte budget: the table and the figure of docs/method.md ("The budget curve"),
-from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report_budget.txt``.
+from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report_budget.txt``, or from its
+archive (``bench/results_table.py --sweep OUT --archive DIR``).
 
-    python bench/budget_curve.py --sweep bench-results/budget [--out docs/budget_curve.png]
+    python bench/budget_curve.py --sweep docs/results/budget [--out docs/budget_curve.png]
 
 Why a curve: the paper claims its method is strongest at tight budgets (its default is 1% of the
 training stream; its budget figure spans 0.1% to 2%), and a memory can fall off a cliff between two
@@ -9,7 +10,9 @@ budgets that a three-budget table does not show. Per model, benchmark and method
 budget: OP and BWT of the stream orders run there (their mean; the 1% points average three orders).
 Beside them, the paper's Banking77 point at 1% (Qwen3-0.6B, its Table 1: OP 77.67, BWT −6.17), a
 larger model's figure for orientation, not a comparison. Budgets a memory cannot hold are listed
-with the reason. The figure needs matplotlib (not a dependency of the package); the table does not.
+with the reason. Under the curve's table, the 1% table: OP, BWT and FWT as means over the orders run
+with their 95% bootstrap intervals over orders and queries (``miita_edge.evaluation.aggregate``, the
+intervals of docs/RESULTS.md). The figure needs matplotlib (not a dependency of the package); the table does not.
 """
 from __future__ import annotations
 
@@ -75,6 +78,29 @@ def table(curves: dict) -> str:
     return "\n".join(rows)
 
 
+def interval_table(done: list[dict], budget: str = "1%") -> str:
+    """Markdown: at one budget, per (model, benchmark, method), mean [95% interval] of OP / BWT / FWT
+    over the orders whose result.json the records point at (``aggregate``: orders and queries drawn)."""
+    from miita_edge.evaluation.aggregate import aggregate, runs_from_results
+
+    groups: dict = defaultdict(list)
+    for rec in done:
+        if rec.get("budget") == budget and rec.get("rc") == 0 and rec.get("result"):
+            model = (rec.get("plan_keys") or {}).get("model", "bundled")
+            groups[(model, rec["benchmark"], rec["method"])].append(json.loads(Path(rec["result"]).read_text("utf-8")))
+
+    def ci(a):
+        return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
+
+    rows = [f"| model | benchmark | method | orders | OP at {budget} | BWT | FWT | bytes stored |", "|---|---|---|---:|---|---|---|---:|"]
+    for (model, bench, method), results in sorted(groups.items()):
+        a = aggregate(runs_from_results(results))
+        seeds = ", ".join(str(r.get("order_seed", 0)) for r in sorted(results, key=lambda r: r.get("order_seed", 0)))
+        mem = max(int(r.get("memory_bytes") or 0) for r in results)
+        rows.append(f"| {model} | {bench} | {method} | {seeds} | {ci(a['op'])} | {ci(a['bwt'])} | {ci(a['fwt'])} | {mem:,} |")
+    return "\n".join(rows)
+
+
 def plot(curves: dict, path: Path) -> None:
     """OP (top) and BWT (bottom) against the budget on a log axis, a column per benchmark."""
     try:
@@ -113,15 +139,20 @@ def plot(curves: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sweep", type=Path, required=True, help="the sweep's output directory (its done/ records)")
+    ap.add_argument("--sweep", type=Path, required=True,
+                    help="the sweep's output directory (its done/ records) or its archive (*.job.json)")
     ap.add_argument("--out", type=Path, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
-    files = sorted((args.sweep / "done").glob("*.json"))
-    if not files:
-        raise SystemExit(f"{args.sweep / 'done'}: no finished jobs")
-    done = [json.loads(f.read_text("utf-8")) for f in files]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from compare_table import job_records
+
+    done = job_records(args.sweep) if args.sweep.is_dir() else []
+    if not done:
+        raise SystemExit(f"{args.sweep}: no finished jobs (neither done/*.json nor *.job.json)")
     curves = collect(done)
     print(table(curves))
+    print()
+    print(interval_table(done))
     if args.out:
         plot(curves, args.out)
         print(f"figure: {args.out}")

@@ -41,3 +41,33 @@ def test_only_percentage_budgets_are_points():
     else:
         raise AssertionError("a byte budget is not a point of the curve")
     assert bc.collect([rec("dsc", "example-mem", "64KiB", 10.0, 0.0)]) == {}
+
+
+def _result(tmp_path, name, seed, final, diagonal):
+    """A result.json of two stages learned a then b, per-query 0/1 scores."""
+    import json
+
+    res = {"stage_names": ["a", "b"], "order_seed": seed, "memory_bytes": 100 + seed,
+           "per_query": {"final": final, "diagonal": diagonal, "next": [None, [0, 0]], "baseline": [[0, 0], [0, 0]]}}
+    f = tmp_path / f"{name}.json"
+    f.write_text(json.dumps(res))
+    return f
+
+
+def test_the_interval_table_averages_the_orders_it_points_at(tmp_path):
+    bc = load_bench("budget_curve")
+    # order 0: final a 1/2, b 2/2 -> OP 75; diagonal a 2/2 -> BWT -50
+    # order 1: final a 2/2, b 1/2 -> OP 75; diagonal a 2/2 -> BWT 0
+    f0 = _result(tmp_path, "s0", 0, [[1, 0], [1, 1]], [[1, 1], [1, 1]])
+    f1 = _result(tmp_path, "s1", 1, [[1, 1], [1, 0]], [[1, 1], [1, 0]])
+    done = [dict(rec("banking77", "miita-default", "1%", 75.0, -50.0, seed=0), result=str(f0)),
+            dict(rec("banking77", "miita-default", "1%", 75.0, 0.0, seed=1), result=str(f1)),
+            dict(rec("banking77", "miita-default", "5%", 99.0, 0.0), result=str(f0))]
+    lines = bc.interval_table(done).splitlines()
+    assert len(lines) == 3, "one row: the 5% run is not at 1%"
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:4] == ["bundled", "banking77", "miita-default", "0, 1"]
+    assert cells[4].startswith("75.0 [") and cells[5].startswith("-25.0 [")
+    lo, hi = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
+    assert lo <= -25.0 <= hi and lo < hi, "two orders that disagree give an interval of some width"
+    assert cells[7] == "101"
