@@ -308,6 +308,21 @@ def test_dev_split_scores_the_held_out_training_rows_and_never_learns_them(bench
     assert res["rows_used"] == {"s1": [1, 1], "s2": [1, 1], "s3": [1, 1]}
 
 
+def test_a_report_run_has_the_budget_of_a_test_run_though_it_learns_less(bench_dir, tmp_path, stubs):
+    rows = [json.loads(x) for x in (bench_dir / "train.jsonl").read_text("utf-8").splitlines()]
+    dev = _run(bench_dir, tmp_path / "dev", split="dev", budget="50%")
+    rep = _run(bench_dir, tmp_path / "rep", split="report", budget="50%")
+    test = _run(bench_dir, tmp_path / "test", budget="50%")
+    learned_rep = {x for stage in CALLS["learn"][-2 * 3:-3] for x in stage}  # the report run's three stages
+    assert len(learned_rep) == 6, "a report run holds one row per stage out of the three the others learn"
+    everything_but_dev = sum(len(r["input"].encode()) + len(r["output"].encode()) for r in rows if "-dev" not in r["input"])
+    assert dev["stream_bytes"] == test["stream_bytes"] == everything_but_dev
+    assert rep["stream_bytes"] < dev["stream_bytes"]
+    assert rep["budget_base_bytes"] == dev["budget_base_bytes"] == dev["stream_bytes"]
+    assert rep["budget_bytes"] == dev["budget_bytes"] == test["budget_bytes"] == dev["stream_bytes"] // 2
+    assert CALLS["budget"] == [dev["budget_bytes"]] * 3
+
+
 def test_row_window_reads_only_its_rows_and_is_recorded(bench_dir, tmp_path, stubs):
     res = _run(bench_dir, tmp_path / "w", rows="3-4", cells="summary")
     assert all(set(c) <= {"1-new", "easy 1", "2-new", "easy 2", "3-new", "easy 3"} for c in CALLS["predict"])

@@ -213,7 +213,9 @@ class Learner:
             mo.learn(st.train)
         except BudgetError as exc:
             raise BudgetError(f"{setup.method}, stage {st.name}: {exc} (--budget {setup.budget} of the "
-                              f"{setup.learned_stream}-byte learned stream = {setup.budget_bytes} bytes)") from None
+                              f"{setup.budget_base}-byte "
+                              + ("learned stream" if setup.budget_base == setup.learned_stream else "stream a test run learns")
+                              + f" = {setup.budget_bytes} bytes)") from None
         sec = time.perf_counter() - t0
         shutil.rmtree(self.snap_path(s), ignore_errors=True)
         tmp = self.root / f".stage-{s:02d}.tmp"

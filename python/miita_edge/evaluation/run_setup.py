@@ -77,6 +77,10 @@ class RunSetup:
     budget: str
     budget_bytes: int | None
     learned_stream: int
+    #: the stream the budget is a share of: what a test (or dev) run of the same options learns. A
+    #: report run learns less (its report rows are held out), and its budget is still the test run's,
+    #: so that "1%" is one byte count on every split
+    budget_base: int
     meta: dict
     stages: list[Stage]
     max_tokens: int
@@ -153,9 +157,14 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
     meta, stages_ = load_benchmark(spec, data_dir, stages, limit_per_stage, limit_train_per_stage, split=split,
                                    rows=rows, order_seed=order_seed, replies=replies)
     learned_stream = stream_bytes(ex for s in stages_ for ex in s.train)
-    budget_bytes = None if b.unlimited else b.resolve(learned_stream)
+    budget_base = learned_stream
+    if split == "report":  # the budget of a test run of the same options: report rows are held out, not unbudgeted
+        _, test_like = load_benchmark(spec, data_dir, stages, limit_per_stage, limit_train_per_stage, split="dev",
+                                      order_seed=order_seed, replies=replies)
+        budget_base = stream_bytes(ex for s in test_like for ex in s.train)
+    budget_bytes = None if b.unlimited else b.resolve(budget_base)
     if budget_bytes == 0:
-        raise BudgetError(f"budget {budget} of the {learned_stream}-byte training stream is 0 bytes; "
+        raise BudgetError(f"budget {budget} of the {budget_base}-byte training stream is 0 bytes; "
                           "give a larger --budget or learn more examples")
     needs_model = probe.needs_model or (base_info is not None and base_info.factory().needs_model)
     model_id = _model_id(model, engine) if needs_model else None
@@ -168,7 +177,7 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
     if answer_start != "newline":  # only then: configurations of the archived runs keep their hash
         config["answer_start"] = answer_start
     return RunSetup(spec, method, info, baseline, base_info, probe.learns, probe.stores, budget, budget_bytes,
-                    learned_stream, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
+                    learned_stream, budget_base, meta, stages_, max_tokens, max_prompt_tokens, model_id, data_hashes, config,
                     sha(config), Path(out_dir).expanduser(), cells, (limit_per_stage, limit_train_per_stage),
                     probe.provenance(), answer_start)
 

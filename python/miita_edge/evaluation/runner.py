@@ -185,7 +185,8 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         "fwt": None if base_scores is None or final_only else A.fwt(base_scores),
         "baseline": base_scores, "baseline_method": setup.baseline,
         "per_stage": _per_stage(setup, A, base_scores, records),
-        "budget_spec": setup.budget, "stream_bytes": setup.learned_stream, "budget_bytes": setup.budget_bytes,
+        "budget_spec": setup.budget, "stream_bytes": setup.learned_stream, "budget_base_bytes": setup.budget_base,
+        "budget_bytes": setup.budget_bytes,
         "memory_bytes": int(records[T - 1]["memory_bytes"]), "stores_memory": setup.stores,
         "wall_time_s": learn_s + eval_s, "seconds": {"learn": learn_s, "eval": eval_s, "baseline": base_s},
         "cells": setup.cells_mode, "cells_filled": len(cell_data),
@@ -274,7 +275,8 @@ def _write_reports(result: dict, out: Path) -> None:
     write_markdown(result, md_path)
     lines = [md_path.read_text("utf-8").rstrip("\n"), ""]
     lines += [f"method `{result['method']}`: {result['method_description']}; budget `{result['budget_spec']}` of the "
-              f"{result['stream_bytes']}-byte learned stream = "
+              f"{result.get('budget_base_bytes') or result['stream_bytes']}-byte stream a test run learns "
+              f"({result['stream_bytes']} bytes learned here) = "
               + ("unlimited" if result["budget_bytes"] is None else f"{result['budget_bytes']} bytes") +
               f"; max new tokens {result['max_tokens']}; cells {result.get('cells', 'all')} "
               f"({result.get('cells_filled', '?')} of {len(result['stage_names']) ** 2} filled); prompt cut "
