@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -137,12 +138,33 @@ def plot(curves: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def archive(sweep: Path, dst: Path) -> int:
+    """Copy each finished job's record and result.json into ``dst`` as ``JOB.job.json`` and
+    ``JOB.result.json`` (the job name holds model, split and order, so no two runs collide), which
+    ``--sweep dst`` reads back; failures (a budget that cannot hold one prototype) keep their record.
+    Returns the number of jobs copied."""
+    dst.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in sorted((sweep / "done").glob("*.json")):
+        rec = json.loads(f.read_text("utf-8"))
+        if rec.get("rc") == 0 and rec.get("result"):  # the record's path is relative to where the sweep ran
+            shutil.copy(sweep / "runs" / rec["job"] / "result.json", dst / f"{rec['job']}.result.json")
+        (dst / f"{rec['job']}.job.json").write_text(json.dumps({k: v for k, v in rec.items() if k != "result"},
+                                                                indent=1) + "\n", "utf-8")
+        n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", type=Path, required=True,
                     help="the sweep's output directory (its done/ records) or its archive (*.job.json)")
     ap.add_argument("--out", type=Path, help="write the figure here (PNG)")
+    ap.add_argument("--archive", type=Path, help="first copy the sweep's finished jobs here (then read from here)")
     args = ap.parse_args(argv)
+    if args.archive:
+        print(f"archived {archive(args.sweep, args.archive)} jobs to {args.archive}", file=sys.stderr)
+        args.sweep = args.archive
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from compare_table import job_records
 

@@ -71,3 +71,26 @@ def test_the_interval_table_averages_the_orders_it_points_at(tmp_path):
     lo, hi = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
     assert lo <= -25.0 <= hi and lo < hi, "two orders that disagree give an interval of some width"
     assert cells[7] == "101"
+
+
+def test_an_archive_reads_back_as_the_sweep_it_came_from(tmp_path):
+    import json
+
+    bc = load_bench("budget_curve")
+    sweep = tmp_path / "sweep"
+    (sweep / "done").mkdir(parents=True)
+    f0 = _result(tmp_path, "s0", 0, [[1, 0], [1, 1]], [[1, 1], [1, 1]])
+    jobs = {"b__miita-default__1pct__seed-0": dict(rec("banking77", "miita-default", "1%", 75.0, -50.0), result="x"),
+            "b__miita-default__0.1pct__seed-0": rec("banking77", "miita-default", "0.1%", error="cannot hold one")}
+    for name, r in jobs.items():
+        r["job"] = name
+        (sweep / "done" / f"{name}.json").write_text(json.dumps(r))
+        if r["rc"] == 0:
+            (sweep / "runs" / name).mkdir(parents=True)
+            (sweep / "runs" / name / "result.json").write_text(f0.read_text())
+    assert bc.archive(sweep, tmp_path / "arch") == 2
+    assert sorted(p.name for p in (tmp_path / "arch").iterdir()) == sorted(
+        [f"{n}.job.json" for n in jobs] + ["b__miita-default__1pct__seed-0.result.json"])
+    back = load_bench("compare_table").job_records(tmp_path / "arch")
+    assert bc.table(bc.collect(back)) == bc.table(bc.collect(list(jobs.values())))
+    assert bc.interval_table(back).splitlines()[2].startswith("| bundled | banking77 | miita-default | 0 | 75.0 [")
