@@ -118,9 +118,15 @@ def plot(curves: dict, path: Path) -> None:
                 continue
             xs = [x for x in sorted(cells) if cells[x]["op"]]
             style = "-" if method == "miita-default" else "--"
+            misfit = [x for x in sorted(cells) if not cells[x]["op"]
+                      and any("cannot hold" in e for e in cells[x]["errors"])]
             for row, metric in enumerate(("op", "bwt")):
-                axes[row][col].plot(xs, [mean(cells[x][metric]) for x in xs], style, marker="o",
-                                    label=f"{method}, {model}")
+                line, = axes[row][col].plot(xs, [mean(cells[x][metric]) for x in xs], style, marker="o",
+                                            label=f"{method}, {model}")
+                if misfit:  # on the axis's lower edge: no memory of this budget could be built
+                    axes[row][col].plot(misfit, [0.0] * len(misfit), "x", color=line.get_color(), markersize=9,
+                                        transform=axes[row][col].get_xaxis_transform(), clip_on=False,
+                                        label=f"{method}, {model}: does not fit" if row == 0 else None)
         if bench == "banking77":
             for row, metric in enumerate(("op", "bwt")):
                 axes[row][col].plot([1.0], [PAPER_BANKING77_1PCT[metric]], "k*", markersize=12,
