@@ -2,7 +2,7 @@
 from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report_budget.txt``, or from its
 archive (``bench/results_table.py --sweep OUT --archive DIR``).
 
-    python bench/budget_curve.py --sweep docs/results/budget [--out docs/budget_curve.png]
+    python bench/budget_curve.py --sweep docs/results/budget [--out docs/budget_curve.png] [--fill docs/method.md]
 
 Why a curve: the paper claims its method is strongest at tight budgets (its default is 1% of the
 training stream; its budget figure spans 0.1% to 2%), and a memory can fall off a cliff between two
@@ -90,8 +90,11 @@ def interval_table(done: list[dict], budget: str = "1%") -> str:
             model = (rec.get("plan_keys") or {}).get("model", "bundled")
             groups[(model, rec["benchmark"], rec["method"])].append(json.loads(Path(rec["result"]).read_text("utf-8")))
 
+    def one(x: float) -> str:  # -0.04 is written 0.0, not -0.0
+        return f"{round(x, 1) + 0.0:.1f}"
+
     def ci(a):
-        return "—" if a is None else f"{a['mean']:.1f} [{a['ci'][0]:.1f}, {a['ci'][1]:.1f}]"
+        return "—" if a is None else f"{one(a['mean'])} [{one(a['ci'][0])}, {one(a['ci'][1])}]"
 
     rows = [f"| model | benchmark | method | orders | OP at {budget} | BWT | FWT | bytes stored |", "|---|---|---|---:|---|---|---|---:|"]
     for (model, bench, method), results in sorted(groups.items()):
@@ -167,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the sweep's output directory (its done/ records) or its archive (*.job.json)")
     ap.add_argument("--out", type=Path, help="write the figure here (PNG)")
     ap.add_argument("--archive", type=Path, help="first copy the sweep's finished jobs here (then read from here)")
+    ap.add_argument("--fill", type=Path, help="also write both tables into this file's <!-- BUDGET-CURVE --> block "
+                    "(docs/method.md)")
     args = ap.parse_args(argv)
     if args.archive:
         print(f"archived {archive(args.sweep, args.archive)} jobs to {args.archive}", file=sys.stderr)
@@ -175,12 +180,19 @@ def main(argv: list[str] | None = None) -> int:
     from compare_table import job_records
 
     done = job_records(args.sweep) if args.sweep.is_dir() else []
+    for rec in done:  # a sweep folder's records name their result relative to where the sweep ran
+        here = args.sweep / "runs" / str(rec.get("job")) / "result.json"
+        if rec.get("result") and here.exists():
+            rec["result"] = str(here)
     if not done:
         raise SystemExit(f"{args.sweep}: no finished jobs (neither done/*.json nor *.job.json)")
     curves = collect(done)
-    print(table(curves))
-    print()
-    print(interval_table(done))
+    text = table(curves) + "\n\n" + interval_table(done)
+    print(text)
+    if args.fill:
+        from results_table import fill
+
+        fill(args.fill, "BUDGET-CURVE", text)
     if args.out:
         plot(curves, args.out)
         print(f"figure: {args.out}")
