@@ -1,6 +1,6 @@
 """OP and BWT against the byte budget: the table and the figure of docs/method.md ("The budget curve"),
 from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report_budget.txt``, or from its
-archive (``bench/results_table.py --sweep OUT --archive DIR``).
+archive (``--archive DIR``: each job's record and result.json, named by the job).
 
     python bench/budget_curve.py --sweep docs/results/budget [--out docs/budget_curve.png] [--fill docs/method.md]
 
