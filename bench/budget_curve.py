@@ -114,6 +114,9 @@ def plot(curves: dict, path: Path) -> None:
     except ImportError as exc:  # the table above is printed either way
         raise SystemExit(f"the figure needs matplotlib ({exc}); pip install matplotlib") from None
     benches = sorted({k[1] for k in curves})
+    # one colour per (model, method) in every panel
+    series = sorted({(model, method) for model, _, method in curves})
+    colour = {sm: f"C{i}" for i, sm in enumerate(series)}
     fig, axes = plt.subplots(2, len(benches), figsize=(5.5 * len(benches), 7), squeeze=False)
     for col, bench in enumerate(benches):
         for (model, b, method), cells in sorted(curves.items()):
@@ -124,10 +127,10 @@ def plot(curves: dict, path: Path) -> None:
             misfit = [x for x in sorted(cells) if not cells[x]["op"]
                       and any("cannot hold" in e for e in cells[x]["errors"])]
             for row, metric in enumerate(("op", "bwt")):
-                line, = axes[row][col].plot(xs, [mean(cells[x][metric]) for x in xs], style, marker="o",
-                                            label=f"{method}, {model}")
+                axes[row][col].plot(xs, [mean(cells[x][metric]) for x in xs], style, marker="o",
+                                    color=colour[(model, method)], label=f"{method}, {model}")
                 if misfit:  # on the axis's lower edge: no memory of this budget could be built
-                    axes[row][col].plot(misfit, [0.0] * len(misfit), "x", color=line.get_color(), markersize=9,
+                    axes[row][col].plot(misfit, [0.0] * len(misfit), "x", color=colour[(model, method)], markersize=9,
                                         transform=axes[row][col].get_xaxis_transform(), clip_on=False,
                                         label=f"{method}, {model}: does not fit" if row == 0 else None)
         if bench == "banking77":
