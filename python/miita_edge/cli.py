@@ -524,8 +524,11 @@ def cmd_bench(args) -> int:
         print(f"Oracle Alignment {res['oracle_alignment']['final']:.4f}")
     budget = "unlimited" if res["budget_bytes"] is None else f"{res['budget_bytes']} bytes"
     stored = f"{res['memory_bytes']} bytes" if res["stores_memory"] else "nothing stored"
+    from .evaluation.run_setup import budget_stream
+
     base = res.get("budget_base_bytes") or res["stream_bytes"]
-    of = "learned stream" if base == res["stream_bytes"] else f"stream a test run learns; {res['stream_bytes']} B learned"
+    of = budget_stream(base, res["stream_bytes"])
+    of += "" if base == res["stream_bytes"] else f"; {res['stream_bytes']} B learned"
     print(f"memory {stored} of {budget} (--budget {res['budget_spec']} of a {base}-byte {of})")
     print(f"time {res['wall_time_s']:.1f} s (learn {res['seconds']['learn']:.1f}, eval {res['seconds']['eval']:.1f}; "
           f"baseline {res['seconds']['baseline']:.1f}; this session {res['seconds']['this_session']:.1f})")

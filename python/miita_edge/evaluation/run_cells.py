@@ -21,7 +21,7 @@ from ..streams import stream_bytes
 from .benchmarks import BenchSpec, TestItem
 from .cl_matrix import CLMatrix
 from .methods import Context, Method
-from .run_setup import RunSetup, read_json, safe_name, sha, write_json
+from .run_setup import RunSetup, budget_stream, read_json, safe_name, sha, write_json
 
 __all__ = ["Cells", "Learner", "baseline_cells", "cell_wanted", "fill_matrix", "per_example", "predict_cell", "say"]
 
@@ -214,7 +214,7 @@ class Learner:
         except BudgetError as exc:
             raise BudgetError(f"{setup.method}, stage {st.name}: {exc} (--budget {setup.budget} of the "
                               f"{setup.budget_base}-byte "
-                              + ("learned stream" if setup.budget_base == setup.learned_stream else "stream a test run learns")
+                              + budget_stream(setup.budget_base, setup.learned_stream)
                               + f" = {setup.budget_bytes} bytes)") from None
         sec = time.perf_counter() - t0
         shutil.rmtree(self.snap_path(s), ignore_errors=True)

@@ -182,6 +182,12 @@ def prepare_run(benchmark: str, data_dir, method: str, out_dir, *, budget: str, 
                     probe.provenance(), answer_start)
 
 
+def budget_stream(base: int, learned: int) -> str:
+    """What a fractional budget was a share of, in words: the stream the run learned, or (a report
+    run) the stream a test run of the same options learns."""
+    return "learned stream" if base == learned else "stream a test run learns"
+
+
 def claim_out_dir(setup: RunSetup) -> None:
     """Refuse an out_dir holding another configuration; record this one in ``run.json``."""
     out, config = setup.out, setup.config
