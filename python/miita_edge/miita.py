@@ -357,6 +357,14 @@ class Miita:
         """The prompt ``ask`` decodes for ``text``: the memory's template, cut to ``max_prompt_tokens``."""
         return prompt_tokens(self.engine, self.template, text, self.max_prompt_tokens)
 
+    def key_tokens(self, text: str) -> list[int] | None:
+        """The prompt a query's key is pooled from, where the memory keys queries by a prompt of
+        their own (``Preset.key_prompt``), cut as ``prompt_tokens`` cuts; None where the key comes
+        from the answer's prompt pass."""
+        if not self.pipeline.own_key_pass:
+            return None
+        return prompt_tokens(self.engine, self.pipeline.key_template, text, self.max_prompt_tokens)
+
     def ask(self, text: str, max_tokens: int = 32, adapt: bool = True, stop: Sequence[str] = ("\n",),
             mode: str | None = None, gate: str | None = None, eta: float | None = None,
             temperature: float = 0.0, seed: int = 0, top_p: float = 1.0, on_token=None,
@@ -368,25 +376,27 @@ class Miita:
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
-                               on_logits=on_logits)
+                               on_logits=on_logits, key_tokens=self.key_tokens(text))
 
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
-                   _wrap_plan=None) -> Answer:
+                   key_tokens: Sequence[int] | None = None, _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut). Where a
         stop string may end it is the engine's ``stop_after_text``: off, a model whose first token
         is the newline stop answers ``""``.
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
-        upper bound; ``ask_oracle``). ``_wrap_plan``: ``trace``'s recorder around the steering plan."""
+        upper bound; ``ask_oracle``). ``key_tokens``: the query's key prompt (``key_tokens``), needed
+        where the memory keys queries by a prompt of their own. ``_wrap_plan``: ``trace``'s recorder
+        around the steering plan."""
         gen_kw = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature, "seed": seed}
         if top_p != 1.0 or on_token is not None or on_logits is not None:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
         out = self.pipeline.answer(self.bank, self._entries, tokens, gen_kw, adapt=adapt, mode=mode, gate=gate,
-                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan)
+                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan, key_tokens=key_tokens)
         g, qp = out.generation, out.plan
         lead, text = strip_lead(g.text, self.template.lead)
         if qp is None:
@@ -400,14 +410,15 @@ class Miita:
         steered: list[bool] = []
         seen: list[list[int]] = [[]]
         self.keyed_engine()  # the template's special-token rule, before tokenising
-        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens,
+        ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, key_tokens=self.key_tokens(text),
                               _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
 
     def ask_oracle(self, text: str, oracle_dir: np.ndarray, **kw) -> Answer:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
-        return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir, **kw)
+        return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir,
+                               key_tokens=self.key_tokens(text), **kw)
 
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""

@@ -82,6 +82,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
 #: Mechanisms not (yet) in the default, measured the same way before any is adopted: the default
 #: with each one switched on (``miita-default-with-NAME``).
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
+    Mechanism("key-meaning", "all", _set(key_prompt="meaning"),
+              "keys pooled from a prompt of their own: the input in canonical form (case, end mark and spacing "
+              "folded) inside a prompt that asks for its meaning in one word"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
     Mechanism("reach-every", "all", _set(reach_every=True),

@@ -20,7 +20,7 @@ from ..streams import Example
 from .extract import (HIDDEN_BATCH_EXAMPLES, HIDDEN_R_MAX_TOKENS, Extracted, PendingR, extract, extract_keys,
                       finish_corrections)
 from .presets import Preset
-from .templates import Template
+from .templates import Template, key_template
 
 __all__ = ["IngestReport", "StreamCounts", "call_stream_bytes", "extract_examples", "learn", "progress_bar"]
 
@@ -60,6 +60,9 @@ def extract_examples(engine: Engine, template: Template, preset: Preset, example
     corrections to compute (the ``tokens`` payload) and with ``batch_keys``, prompts are decoded
     several at a time as separate sequences (:func:`extract_keys`)."""
     need_R = preset.bank.payload != "tokens"
+    # a key-only pass renders the key's own prompt (the target stays the memory's); a preset that
+    # computes corrections keys the answer's prompt (``Preset.validate_keys``)
+    template = key_template(preset.key_prompt, template)
     bar = bar or progress_bar(0, False, "")
     if not need_R and batch_keys and cache is None:
         out: list[Extracted | None] = []

@@ -16,11 +16,14 @@ that a first query does not pay its prompt twice.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from ..errors import InputError
 from ..memory.bank import MemoryBank
+from ..runtime import key_pass
 from ..runtime.engine import Engine, QueryState
 from ..runtime.engine_types import Generation
 from .calibration import calibration_keys, coordinate_rms, key_order, raw_key
@@ -31,7 +34,7 @@ from .key_whitening import cached_whitening_for, group_ids, paraphrase_keys, whi
 from .plan import QueryPlan, RetrievalIndex, float_best_all, generic_best, plan_query
 from .presets import Preset
 from .relevance import GENERIC_QUESTIONS, NEAREST_Z, contested, null_scores, paraphrase_reach, separating_threshold, sibling_cosines
-from .templates import Template
+from .templates import Template, key_template
 
 __all__ = ["KeyFrame", "Pipeline", "Steered", "heldout_reach"]
 
@@ -72,6 +75,8 @@ class Pipeline:
         self.preset = preset
         self.engine = engine
         self.template = template
+        # what a key's prompt is rendered with: the memory's template, or the preset's key prompt
+        self.key_template = key_template(preset.key_prompt, template)
         self.fingerprint = fingerprint
         self.model_sha = fingerprint["sha256"]
         self.key_layers = list(fingerprint.get("key_layers") or [fingerprint["key_layer"]])
@@ -90,7 +95,7 @@ class Pipeline:
         """The key layers of a new memory: measured on the model where the preset says so and the
         model is deep enough, else the preset's depths."""
         if preset.key_select == "paraphrase" and engine.n_layer - 2 >= 2:
-            return choose_key_layers(engine, template, model_sha).layers
+            return choose_key_layers(engine, key_template(preset.key_prompt, template), model_sha).layers
         return preset.key_layers(engine.n_layer)
 
     # ------------------------------------------------------------------ keys
@@ -118,25 +123,25 @@ class Pipeline:
         pr = self.preset
         if not pr.center_keys and pr.key_order == "index":
             return KeyFrame(None, None, None)
-        keys = calibration_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
+        keys = calibration_keys(self.keyed_engine(), self.key_template, pr.skip_bos, self.fingerprint)
         mean = keys.mean(axis=0).astype(np.float32) if pr.center_keys else None
         whiten = None
         parts = len(self.key_layers)
         if pr.key_whitening == "paraphrase" or (pr.key_whitening == "replies" and whitened):
-            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
+            raw = paraphrase_keys(self.keyed_engine(), self.key_template, pr.skip_bos, self.fingerprint)
             # centred as the bank centres (its mean is stored as float16)
             whiten = cached_whitening_for(raw, mean.astype(np.float16).astype(np.float32), parts)
         order = key_order(keys, parts, whiten) if pr.key_order == "calibration" else None
         self._framed, self._whiten, self._frame_on = True, whiten, None
         scale = None
         if pr.bank.narrow_rule != "prefix" and mean is not None:
-            raw = paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos, self.fingerprint)
+            raw = paraphrase_keys(self.keyed_engine(), self.key_template, pr.skip_bos, self.fingerprint)
             scale = coordinate_rms(raw, mean.astype(np.float16).astype(np.float32), parts, whiten)
         if pr.key_axes in ("general", "leading", "narrowed"):
             # "general": rotated, the axes then the coordinates in that order; "leading": the axes'
             # bits before all the coordinates (overcomplete); "narrowed": the coordinates until
             # repair narrows a key, then "leading"
-            raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.template, pr.skip_bos,
+            raw = np.concatenate([paraphrase_keys(self.keyed_engine(), self.key_template, pr.skip_bos,
                                                   self.fingerprint), keys])
             m16 = mean.astype(np.float16).astype(np.float32)
             leading = pr.key_axes != "general"
@@ -213,7 +218,7 @@ class Pipeline:
     def _reach(self, bank: MemoryBank) -> float:
         """How near the model's paraphrases come in this memory's stored form (its centring,
         whitening, order and width, which repair may narrow): ``relevance.paraphrase_reach``."""
-        raw = paraphrase_keys(self.keyed_engine(), self.template, self.preset.skip_bos, self.fingerprint)
+        raw = paraphrase_keys(self.keyed_engine(), self.key_template, self.preset.skip_bos, self.fingerprint)
         K = bank.key_dim
         whitened = self._whiten is not None if self._framed else bank.key_whiten is not None
         if self.preset.single_reach == "paraphrase-heldout" and whitened:
@@ -229,7 +234,7 @@ class Pipeline:
         repair may narrow)."""
         if self._generic_raw is None:
             eng = self.keyed_engine()
-            self._generic_raw = np.stack([raw_key(eng, self.template, x, self.preset.skip_bos)
+            self._generic_raw = np.stack([raw_key(eng, self.key_template, x, self.preset.skip_bos)
                                           for x in GENERIC_QUESTIONS])
         return np.stack([bank.prepare_key(k) for k in self._generic_raw]).astype(np.float32)
 
@@ -255,18 +260,35 @@ class Pipeline:
         return plan_query(pr, bank, self.engine, self._index, state, mode=mode, oracle_dir=oracle_dir, rng=self._rng,
                           geometry=geometry)
 
+    @property
+    def own_key_pass(self) -> bool:
+        """Whether a query's key comes from a prompt of its own (``Preset.key_prompt``), not from
+        the prompt the answer is generated from."""
+        return self.key_template is not self.template
+
     def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
                adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
-               oracle_dir=None, wrap_plan=None) -> Steered:
+               oracle_dir=None, wrap_plan=None, key_tokens: Sequence[int] | None = None) -> Steered:
         """Decode the prompt, retrieve, gate, and generate with the memory's push (or without it
         when adaptation is off, the memory is empty, or the relevance gate declines).
-        ``wrap_plan``: a recorder around the steering plan (``trace``)."""
+        ``wrap_plan``: a recorder around the steering plan (``trace``). ``key_tokens``: the query's
+        key prompt (``key_template``), where the memory has one of its own; its key-only pass
+        runs first, so that the answer's prompt pass is the last decode before generating."""
         pr = self.preset
         eng = self.keyed_engine()
         steering = adapt and bank.n_prototypes > 0
         if steering:
             self.prepare(bank, entries)
+        key = None
+        if steering and self.own_key_pass:
+            if not key_tokens:
+                raise InputError("this memory keys a query by its own prompt (preset key_prompt "
+                                 f"{pr.key_prompt!r}): ask with the query's text, not only its tokens")
+            key = key_pass.prompt_key(eng, list(key_tokens), eng.key_mask(list(key_tokens), pr.skip_bos))
         state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
+        if key is not None:
+            state = replace(state, key_sum=key[0], pooled_rows=key[1],
+                            key_rows=int(sum(eng.key_mask(list(key_tokens), pr.skip_bos))))
         if not steering:
             reason = "adaptation is off" if not adapt else "the memory is empty"
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)

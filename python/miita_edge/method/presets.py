@@ -14,6 +14,7 @@ from ..runtime.engine import DEFAULT_KEY_DEPTHS, layers_at_depths
 from ..runtime.key_pooling import KEY_POOLINGS
 from .key_whitening import REPLY_MIN_TOKENS
 from .retrieval import RetrievalConfig
+from .templates import KEY_PROMPTS
 
 __all__ = ["PAST_VERSIONS", "PRESETS", "Preset", "RETIRED_FIELDS", "check_memory_fields", "default_preset", "get_preset",
            "paper_preset", "preset_names", "preset_version"]
@@ -113,6 +114,10 @@ class Preset:
     # the query's sign bits with stored bits (popcount), as the radius is measured; or "float", the
     # float query with stored bits, as the vote scores (one side unquantised).
     gate_query: str = "bits"
+    # How a key's prompt is written (method/templates.KEY_PROMPTS): "memory", the memory's own template
+    # (eq. 1 as written, the key pooled from the prompt the answer is generated from); "meaning", the
+    # input in canonical form inside a prompt that asks for its meaning (a key pass of its own at ask).
+    key_prompt: str = "memory"
     # Version of the named preset this memory was built with (1: the first, which stored no version).
     version: int = 1
 
@@ -220,6 +225,11 @@ class Preset:
             raise StoreError(f"preset hold_min_tokens {self.hold_min_tokens!r} is not a whole number >= 0")
         if self.direction == "head" and self.bank.payload != "tokens":
             raise StoreError("preset direction 'head' needs the 'tokens' payload")
+        if self.key_prompt not in KEY_PROMPTS:
+            raise StoreError(f"preset key_prompt {self.key_prompt!r} is not one of {', '.join(KEY_PROMPTS)}")
+        if self.key_prompt != "memory" and self.bank.payload != "tokens":
+            # eq. 2's corrections are read from the pass that pools the key: one prompt for both
+            raise StoreError(f"preset key_prompt {self.key_prompt!r} needs the 'tokens' payload")
 
     def describe(self) -> dict:
         return asdict(self)

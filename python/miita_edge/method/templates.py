@@ -23,7 +23,20 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["TEMPLATES", "Template", "get_template", "strip_lead", "truncate_words"]
+__all__ = ["KEY_PROMPTS", "TEMPLATES", "Template", "canonical_text", "get_template", "key_template", "strip_lead",
+           "truncate_words"]
+
+#: Trailing characters that end a sentence or a question, not its content (``canonical_text``).
+END_PUNCTUATION = ".?!;:,"
+
+
+def canonical_text(text: str) -> str:
+    """``text`` as one canonical sentence: runs of whitespace made one space, the trailing
+    punctuation removed, lower case with the first letter upper. The same question typed in
+    another case, with another end mark or other spacing is the same question, so it gets the
+    same key (the words and their order are kept: those are what a paraphrase changes)."""
+    t = " ".join(text.split()).rstrip(END_PUNCTUATION + " ").lower()
+    return t[:1].upper() + t[1:]
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -55,6 +68,8 @@ class Template:
     # The prompt holds the model's special tokens as text (a chat template's <|im_start|>...):
     # tokenise prompts with special-token parsing on (``Engine.parse_special``).
     special: bool = False
+    # Inputs are put in ``canonical_text`` form before they are rendered (key prompts only).
+    canonical: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt.count("{input}") != 1:
@@ -70,6 +85,8 @@ class Template:
         """The model input for ``x`` (truncated first if ``max_input_words`` is set)."""
         if self.max_input_words is not None:
             x = truncate_words(x, self.max_input_words)
+        if self.canonical:
+            x = canonical_text(x)
         return self.prompt.replace("{input}", x)
 
     def render_target(self, y: str) -> str:
@@ -195,3 +212,27 @@ def get_template(name: str) -> Template:
     except (KeyError, TypeError):
         raise InputError(f"unknown template {name!r}; known templates: "
                          f"{', '.join(sorted(TEMPLATES) + [AUTO, CHAT])}") from None
+
+
+#: How a key's prompt is written (``Preset.key_prompt``). "memory": the memory's own template, the
+#: prompt the answer is generated from (eq. 1 as written). "meaning": the input alone, in
+#: ``canonical_text`` form, inside a prompt that asks the model for its meaning in one word, the key
+#: pooled where that word is due. A causal model's state at the end of its input holds what comes
+#: next as much as what was said; asked for the meaning, the last state summarises the input, and
+#: paraphrases of one request land nearer each other than under the answer's prompt (docs/method.md,
+#: "The key prompt"; the wording is that of PromptEOL, Jiang et al. 2023, "Scaling Sentence
+#: Embeddings with Large Language Models").
+KEY_PROMPTS = {"memory": None, "meaning": 'This sentence : "{input}" means in one word:"'}
+
+
+def key_template(name: str, template: Template) -> Template:
+    """The template a memory of ``template`` renders its keys' prompts with, by ``Preset.key_prompt``
+    ``name``. Its name carries both, since everything derived from keys is cached per template name;
+    it cuts inputs as ``template`` does and uses its special-token rule for tokenising."""
+    if name not in KEY_PROMPTS:
+        raise InputError(f"unknown key prompt {name!r}; known: {', '.join(KEY_PROMPTS)}")
+    prompt = KEY_PROMPTS[name]
+    if prompt is None:
+        return template
+    return Template(f"{template.name}+{name}", prompt, template.target, max_input_words=template.max_input_words,
+                    description=f"keys of {template.name!r}: {name}", special=template.special, canonical=True)
