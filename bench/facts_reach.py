@@ -54,7 +54,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge import Example, Miita
     from miita_edge.evaluation.facts import load_facts, queries
-    from miita_edge.method.extract import prompt_tokens
     import numpy as np
 
     from miita_edge.method.plan import anchor_best, query_key
@@ -81,15 +80,13 @@ def main(argv=None) -> int:
                                                        template="auto") as m:
             m.ingest([Example(t, answer_of[f.id]) for f in fs.facts for t in f.teach[:times]], budget="none")
             labels = [m.keyed_engine().detokenize(t).strip() for t in m.bank.answer_tokens()]
-            eng = m.keyed_engine()
 
             gaps: list[tuple[float, bool, bool]] = []  # (nearest two answers' gap, steered, right) per unseen query
 
             def steer(text: str) -> tuple[str | None, float]:
                 """The answer the memory steers to (None: the frozen model) and the gap between the
                 best cosines of the query's nearest two answers (inf: an exact repeat or one answer)."""
-                state = eng.query(prompt_tokens(eng, m.template, text, m.max_prompt_tokens),
-                                  skip_bos_in_key=m.preset.skip_bos)
+                state = m.query_state(text)
                 qp = m.plan(state)
                 index = m.pipeline.index(m.bank, None)
                 best = np.sort(anchor_best(index, query_key(m.preset, m.bank, index, state),

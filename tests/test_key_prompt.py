@@ -119,3 +119,22 @@ def test_a_memory_keyed_by_its_template_asks_as_before(engine, tmp_path):
         assert not m.pipeline.own_key_pass
         ans = m.ask_tokens(m.prompt_tokens("What is my wifi password?"), max_tokens=8)
         assert ans.adapted and ans.text.strip().startswith("tulip-4821")
+
+
+@pytest.mark.model
+def test_a_retrieval_without_generation_keys_the_query_as_ask_does(engine, tmp_path):
+    """``Miita.query_state`` (the label vote's and the probes' query) takes the key of the key prompt,
+    so a plan made from it is the plan ``ask`` makes."""
+    from miita_edge import Example, Miita
+    from miita_edge.method.calibration import raw_key
+
+    with Miita(memory=tmp_path / "mem", engine=engine, preset=_meaning_preset()) as m:
+        m.ingest([Example("What is my wifi password?", "tulip-4821"), Example("Who is my dentist?", "Dr. Okafor")],
+                 budget="none", progress=False)
+        st = m.query_state("who is my DENTIST")
+        want = raw_key(m.keyed_engine(), m.pipeline.key_template, "Who is my dentist?", m.preset.skip_bos)
+        assert np.array_equal(st.key, want)
+        assert st.tokens == m.prompt_tokens("who is my DENTIST")  # the answer's prompt is what was decoded
+        qp = m.plan(st)
+        assert qp.gate is None or qp.gate.adapted
+        assert int(qp.ids[int(np.argmax(qp.weights))]) == 1  # the dentist's answer, written second

@@ -420,6 +420,12 @@ class Miita:
         return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir,
                                key_tokens=self.key_tokens(text), **kw)
 
+    def query_state(self, text: str) -> QueryState:
+        """The prompt pass ``ask`` makes for ``text`` (its key from the memory's key prompt where it
+        has one), for callers that retrieve without generating (``plan``)."""
+        self.keyed_engine()  # the template's special-token rule, before tokenising
+        return self.pipeline.query_state(self.prompt_tokens(text), self.key_tokens(text))
+
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""
         return self.pipeline.plan(self.bank, self._entries, state, mode=mode, oracle_dir=oracle_dir)

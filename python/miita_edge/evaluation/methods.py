@@ -293,12 +293,7 @@ class LabelVote(MiitaMethod):
 
     def query_state(self, ex):
         """The query's prompt pass (its key), as ``Miita.ask`` would take it."""
-        from ..method.extract import prompt_tokens
-
-        m = self.m
-        eng = m.keyed_engine()
-        return eng.query(prompt_tokens(eng, m.template, ex.input, self.ctx.max_prompt_tokens),
-                         skip_bos_in_key=m.preset.skip_bos)
+        return self.m.query_state(ex.input)
 
     def predict(self, examples):
         from ..method.steering import vote

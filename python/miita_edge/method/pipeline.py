@@ -266,6 +266,24 @@ class Pipeline:
         the prompt the answer is generated from."""
         return self.key_template is not self.template
 
+    def query_state(self, tokens: Sequence[int], key_tokens: Sequence[int] | None, keyed: bool = True) -> QueryState:
+        """The answer's prompt pass, its key replaced by the key prompt's where the memory keys queries
+        by a prompt of their own (that key-only pass runs first, so the answer's prompt is the last
+        decode before generating). ``keyed`` False: the key is not needed (no steering)."""
+        pr = self.preset
+        eng = self.keyed_engine()
+        key = None
+        if keyed and self.own_key_pass:
+            if not key_tokens:
+                raise InputError("this memory keys a query by its own prompt (preset key_prompt "
+                                 f"{pr.key_prompt!r}): ask with the query's text, not only its tokens")
+            mask = eng.key_mask(list(key_tokens), pr.skip_bos)
+            key = key_pass.prompt_key(eng, list(key_tokens), mask)
+        state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
+        if key is not None:
+            state = replace(state, key_sum=key[0], pooled_rows=key[1], key_rows=int(sum(mask)))
+        return state
+
     def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
                adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
                oracle_dir=None, wrap_plan=None, key_tokens: Sequence[int] | None = None) -> Steered:
@@ -279,16 +297,7 @@ class Pipeline:
         steering = adapt and bank.n_prototypes > 0
         if steering:
             self.prepare(bank, entries)
-        key = None
-        if steering and self.own_key_pass:
-            if not key_tokens:
-                raise InputError("this memory keys a query by its own prompt (preset key_prompt "
-                                 f"{pr.key_prompt!r}): ask with the query's text, not only its tokens")
-            key = key_pass.prompt_key(eng, list(key_tokens), eng.key_mask(list(key_tokens), pr.skip_bos))
-        state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
-        if key is not None:
-            state = replace(state, key_sum=key[0], pooled_rows=key[1],
-                            key_rows=int(sum(eng.key_mask(list(key_tokens), pr.skip_bos))))
+        state = self.query_state(tokens, key_tokens if steering else None, keyed=steering)
         if not steering:
             reason = "adaptation is off" if not adapt else "the memory is empty"
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)
