@@ -69,7 +69,7 @@ def table(curves: dict) -> str:
         for b in budgets:
             c = cells.get(b)
             if c is None:
-                vals.append("")
+                vals.append("not run")
             elif c["op"]:
                 n = f" ({len(c['op'])} orders)" if len(c["op"]) > 1 else ""
                 vals.append(f"{mean(c['op']):.1f} / {mean(c['bwt']):+.1f}{n}")

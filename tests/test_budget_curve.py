@@ -28,7 +28,7 @@ def test_points_average_the_orders_and_say_what_did_not_fit():
     lines = bc.table(curves).splitlines()
     assert lines[0] == "| model | benchmark | method | 0.1% | 1% | 5% |"
     assert lines[2] == "| bundled | banking77 | miita-default | does not fit | 55.0 / -7.0 (3 orders) | 70.0 / -6.0 |"
-    assert lines[3] == "| smollm2 | banking77 | miita-default |  | 40.0 / -1.0 |  |"
+    assert lines[3] == "| smollm2 | banking77 | miita-default | not run | 40.0 / -1.0 | not run |"
 
 
 def test_only_percentage_budgets_are_points():
