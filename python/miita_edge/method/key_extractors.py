@@ -129,6 +129,7 @@ def choose_extractor(engine: Engine, template: Template, preset: Preset, options
     if (n > 1 or options.fast) and preset.bank.payload == "tokens" and cache is None:
         eng = key_engine(engine, options)
         n = max(n, 2) if options.fast else n
-        return ThreadExtractor(eng, key_template(preset.key_prompt, template), preset.skip_bos, contexts=n, threads=max(1, eng.n_threads // n),
+        return ThreadExtractor(eng, key_template(preset.key_prompt, template), preset.skip_bos, contexts=n,
+                               threads=max(1, eng.n_threads // n),
                                max_prompt_tokens=max_prompt_tokens)
     return LocalExtractor(engine, template, preset, max_prompt_tokens, cache, options.batch)

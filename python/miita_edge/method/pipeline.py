@@ -297,7 +297,7 @@ class Pipeline:
         steering = adapt and bank.n_prototypes > 0
         if steering:
             self.prepare(bank, entries)
-        state = self.query_state(tokens, key_tokens if steering else None, keyed=steering)
+        state = self.query_state(tokens, key_tokens, keyed=steering)
         if not steering:
             reason = "adaptation is off" if not adapt else "the memory is empty"
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)
