@@ -175,8 +175,9 @@ def main(argv=None) -> int:
     summary = {v: round(100 * float(np.mean([r["scores"][v] for r in rows])), 1) for v in variants}
     by_stage = {st.name: {v: round(100 * float(np.mean([r["scores"][v] for r in rows if r["stage"] == st.name])), 1)
                           for v in variants} for st in stages}
-    out = {"benchmark": args.benchmark, "model": args.model or "bundled", "split": "dev", "metric": spec.metric,
-           "rows": len(rows), "variants": variants, "summary": summary, "by_stage": by_stage, "per_row": rows}
+    out = {"benchmark": args.benchmark, "model": Path(args.model).name if args.model else "bundled", "split": "dev",
+           "metric": spec.metric, "rows": len(rows), "variants": variants, "summary": summary, "by_stage": by_stage,
+           "per_row": rows}
     Path(args.out).write_text(json.dumps(out, ensure_ascii=False, indent=1))
     return report(out, args.against)
 
