@@ -5,7 +5,8 @@ question, pick the wrong span, and run past the span. A task-level correction in
 addition to the final hidden state, i.e. a change of the logits along the LM head; the form it could
 carry, learned from a memory of extractive answers, is "copy from the prompt, a contiguous span, then
 stop". This script gives each such form to the logits *directly*, at its ideal strength, so that its
-score bounds what a hidden-space correction aiming at the same effect can reach:
+score is the most that a correction favouring these tokens, and changing nothing else among them,
+can reach (a hidden-space addition can only approach a hard restriction):
 
     frozen         the model alone (greedy; the answer ends at its first newline after text)
     bag:B          every token of the prompt raised by B logits at every step
