@@ -166,8 +166,9 @@ def main(argv=None) -> int:
                                  else rouge_l(t, it.golds))
 
                 cuts = [eng.detokenize(answer[:n]) for n in range(len(answer) + 1)] if oracle else [text]
-                score = max(scored(t) for t in cuts)
-                text = max(cuts, key=scored)
+                scores = [scored(t) for t in cuts]
+                best = int(np.argmax(scores))  # the first best prefix, as max() chose it
+                text, score = cuts[best], scores[best]
                 row["answers"][v], row["scores"][v] = text.strip(), float(score)
             rows.append(row)
         done = {v: 100 * float(np.mean([r["scores"][v] for r in rows])) for v in variants}
