@@ -63,6 +63,19 @@ def test_the_meaning_key_prompt_wraps_the_canonical_input_and_cuts_as_the_templa
         key_template("nope", t)
 
 
+def test_the_canonical_key_prompt_is_the_memory_prompt_with_the_input_folded():
+    for name in ("plain", "dsc", "banking77"):
+        t = get_template(name)
+        k = key_template("canonical", t)
+        assert k.name == f"{name}+canonical" and k.prompt == t.prompt and k.canonical and not t.canonical
+        assert k.max_input_words == t.max_input_words and k.special == t.special and k.target == t.target
+        # every form of one question renders one key prompt; the answer's prompt keeps the text as typed
+        forms = ["Who is my dentist?", "who is my dentist", "WHO IS MY DENTIST?", "Who  is my dentist ."]
+        assert len({k.render_prompt(f) for f in forms}) == 1
+        assert k.render_prompt(forms[0]) == t.prompt.replace("{input}", canonical_text(forms[0]))
+        assert len({t.render_prompt(f) for f in forms}) == len(forms)
+
+
 def test_a_preset_refuses_a_key_prompt_it_cannot_key_by():
     p = paper_preset()
     assert p.key_prompt == "memory"

@@ -85,6 +85,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("key-meaning", "all", _set(key_prompt="meaning"),
               "keys pooled from a prompt of their own: the input in canonical form (case, end mark and spacing "
               "folded) inside a prompt that asks for its meaning in one word"),
+    Mechanism("key-canonical", "all", _set(key_prompt="canonical"),
+              "keys pooled from the memory's own prompt with the input in canonical form (case, end mark and "
+              "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
     Mechanism("reach-every", "all", _set(reach_every=True),

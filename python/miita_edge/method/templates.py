@@ -222,7 +222,10 @@ def get_template(name: str) -> Template:
 #: paraphrases of one request land nearer each other than under the answer's prompt (docs/method.md,
 #: "The key prompt"; the wording is that of PromptEOL, Jiang et al. 2023, "Scaling Sentence
 #: Embeddings with Large Language Models").
-KEY_PROMPTS = {"memory": None, "meaning": 'This sentence : "{input}" means in one word:"'}
+#: "canonical": the memory's own prompt with the input in ``canonical_text`` form, so the same
+#: question typed in another case, end mark or spacing has the same key, while the prompt the answer
+#: is generated from keeps the text as typed.
+KEY_PROMPTS = {"memory": None, "canonical": "{memory}", "meaning": 'This sentence : "{input}" means in one word:"'}
 
 
 def key_template(name: str, template: Template) -> Template:
@@ -234,5 +237,7 @@ def key_template(name: str, template: Template) -> Template:
     prompt = KEY_PROMPTS[name]
     if prompt is None:
         return template
+    if prompt == "{memory}":
+        prompt = template.prompt
     return Template(f"{template.name}+{name}", prompt, template.target, max_input_words=template.max_input_words,
                     description=f"keys of {template.name!r}: {name}", special=template.special, canonical=True)
