@@ -14,8 +14,9 @@ gate and the vote (``Miita.plan``, ``steering.vote``; no generation, so it takes
 * ``replies-heldout-reach``: the same replies, whitened, with the reach measured on paraphrase
   groups the whitening was not fitted on (``single_reach = "paraphrase-heldout"``).
 
-Per query kind: steered to its own fact's answer, to another fact's, or left to the frozen model;
-and the unrelated questions some answer would steer. ``--margins`` adds, per mode, what a rule
+Per query kind: steered to its own fact's answer, to another fact's, or left to the frozen model
+(the paraphrases' forms also by how each was typed: ``evaluation.facts.FORM_NAMES``); and the
+unrelated questions some answer would steer. ``--margins`` adds, per mode, what a rule
 that also abstains when the nearest two answers' best cosines differ by less than a margin would
 give on the unseen queries (an exact repeat still steers): the trade between answers lost and
 another fact's answers avoided.
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge import Example, Miita
-    from miita_edge.evaluation.facts import load_facts, queries
+    from miita_edge.evaluation.facts import FORM_NAMES, load_facts, named_variants, queries
     import numpy as np
 
     from miita_edge.method.plan import anchor_best, query_key
@@ -97,12 +98,16 @@ def main(argv=None) -> int:
                 return vote(qp.ids, qp.weights, labels) or None, gap
 
             counts: dict[str, Counter] = {}
+            by_form: dict[str, Counter] = {}  # the paraphrases' forms, by how each was typed
             for f in fs.facts:
+                form_of = {v: name for p in f.ask for name, v in named_variants(p)}
                 for q in queries(f, times):
                     got, gap = steer(q.text)
-                    c = counts.setdefault(q.kind, Counter())
-                    c["n"] += 1
-                    c["frozen" if got is None else "right" if got == answer_of[f.id].strip() else "other"] += 1
+                    outcome = "frozen" if got is None else "right" if got == answer_of[f.id].strip() else "other"
+                    for c in [counts.setdefault(q.kind, Counter())] + (
+                            [by_form.setdefault(form_of[q.text], Counter())] if q.kind == "paraphrase_form" else []):
+                        c["n"] += 1
+                        c[outcome] += 1
                     if q.kind != "taught":
                         gaps.append((gap, got is not None, got == answer_of[f.id].strip()))
             off = sum(steer(q)[0] is not None for q in fs.unrelated)
@@ -113,6 +118,13 @@ def main(argv=None) -> int:
                 n = c["n"]
                 print(f"| {kind} | {n} | {100 * c['right'] / n:.1f}% | {100 * c['other'] / n:.1f}% | "
                       f"{100 * c['frozen'] / n:.1f}% |")
+            print("| paraphrase form | n | own answer | another's | frozen |")
+            print("|---|---|---|---|---|")
+            for name in FORM_NAMES:
+                c = by_form.get(name)
+                if c:
+                    print(f"| {name} | {c['n']} | {100 * c['right'] / c['n']:.1f}% | "
+                          f"{100 * c['other'] / c['n']:.1f}% | {100 * c['frozen'] / c['n']:.1f}% |")
             print(f"unrelated questions some answer would steer: {off} of {len(fs.unrelated)}", flush=True)
             for margin in [float(x) for x in args.margins.split(",") if x]:
                 kept = [(s, r) for g, s, r in gaps if s and g >= margin]

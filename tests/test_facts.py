@@ -112,6 +112,14 @@ def test_variants_are_the_case_punctuation_and_spacing_forms_in_order():
     assert ev.variants("OK") == ["ok", "OK?"]
 
 
+def test_named_variants_name_each_form_by_how_it_was_made():
+    assert ev.named_variants("Who is my dentist?") == list(zip(ev.FORM_NAMES, ev.variants("Who is my dentist?")))
+    # a form equal to the question or to an earlier form is left out under its name
+    assert ev.named_variants("what now") == [("upper case", "WHAT NOW"), ("end mark changed", "what now?"),
+                                             ("spaces doubled", "what  now")]
+    assert ev.named_variants("OK") == [("lower case", "ok"), ("end mark changed", "OK?")]
+
+
 def test_every_variant_is_the_same_question_typed_otherwise():
     for f in RAW["facts"]:
         for q in f["teach"] + f["ask"]:

@@ -11,7 +11,7 @@ import pytest
 
 from miita_edge.errors import InputError, StoreError
 from miita_edge.method.presets import default_preset, paper_preset
-from miita_edge.method.templates import KEY_PROMPTS, canonical_text, get_template, key_template
+from miita_edge.method.templates import KEY_PROMPTS, canonical_text, folded_text, get_template, key_template
 
 
 def reference_canonical(text: str) -> str:
@@ -76,6 +76,39 @@ def test_the_canonical_key_prompt_is_the_memory_prompt_with_the_input_folded():
         assert len({t.render_prompt(f) for f in forms}) == len(forms)
 
 
+def reference_folded(text: str) -> str:
+    """The rule in words: one space between whitespace-separated words; if the text has a letter and
+    no letter of the other case (all lower, or all upper), lower case with the first character upper."""
+    t = " ".join(w for w in re.split(r"\s+", text.strip()) if w)
+    letters = [c for c in t if c.isalpha()]
+    if letters and (all(c == c.lower() for c in letters) or all(c == c.upper() for c in letters)):
+        t = t.lower()
+        t = t[:1].upper() + t[1:]
+    return t
+
+
+@pytest.mark.parametrize("text", [
+    "What is my wifi password?", "what is my wifi password?", "WHAT IS MY WIFI PASSWORD?",
+    "What  is my\twifi password .", "  who is my dentist? ", "Who is Dr. Okafor?", "I was charged twice.",
+    "", "?", "123 456", "ça va?", "ÇA VA?", "i lost my card", "iPhone won't charge",
+])
+def test_folded_text_is_the_rule_stated_character_by_character(text):
+    assert folded_text(text) == reference_folded(text)
+    assert folded_text(folded_text(text)) == folded_text(text)
+
+
+def test_the_folded_key_prompt_joins_typing_forms_and_keeps_what_may_carry_meaning():
+    t = get_template("plain")
+    k = key_template("folded", t)
+    assert k.name == "plain+folded" and k.prompt == t.prompt and k.folded and not k.canonical
+    one = {k.render_prompt(f) for f in ("What is my wifi password?", "what is my wifi password?",
+                                        "WHAT IS MY WIFI PASSWORD?", "What is  my wifi password?")}
+    assert one == {t.render_prompt("What is my wifi password?")}  # as typed, the answer's own prompt
+    # the end mark and mixed-case capitals are kept: they are not only typing
+    assert k.render_prompt("What is my wifi password") != k.render_prompt("What is my wifi password?")
+    assert k.render_prompt("Who is Dr. Okafor?") == t.render_prompt("Who is Dr. Okafor?")
+
+
 def test_a_preset_refuses_a_key_prompt_it_cannot_key_by():
     p = paper_preset()
     assert p.key_prompt == "memory"
@@ -120,6 +153,30 @@ def test_a_meaning_memory_stores_and_asks_keys_of_the_key_prompt(engine, tmp_pat
         # a caller that passes only the answer's tokens cannot be keyed
         with pytest.raises(InputError, match="ask with the query's text"):
             m.ask_tokens(m.prompt_tokens("Who is my dentist?"), max_tokens=4)
+
+
+@pytest.mark.model
+def test_a_folded_memory_keys_a_prompt_folding_leaves_alone_by_the_answer_pass_bitwise(engine, tmp_path):
+    from miita_edge import Example, Miita
+    from miita_edge.method.presets import default_preset as dp
+    from miita_edge.runtime import key_pass
+
+    p = dp()
+    p.key_prompt = "folded"
+    p.validate_keys()
+    with Miita(memory=tmp_path / "mem", engine=engine, preset=p) as m:
+        m.ingest([Example("What is my wifi password?", "tulip-4821")], budget="none", progress=False)
+        x = "What is my wifi password?"
+        assert m.key_tokens(x) == m.prompt_tokens(x)  # folding changes nothing: no key pass of its own
+        state = m.query_state(x)
+        eng = m.keyed_engine()
+        toks = m.key_tokens(x)
+        forced = key_pass.prompt_key(eng, toks, eng.key_mask(toks, p.skip_bos))
+        assert np.array_equal(state.key_sum, forced[0])
+        # the same question typed in capitals is an exact repeat of the taught one, and is answered
+        assert m.key_tokens("WHAT IS MY WIFI PASSWORD?") == m.prompt_tokens(x)
+        ans = m.ask("WHAT IS MY WIFI PASSWORD?", max_tokens=8)
+        assert ans.adapted and ans.text.strip().startswith("tulip-4821")
 
 
 @pytest.mark.model

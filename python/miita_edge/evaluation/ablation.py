@@ -88,6 +88,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("key-canonical", "all", _set(key_prompt="canonical"),
               "keys pooled from the memory's own prompt with the input in canonical form (case, end mark and "
               "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),
+    Mechanism("key-folded", "all", _set(key_prompt="folded"),
+              "keys pooled from the memory's own prompt with runs of spaces made one and text typed in one case "
+              "put in sentence case (a key pass of its own only where that changes the prompt)"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
     Mechanism("reach-every", "all", _set(reach_every=True),

@@ -25,7 +25,7 @@ from ..errors import InputError
 
 __all__ = ["CLASSES", "DATA", "FORM", "Fact", "FactSet", "PARAPHRASE", "PARAPHRASE_FORM", "Query", "SPLITS",
            "SPLIT_RULE", "TAUGHT", "classify", "load_facts", "normalise", "notes_prompt", "queries", "split_rows",
-           "variants"]
+           "variants", "named_variants", "FORM_NAMES"]
 
 DATA = Path(__file__).resolve().parent / "data" / "facts.json"
 SPLITS = ("dev", "test")
@@ -146,14 +146,24 @@ def variants(question: str) -> list[str]:
     order, without repeats: all lower case, all upper case, the trailing punctuation removed and
     changed (``?`` becomes ``.``, anything else ``?``; a question without one gains a ``?``), and
     every space doubled. The words are untouched: these are the same question, typed otherwise."""
+    return [v for _, v in named_variants(question)]
+
+
+#: The names of ``variants``' forms, in their order.
+FORM_NAMES = ("lower case", "upper case", "end mark removed", "end mark changed", "spaces doubled")
+
+
+def named_variants(question: str) -> list[tuple[str, str]]:
+    """``variants`` with each form's name (``FORM_NAMES``); a form equal to an earlier one, or to the
+    question, is left out under both names."""
     q = question.strip()
     body = q.rstrip(_END_PUNCT)
     end = q[len(body):]
     changed = body + ("." if end.startswith("?") else "?")
-    out: list[str] = []
-    for v in (q.lower(), q.upper(), body if end else None, changed, q.replace(" ", "  ")):
-        if v is not None and v != q and v not in out:
-            out.append(v)
+    out: list[tuple[str, str]] = []
+    for name, v in zip(FORM_NAMES, (q.lower(), q.upper(), body if end else None, changed, q.replace(" ", "  "))):
+        if v is not None and v != q and v not in [t for _, t in out]:
+            out.append((name, v))
     return out
 
 

@@ -273,7 +273,7 @@ class Pipeline:
         pr = self.preset
         eng = self.keyed_engine()
         key = None
-        if keyed and self.own_key_pass:
+        if keyed and self.own_key_pass and list(key_tokens or ()) != list(tokens):
             if not key_tokens:
                 raise InputError("this memory keys a query by its own prompt (preset key_prompt "
                                  f"{pr.key_prompt!r}): ask with the query's text, not only its tokens")

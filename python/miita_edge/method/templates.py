@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["KEY_PROMPTS", "TEMPLATES", "Template", "canonical_text", "get_template", "key_template", "strip_lead",
+__all__ = ["KEY_PROMPTS", "TEMPLATES", "Template", "canonical_text", "folded_text", "get_template", "key_template", "strip_lead",
            "truncate_words"]
 
 #: Trailing characters that end a sentence or a question, not its content (``canonical_text``).
@@ -37,6 +37,18 @@ def canonical_text(text: str) -> str:
     same key (the words and their order are kept: those are what a paraphrase changes)."""
     t = " ".join(text.split()).rstrip(END_PUNCTUATION + " ").lower()
     return t[:1].upper() + t[1:]
+
+
+def folded_text(text: str) -> str:
+    """``text`` with what typing changes and meaning does not folded, and nothing else: runs of
+    whitespace made one space, and text typed in one case (all lower or all upper) put in sentence
+    case. Text typed in mixed case is kept as typed (its capitals may be names), and so are its
+    punctuation and words."""
+    t = " ".join(text.split())
+    if any(c.isalpha() for c in t) and (t == t.lower() or t == t.upper()):
+        t = t.lower()
+        t = t[:1].upper() + t[1:]
+    return t
 
 
 def truncate_words(text: str, max_words: int) -> str:
@@ -70,6 +82,8 @@ class Template:
     special: bool = False
     # Inputs are put in ``canonical_text`` form before they are rendered (key prompts only).
     canonical: bool = False
+    # Inputs are put in ``folded_text`` form before they are rendered (key prompts only).
+    folded: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt.count("{input}") != 1:
@@ -87,6 +101,8 @@ class Template:
             x = truncate_words(x, self.max_input_words)
         if self.canonical:
             x = canonical_text(x)
+        elif self.folded:
+            x = folded_text(x)
         return self.prompt.replace("{input}", x)
 
     def render_target(self, y: str) -> str:
@@ -225,7 +241,9 @@ def get_template(name: str) -> Template:
 #: "canonical": the memory's own prompt with the input in ``canonical_text`` form, so the same
 #: question typed in another case, end mark or spacing has the same key, while the prompt the answer
 #: is generated from keeps the text as typed.
-KEY_PROMPTS = {"memory": None, "canonical": "{memory}", "meaning": 'This sentence : "{input}" means in one word:"'}
+#: "folded": the memory's own prompt with the input in ``folded_text`` form (spacing, and text typed
+#: in one case); where that changes nothing the answer's own prompt pass gives the key.
+KEY_PROMPTS = {"memory": None, "canonical": "{memory}", "folded": "{memory}", "meaning": 'This sentence : "{input}" means in one word:"'}
 
 
 def key_template(name: str, template: Template) -> Template:
@@ -237,7 +255,9 @@ def key_template(name: str, template: Template) -> Template:
     prompt = KEY_PROMPTS[name]
     if prompt is None:
         return template
+    folded = name == "folded"
     if prompt == "{memory}":
         prompt = template.prompt
     return Template(f"{template.name}+{name}", prompt, template.target, max_input_words=template.max_input_words,
-                    description=f"keys of {template.name!r}: {name}", special=template.special, canonical=True)
+                    description=f"keys of {template.name!r}: {name}", special=template.special,
+                    canonical=not folded, folded=folded)
