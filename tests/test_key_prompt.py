@@ -77,20 +77,33 @@ def test_the_canonical_key_prompt_is_the_memory_prompt_with_the_input_folded():
 
 
 def reference_folded(text: str) -> str:
-    """The rule in words: one space between whitespace-separated words; if the text has a letter and
-    no letter of the other case (all lower, or all upper), lower case with the first character upper."""
-    t = " ".join(w for w in re.split(r"\s+", text.strip()) if w)
+    """The rule in words: each maximal run of characters that are blank (str.isspace) and not a
+    newline becomes one space; if the text has a letter and no letter of the other case (all lower,
+    or all upper), lower case with the first character upper."""
+    out, run = [], False
+    for c in text:
+        if c.isspace() and c != "\n":
+            if not run:
+                out.append(" ")
+            run = True
+        else:
+            out.append(c)
+            run = False
+    t = "".join(out)
     letters = [c for c in t if c.isalpha()]
     if letters and (all(c == c.lower() for c in letters) or all(c == c.upper() for c in letters)):
         t = t.lower()
-        t = t[:1].upper() + t[1:]
+        first = min(i for i, c in enumerate(t) if c.isalpha())  # the first letter, not a leading blank or digit
+        t = t[:first] + t[first].upper() + t[first + 1:]
     return t
 
 
 @pytest.mark.parametrize("text", [
     "What is my wifi password?", "what is my wifi password?", "WHAT IS MY WIFI PASSWORD?",
     "What  is my\twifi password .", "  who is my dentist? ", "Who is Dr. Okafor?", "I was charged twice.",
+    "Dialogue: hi\nOutput: ", "3 lost cards?", "  ¿dónde está?",
     "", "?", "123 456", "ça va?", "ÇA VA?", "i lost my card", "iPhone won't charge",
+    "Context: A  b.\n\nQuestion:  who?  ", "line one \t\nLINE TWO", "\u00a0odd\u2003blanks here",
 ])
 def test_folded_text_is_the_rule_stated_character_by_character(text):
     assert folded_text(text) == reference_folded(text)
@@ -107,6 +120,8 @@ def test_the_folded_key_prompt_joins_typing_forms_and_keeps_what_may_carry_meani
     # the end mark and mixed-case capitals are kept: they are not only typing
     assert k.render_prompt("What is my wifi password") != k.render_prompt("What is my wifi password?")
     assert k.render_prompt("Who is Dr. Okafor?") == t.render_prompt("Who is Dr. Okafor?")
+    # a context's lines are structure, not typing: they stay
+    assert folded_text("Context: The cat sat.\n\nQuestion: Where?") == "Context: The cat sat.\n\nQuestion: Where?"
 
 
 def test_a_preset_refuses_a_key_prompt_it_cannot_key_by():

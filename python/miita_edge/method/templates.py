@@ -19,6 +19,8 @@ braces (code, JSON) that ``format`` would choke on.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -39,15 +41,20 @@ def canonical_text(text: str) -> str:
     return t[:1].upper() + t[1:]
 
 
+#: A run of blanks other than newlines (``folded_text``).
+_BLANKS = re.compile(r"[^\S\n]+")
+
+
 def folded_text(text: str) -> str:
-    """``text`` with what typing changes and meaning does not folded, and nothing else: runs of
-    whitespace made one space, and text typed in one case (all lower or all upper) put in sentence
-    case. Text typed in mixed case is kept as typed (its capitals may be names), and so are its
-    punctuation and words."""
-    t = " ".join(text.split())
+    """``text`` with what typing changes and meaning does not folded, and nothing else: every run of
+    blanks other than a newline (spaces, tabs) made one space, and text typed in one case (all lower
+    or all upper) put in sentence case. Newlines are kept (a context's layout is structure), and so
+    are a prompt's trailing blank, mixed case (its capitals may be names), punctuation and words."""
+    t = _BLANKS.sub(" ", text)
     if any(c.isalpha() for c in t) and (t == t.lower() or t == t.upper()):
         t = t.lower()
-        t = t[:1].upper() + t[1:]
+        i = next(i for i, c in enumerate(t) if c.isalpha())
+        t = t[:i] + t[i].upper() + t[i + 1:]
     return t
 
 
