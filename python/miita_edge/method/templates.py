@@ -20,13 +20,12 @@ braces (code, JSON) that ``format`` would choke on.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 
 from ..errors import InputError
 
-__all__ = ["KEY_PROMPTS", "TEMPLATES", "Template", "canonical_text", "folded_text", "get_template", "key_template", "strip_lead",
-           "truncate_words"]
+__all__ = ["KEY_PROMPTS", "TEMPLATES", "Template", "canonical_text", "folded_text", "get_template", "key_template",
+           "strip_lead", "truncate_words"]
 
 #: Trailing characters that end a sentence or a question, not its content (``canonical_text``).
 END_PUNCTUATION = ".?!;:,"
@@ -250,7 +249,8 @@ def get_template(name: str) -> Template:
 #: is generated from keeps the text as typed.
 #: "folded": the memory's own prompt with the input in ``folded_text`` form (spacing, and text typed
 #: in one case); where that changes nothing the answer's own prompt pass gives the key.
-KEY_PROMPTS = {"memory": None, "canonical": "{memory}", "folded": "{memory}", "meaning": 'This sentence : "{input}" means in one word:"'}
+KEY_PROMPTS = {"memory": None, "canonical": "{memory}", "folded": "{memory}",
+               "meaning": 'This sentence : "{input}" means in one word:"'}
 
 
 def key_template(name: str, template: Template) -> Template:
