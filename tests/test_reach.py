@@ -289,3 +289,95 @@ def test_a_real_memory_flags_the_examples_that_share_a_neighbourhood(engine, tmp
         m.pipeline.forget_index()
         qp = m.plan(state)
         assert qp.gate is not None and qp.gate.keep.any()
+
+
+def reference_margin(best, counts, radius, null, floor, reach, answer, margin):
+    """The reach margin in words, over the keep the rule above gives (abstain on): find the answer
+    nearest the query (highest best cosine, first on ties); if it may steer, is no exact repeat and
+    passes no radius test (it is trusted by the reach alone), and some retrieved prototype of
+    another answer has a best cosine less than ``margin`` below it, nothing steers."""
+    keep = reference_keep(best, counts, radius, null, floor, reach, True)
+    lead = int(np.argmax(best))
+    if not keep[lead] or best[lead] >= EXACT_REPEAT:
+        return keep
+    if counts[lead] >= 2 and best[lead] >= radius[lead] and best[lead] > max(null[lead], floor):
+        return keep
+    rivals = [best[i] for i in range(len(best)) if answer[i] != answer[lead]]
+    if rivals and best[lead] - max(rivals) < margin:
+        return [False] * len(keep)
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_reach_margin_equals_the_rule_stated_answer_by_answer(seed):
+    rng = np.random.default_rng(1000 + seed)
+    m, J = int(rng.integers(1, 7)), 12
+    ids = rng.choice(J, m, replace=False)
+    grid = np.round(np.linspace(0.2, 1.0, 17), 3)  # steps of 0.05: gaps at, below and above the margin
+    best = rng.choice(grid, m)
+    counts = rng.integers(1, 3, J)
+    radius = rng.choice(grid, J)
+    null = rng.choice(grid, J) if rng.random() < 0.5 else None
+    floor = float(rng.choice(grid)) if rng.random() < 0.3 else -np.inf
+    reach = float(rng.choice(grid[:8]))
+    answer_of = rng.integers(0, 4, J)  # several prototypes may share an answer
+    margin = float(rng.choice([0.05, 0.1, 0.2]))
+    d = gate(ids, best, counts, radius, null, floor, reach=reach, abstain=True, answer=answer_of[ids],
+             margin=margin)
+    want = reference_margin(best, counts[ids], radius[ids], null[ids] if null is not None else [-np.inf] * m,
+                            floor, reach, answer_of[ids], margin)
+    assert d.keep.tolist() == want
+    assert (d.reason is None) == any(want)
+    # margin 0 is the gate without the test
+    d0 = gate(ids, best, counts, radius, null, floor, reach=reach, abstain=True, answer=answer_of[ids])
+    assert d0.keep.tolist() == reference_keep(best, counts[ids], radius[ids],
+                                              null[ids] if null is not None else [-np.inf] * m, floor, reach, True)
+
+
+def test_a_reached_answer_that_barely_leads_another_is_left_to_the_frozen_model():
+    ids, counts, radius = np.array([0, 1, 2]), np.array([1, 1, 2]), np.array([1.0, 1.0, 0.9])
+    # answer 0 leads answer 1 by 0.05, both taught once, the query within the reach (0.7) of both
+    d = gate(ids, np.array([0.85, 0.80, 0.3]), counts, radius, reach=0.7, abstain=True,
+             answer=np.array([0, 1, 2]), margin=0.1)
+    assert not d.keep.any() and "leads another answer" in d.reason
+    # a lead of 0.15 steers; so does a prototype of the same answer at 0.80, which is no rival
+    assert gate(ids, np.array([0.95, 0.80, 0.3]), counts, radius, reach=0.7, abstain=True,
+                answer=np.array([0, 1, 2]), margin=0.1).keep.tolist() == [True, True, False]
+    assert gate(ids, np.array([0.85, 0.80, 0.3]), counts, radius, reach=0.7, abstain=True,
+                answer=np.array([0, 0, 2]), margin=0.1).keep.tolist() == [True, True, False]
+    # an exact repeat, and an answer inside its own radius, steer however near a rival comes
+    assert gate(ids, np.array([1.0, 0.99, 0.3]), counts, radius, reach=0.7, abstain=True,
+                answer=np.array([0, 1, 2]), margin=0.1).keep[0]
+    assert gate(np.array([2, 1]), np.array([0.95, 0.90]), counts, radius, reach=0.7, abstain=True,
+                answer=np.array([2, 1]), margin=0.1).keep.tolist() == [True, True]
+
+
+def test_a_real_memory_reads_the_margin_over_its_answers(engine, tmp_path):
+    """The plan gives the gate each retrieved prototype's answer (equal answer tokens, one id, as a
+    brute-force comparison of the stored token lists says); a margin no lead can clear leaves a
+    question within two answers' reach to the frozen model, and an exact repeat still steers."""
+    from miita_edge.method.presets import default_preset
+    from miita_edge.miita import Miita
+    from miita_edge.streams import Example
+
+    ctx = ("Context: The old mill on the river was built in 1843 by the Harlow family, who ground wheat there "
+           "for three generations before it became a museum. Question: ")
+    with Miita(engine=engine, memory=tmp_path / "mem", template="plain", preset=default_preset()) as m:
+        m.ingest([Example(ctx + "When was the mill built?", "1843"),
+                  Example(ctx + "Who built the mill?", "the Harlow family"),
+                  Example(ctx + "In which year was the mill built?", "1843"),
+                  Example("how do I reset my router password?", "hold the reset button")],
+                 budget=None, progress=False)
+        index = m.retrieval_index()
+        seqs = [list(map(int, s)) for s in index.seqs]
+        ids = index.answer_id()
+        assert all((ids[i] == ids[j]) == (seqs[i] == seqs[j]) for i in range(len(seqs)) for j in range(len(seqs)))
+        state = m.keyed_engine().query(m.prompt_tokens(ctx + "What did the family grind there?"),
+                                       skip_bos_in_key=m.preset.skip_bos)
+        assert m.plan(state).gate.keep.any()  # without a margin a stored answer steers it
+        m.preset.reach_margin = 1.99
+        m.pipeline.forget_index()
+        qp = m.plan(state)
+        assert not qp.gate.keep.any() and "leads another answer" in qp.gate.reason
+        again = m.keyed_engine().query(m.prompt_tokens(ctx + "Who built the mill?"), skip_bos_in_key=m.preset.skip_bos)
+        assert m.plan(again).gate.keep.any()

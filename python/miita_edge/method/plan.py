@@ -123,6 +123,16 @@ class RetrievalIndex:
     key_dim: int = 0  # coordinates of a stored key (bits)
     null_float: np.ndarray | None = None  # (J,) null scores of float generic questions vs stored bits (gate_query "float")
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
+    _answer_id: np.ndarray | None = None  # (J,) prototypes with the same answer tokens share an id (answer_id)
+
+    def answer_id(self) -> np.ndarray:
+        """Each prototype's answer as a small integer (equal answer tokens, equal id), built on
+        first use: only the gate's reach margin reads it."""
+        if self._answer_id is None:
+            seen: dict[tuple, int] = {}
+            self._answer_id = np.array([seen.setdefault(tuple(int(t) for t in s), len(seen)) for s in self.seqs],
+                                       np.int64)
+        return self._answer_id
 
     @classmethod
     def build(cls, bank: MemoryBank, entries: dict | None = None, centroids: bool = False) -> "RetrievalIndex":
@@ -186,7 +196,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                         unit_anchors=True, scores=scores)
     decision = None
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
-        decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every)
+        decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every, pr.reach_margin)
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
@@ -254,7 +264,7 @@ def anchor_best(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> np.n
 
 
 def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain: bool = False,
-               reach_every: bool = False) -> GateDecision:
+               reach_every: bool = False, margin: float = 0.0) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
     form (its sign bits) against each one's anchors, as the radius was measured.
 
@@ -265,16 +275,19 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
     ids = np.asarray(ids, np.int64)
     floor = -math.inf
     K = index.key_dim
+    answer = index.answer_id()[ids] if margin > 0 else None
     if index.null_float is not None:  # the general-question tests read the float query against bits
         q = np.asarray(k_q, np.float32)[:K]
         floor = float_margin(q, index.generic_packed, K)
         near = float_best(index, q, ids)
         return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null_float, floor,
-                    reach=index.reach, abstain=abstain, reach_every=reach_every, near=near, contest=index.contest)
+                    reach=index.reach, abstain=abstain, reach_every=reach_every, near=near, contest=index.contest,
+                    answer=answer, margin=margin)
     if index.generic_packed is not None:
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
-                reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest)
+                reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest,
+                answer=answer, margin=margin)
 
 
 def float_margin(q: np.ndarray, generic_packed: np.ndarray, key_dim: int) -> float:

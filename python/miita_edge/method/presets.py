@@ -110,6 +110,9 @@ class Preset:
     # Where the retrieved answer nearest to the query is not trusted by the gate, abstain (the frozen
     # model answers) instead of steering with the answers that remain.
     abstain: bool = False
+    # Where the answer nearest to the query is trusted by the paraphrase reach alone, how far (in best
+    # cosine of sign bits) it must lead every other retrieved answer; 0: no such test.
+    reach_margin: float = 0.0
     # What the gate's general-question tests (the null and the nearest question) compare: "bits",
     # the query's sign bits with stored bits (popcount), as the radius is measured; or "float", the
     # float query with stored bits, as the vote scores (one side unquantised).
@@ -214,6 +217,9 @@ class Preset:
             raise StoreError(f"preset gate_query {self.gate_query!r} is not 'bits' or 'float'")
         if not isinstance(self.abstain, bool):
             raise StoreError(f"preset abstain {self.abstain!r} is not true or false")
+        if (isinstance(self.reach_margin, bool) or not isinstance(self.reach_margin, (int, float))
+                or not 0 <= self.reach_margin < 2):
+            raise StoreError(f"preset reach_margin {self.reach_margin!r} is not a number in [0, 2)")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):

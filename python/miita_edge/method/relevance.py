@@ -199,7 +199,8 @@ def contested(packed: np.ndarray, owner: np.ndarray, n_prototypes: int, key_dim:
 def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarray,
          null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
          abstain: bool = False, reach_every: bool = False, near: np.ndarray | None = None,
-         contest: np.ndarray | None = None) -> GateDecision:
+         contest: np.ndarray | None = None, answer: np.ndarray | None = None,
+         margin: float = 0.0) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -218,7 +219,11 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     ties: the first) is not trusted, nothing steers: the vote never hands a query to another
     answer because the one it resembles most was declined. ``contest`` (J,), if given: every
     prototype's ``contested`` flag; a contested answer is not trusted by the reach (an exact
-    repeat still is)."""
+    repeat still is). ``margin`` with ``answer`` (m,), each retrieved prototype's answer id: where
+    the answer nearest to the query is trusted by the reach alone (no exact repeat, no radius test
+    passed), it must lead every other retrieved answer's best cosine by at least ``margin``, or
+    nothing steers: one example's neighbourhood decides its answer only where no other answer's
+    example is about as near."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -239,6 +244,16 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     if reach is not None:
         keep = [k or ((reach_every or not rec) and not cj and bj >= reach and gj > zj)
                 for k, bj, gj, rec, cj, zj in zip(keep, b, g, recurring, c, z)]
+    if margin > 0 and answer is not None and any(keep):
+        lead = max(range(len(b)), key=lambda i: (b[i], -i))
+        by_reach = keep[lead] and b[lead] < EXACT_REPEAT and not (recurring[lead] and b[lead] >= r[lead]
+                                                                    and g[lead] > z[lead])
+        a = np.asarray(answer).reshape(-1).tolist()
+        rival = max((b[i] for i in range(len(b)) if a[i] != a[lead]), default=-np.inf)
+        if by_reach and b[lead] - rival < margin:
+            return GateDecision(np.zeros(len(b), bool),
+                                f"not decided: the nearest answer (best cosine {b[lead]:.3f}) leads another "
+                                f"answer ({rival:.3f}) by less than {margin:g}")
     if abstain and any(keep):
         lead = max(range(len(b)), key=lambda i: (b[i], -i))
         if not keep[lead]:
