@@ -128,16 +128,18 @@ def test_batched_default_keys_in_stored_form_stay_nearest_their_own_input(engine
     batched key strictly nearer its own input's one-prompt key than any other input's."""
     from miita_edge.method.extract import extract_keys
     from miita_edge.method.ingest import extract_examples
+    from miita_edge.method.templates import key_template
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
 
     m = Miita(engine=engine, memory=str(tmp_path / "mem"), template="banking77")
-    assert (m.preset.name, m.preset.version) == ("default", 15)
+    assert (m.preset.name, m.preset.version) == ("default", 16)
     rows = [r for r in ROWS if r[0]]
     m.ingest([Example(x, y, i + 1) for i, (x, y) in enumerate(rows[:2])], budget="none", progress=False)
     eng = m.keyed_engine()  # the memory's key layers and pooling, as its ingest and ask use them
     one = extract_examples(eng, m.template, m.preset, [Example(x, y, i + 1) for i, (x, y) in enumerate(rows)])
-    got = extract_keys(eng, m.template, rows, skip_bos=m.preset.skip_bos)
+    keyed = key_template(m.preset.key_prompt, m.template)  # the key's own prompt, as the batched ingest renders it
+    got = extract_keys(eng, keyed, rows, skip_bos=m.preset.skip_bos)
     S = np.array([np.signbit(m.bank.prepare_key(e.key)) for e in one])
     B = np.array([np.signbit(m.bank.prepare_key(e.key)) for e in got])
     width = S.shape[1]
@@ -150,7 +152,7 @@ def test_batched_default_keys_in_stored_form_stay_nearest_their_own_input(engine
     old = engine.config.n_seq_max
     engine.config.n_seq_max = 1
     try:
-        again = extract_keys(eng, m.template, rows, skip_bos=m.preset.skip_bos)
+        again = extract_keys(eng, keyed, rows, skip_bos=m.preset.skip_bos)
     finally:
         engine.config.n_seq_max = old
     assert np.array_equal(np.array([np.signbit(m.bank.prepare_key(e.key)) for e in again]), S)

@@ -198,7 +198,9 @@ def test_a_folded_memory_keys_a_prompt_folding_leaves_alone_by_the_answer_pass_b
 def test_a_memory_keyed_by_its_template_asks_as_before(engine, tmp_path):
     from miita_edge import Example, Miita
 
-    with Miita(memory=tmp_path / "mem", engine=engine, preset=default_preset()) as m:
+    p = default_preset()
+    p.key_prompt = "memory"  # the default before version 16
+    with Miita(memory=tmp_path / "mem", engine=engine, preset=p) as m:
         m.ingest([Example("What is my wifi password?", "tulip-4821")], budget="none", progress=False)
         assert m.key_tokens("What is my wifi password?") is None
         assert not m.pipeline.own_key_pass

@@ -53,11 +53,6 @@ def _bank(**kw) -> Callable[[Preset], None]:
     return off
 
 
-#: The candidates' reach margin, chosen on the personal facts' dev half (bench/facts_reach.py
-#: --margins, key-folded, Gemma): the largest margin whose step from the one before avoided more
-#: answers of another fact than it lost right ones.
-REACH_MARGIN = 0.01
-
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("centroid-vote", "all", _set(centroid_vote=False), "the vote reads anchors only, not each answer's centroid"),
     Mechanism("generic-null", "all", _set(null_gate=False), "the relevance gate without the generic-question null"),
@@ -81,6 +76,10 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               "its whitening was fitted on (in sample)"),
     Mechanism("abstain", "all", _set(abstain=False),
               "where the nearest retrieved answer is not trusted, the vote goes to the other retrieved answers"),
+    Mechanism("reach-margin", "all", _set(reach_margin=0.0),
+              "an answer the paraphrase reach alone trusts steers however near another retrieved answer comes"),
+    Mechanism("key-folded", "all", _set(key_prompt="memory"),
+              "keys pooled from the input as typed: another case or doubled spaces make another key"),
 )}
 
 
@@ -93,14 +92,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("key-canonical", "all", _set(key_prompt="canonical"),
               "keys pooled from the memory's own prompt with the input in canonical form (case, end mark and "
               "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),
-    Mechanism("key-folded", "all", _set(key_prompt="folded"),
-              "keys pooled from the memory's own prompt with runs of spaces made one and text typed in one case "
-              "put in sentence case (a key pass of its own only where that changes the prompt)"),
-    Mechanism("reach-margin", "all", _set(reach_margin=REACH_MARGIN),
-              "an answer the paraphrase reach alone trusts steers only where it leads every other retrieved "
-              "answer by a margin in best cosine"),
-    Mechanism("key-folded-margin", "all", _set(key_prompt="folded", reach_margin=REACH_MARGIN),
-              "key-folded with reach-margin"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
     Mechanism("reach-every", "all", _set(reach_every=True),

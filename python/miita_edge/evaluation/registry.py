@@ -71,6 +71,8 @@ def _dense_preset():
     # at "head", the push would scale unit vectors as if they were logit directions, and the
     # memory's preset would not validate when it is opened again.
     p.direction, p.eta_unit, p.eta = "row", "hidden", preset_version("default", 4).eta
+    # Its directions are read from the pass that pools the key, so the key is that of the prompt as typed.
+    p.key_prompt = "memory"
     p.bank.validate()
     p.validate_keys()
     return p

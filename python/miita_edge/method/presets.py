@@ -241,6 +241,13 @@ class Preset:
         return asdict(self)
 
 
+#: How far an answer the paraphrase reach alone trusts must lead every other retrieved answer (best
+#: cosine of sign bits). Chosen on the personal facts' dev half (bench/facts_reach.py --margins,
+#: Gemma): the largest margin whose step from the one before avoided more answers of another fact
+#: than it lost right ones (docs/method.md §11).
+REACH_MARGIN = 0.01
+
+
 def default_preset() -> Preset:
     """The default, whole, in one place: what ``ingest``, ``ask`` and ``serve`` use. docs/method.md
     describes each part in the order a query meets it, and its constants table says where every
@@ -255,9 +262,10 @@ def default_preset() -> Preset:
         key_depths=DEFAULT_KEY_DEPTHS, key_pooling=("last", "mean"), key_select="paraphrase",
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
-        single_reach="paraphrase-heldout", abstain=True,
+        single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN,
+        key_prompt="folded",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=15)
+        version=16)
 
 
 def paper_preset() -> Preset:
@@ -280,9 +288,12 @@ PRESETS = {"paper": paper_preset, "default": default_preset}
 #: harness (``miita-default@N``); users choose a name, never a version. CHANGELOG.md tells why each
 #: version changed; tests/test_presets.py checks every entry against the settings archived when each
 #: version was current.
+#: What every default before version 16 had in common against it: keys were pooled from the input as
+#: typed, and an answer the reach alone trusted steered however near another answer's example came.
+_BEFORE_16 = {"key_prompt": "memory", "reach_margin": 0.0}
 #: What every default before version 13 had in common against it: an answer taught once steered only on an
 #: exact repeat, and a declined nearest answer left the vote to the others.
-_BEFORE_13 = {"single_reach": "repeat", "abstain": False}
+_BEFORE_13 = {"single_reach": "repeat", "abstain": False, **_BEFORE_16}
 #: ... and before version 15, repair narrowed a key to its prefix in the frame's order.
 _PREFIX = {"narrow_rule": "prefix"}
 
@@ -315,8 +326,9 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 10): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
     ("default", 11): {"hold_min_tokens": 0, "eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
     ("default", 12): {"eta": 1.0, **_BEFORE_13, "bank": _PREFIX},
-    ("default", 13): {"bank": _PREFIX, "single_reach": "paraphrase"},
-    ("default", 14): {"bank": _PREFIX},
+    ("default", 13): {"bank": _PREFIX, "single_reach": "paraphrase", **_BEFORE_16},
+    ("default", 14): {"bank": _PREFIX, **_BEFORE_16},
+    ("default", 15): _BEFORE_16,
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 
