@@ -244,8 +244,8 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     if reach is not None:
         keep = [k or ((reach_every or not rec) and not cj and bj >= reach and gj > zj)
                 for k, bj, gj, rec, cj, zj in zip(keep, b, g, recurring, c, z)]
+    lead = max(range(len(b)), key=lambda i: (b[i], -i))  # the retrieved answer nearest the query (ties: the first)
     if margin > 0 and answer is not None and any(keep):
-        lead = max(range(len(b)), key=lambda i: (b[i], -i))
         by_reach = keep[lead] and b[lead] < EXACT_REPEAT and not (recurring[lead] and b[lead] >= r[lead]
                                                                     and g[lead] > z[lead])
         a = np.asarray(answer).reshape(-1).tolist()
@@ -255,7 +255,6 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
                                 f"not decided: the nearest answer (best cosine {b[lead]:.3f}) leads another "
                                 f"answer ({rival:.3f}) by less than {margin:g}")
     if abstain and any(keep):
-        lead = max(range(len(b)), key=lambda i: (b[i], -i))
         if not keep[lead]:
             return GateDecision(np.zeros(len(b), bool),
                                 f"the answer nearest to the query (best cosine {b[lead]:.3f}) is not trusted, "
