@@ -31,7 +31,8 @@ from .method.key_extractors import RAY_WORKERS, KeyOptions, choose_extractor, ke
 from .method.pipeline import KeyFrame, Pipeline
 from .method.plan import QueryPlan, RetrievalIndex
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
-from .method.templates import AUTO, resolve_template, strip_lead
+from .method.templates import AUTO, folded_text, resolve_template, strip_lead
+from .method.verify import evidence_tokens
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
 from .runtime.fingerprint import model_sha256
@@ -253,6 +254,14 @@ class Miita:
         """Exact bytes the memory occupies on disk once committed (every file)."""
         return self._manifest().committed_size(self.bank)
 
+    def _evidence_of(self):
+        """What ``learn`` keeps of an example's input as its answer's evidence (method/verify): the
+        input folded as keys fold it, tokenised; None where this memory keeps none."""
+        if not self.bank.config.evidence:
+            return None
+        eng = self.keyed_engine()
+        return lambda ex: evidence_tokens(eng, folded_text(ex.input))
+
     def budget_bytes(self, budget: str | Budget | None = None, stream: int | None = None) -> int | None:
         """The budget (default: the memory's) in bytes for its stream (or ``stream``); None: unlimited."""
         b = self.budget if budget is None else as_budget(budget)
@@ -285,7 +294,8 @@ class Miita:
                     extracted = self._decide_whitening(source)
                     record = self._manifest()
                     limit = record.budget_bytes(stream=call_stream_bytes(self.counts, examples))
-                    skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, record, limit=limit)
+                    skipped_lines, repair = learn(self.bank, self.preset, examples, extracted, record, limit=limit,
+                                                  evidence_of=self._evidence_of())
                 finally:
                     if hasattr(source, "close"):
                         source.close()
@@ -376,13 +386,13 @@ class Miita:
         toks = self.prompt_tokens(text) if prompt_tokens_override is None else list(prompt_tokens_override)
         return self.ask_tokens(toks, max_tokens=max_tokens, adapt=adapt, stop=stop, mode=mode, gate=gate, eta=eta,
                                temperature=temperature, seed=seed, top_p=top_p, on_token=on_token,
-                               on_logits=on_logits, key_tokens=self.key_tokens(text))
+                               on_logits=on_logits, key_tokens=self.key_tokens(text), text=text)
 
     def ask_tokens(self, tokens: Sequence[int], *, max_tokens: int = 32, adapt: bool = True,
                    stop: Sequence[str] = ("\n",), mode: str | None = None, gate: str | None = None,
                    eta: float | None = None, temperature: float = 0.0, seed: int = 0, top_p: float = 1.0,
                    on_token=None, oracle_dir: np.ndarray | None = None, on_logits=None,
-                   key_tokens: Sequence[int] | None = None, _wrap_plan=None) -> Answer:
+                   key_tokens: Sequence[int] | None = None, text: str | None = None, _wrap_plan=None) -> Answer:
         """``ask`` for a prompt already tokenized (serve renders chat messages itself). The reply
         comes without the template's leading separator (``Answer.lead`` holds what was cut). Where a
         stop string may end it is the engine's ``stop_after_text``: off, a model whose first token
@@ -390,13 +400,16 @@ class Miita:
 
         ``oracle_dir`` (H,): the label-derived d* that ``mode="oracle"`` ranks by (the evaluation's
         upper bound; ``ask_oracle``). ``key_tokens``: the query's key prompt (``key_tokens``), needed
-        where the memory keys queries by a prompt of their own. ``_wrap_plan``: ``trace``'s recorder
+        where the memory keys queries by a prompt of their own. ``text``: the query as typed, where the
+        caller has it (the model checks the paraphrase reach's answer against it, method/verify;
+        without it that check is skipped). ``_wrap_plan``: ``trace``'s recorder
         around the steering plan."""
         gen_kw = {"max_tokens": max_tokens, "stop": stop, "temperature": temperature, "seed": seed}
         if top_p != 1.0 or on_token is not None or on_logits is not None:
             gen_kw.update(top_p=top_p, on_token=on_token, on_logits=on_logits)
         out = self.pipeline.answer(self.bank, self._entries, tokens, gen_kw, adapt=adapt, mode=mode, gate=gate,
-                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan, key_tokens=key_tokens)
+                                   eta=eta, oracle_dir=oracle_dir, wrap_plan=_wrap_plan, key_tokens=key_tokens,
+                                   text=text)
         g, qp = out.generation, out.plan
         lead, text = strip_lead(g.text, self.template.lead)
         if qp is None:
@@ -411,20 +424,20 @@ class Miita:
         seen: list[list[int]] = [[]]
         self.keyed_engine()  # the template's special-token rule, before tokenising
         ans = self.ask_tokens(self.prompt_tokens(text), max_tokens=max_tokens, key_tokens=self.key_tokens(text),
-                              _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
+                              text=text, _wrap_plan=lambda plan: recording_plan(plan, steered, seen))
         return ans, trace_steps(ans.prototypes, ans.weights, self.retrieval_index().seqs, seen[0],
                                 ans.alphas, steered)
 
     def ask_oracle(self, text: str, oracle_dir: np.ndarray, **kw) -> Answer:
         """``ask`` ranked by a known direction d* (``mode="oracle"``): the evaluation's upper bound."""
         return self.ask_tokens(self.prompt_tokens(text), mode="oracle", oracle_dir=oracle_dir,
-                               key_tokens=self.key_tokens(text), **kw)
+                               key_tokens=self.key_tokens(text), text=text, **kw)
 
     def query_state(self, text: str) -> QueryState:
         """The prompt pass ``ask`` makes for ``text`` (its key from the memory's key prompt where it
         has one), for callers that retrieve without generating (``plan``)."""
         self.keyed_engine()  # the template's special-token rule, before tokenising
-        return self.pipeline.query_state(self.prompt_tokens(text), self.key_tokens(text))
+        return self.pipeline.query_state(self.prompt_tokens(text), self.key_tokens(text), text=text)
 
     def plan(self, state: QueryState, mode: str | None = None, oracle_dir=None) -> QueryPlan:
         """Retrieval for one query whose prompt pass made ``state`` (``Pipeline.plan``)."""

@@ -94,6 +94,9 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
+    Mechanism("verify-reach", "all", _bank(evidence=True),
+              "an answer taught once keeps its input, and the model confirms the reach's answer by reading the query "
+              "against the nearest answers' inputs"),
     Mechanism("reach-every", "all", _set(reach_every=True),
               "the paraphrase reach also trusts an answer taught more than once, beside its radius test"),
     Mechanism("alpha-gate", "all", _set(gate="gated"),

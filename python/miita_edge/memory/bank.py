@@ -158,9 +158,11 @@ class MemoryBank(QueryView):
         return len(a.tokens) == len(b.tokens) and bool(np.all(a.tokens == b.tokens))
 
     # ------------------------------------------------------------ write (eqs. 3, 4)
-    def write(self, dirs: np.ndarray, tokens: np.ndarray, key: np.ndarray) -> WriteResult:
+    def write(self, dirs: np.ndarray, tokens: np.ndarray, key: np.ndarray,
+              evidence: np.ndarray | None = None) -> WriteResult:
         """Mutates: add one experience. ``dirs`` unnormalised rows (mean: 1 row;
-        sequence: one per token; tokens: ignored); ``key`` the raw pooled key."""
+        sequence: one per token; tokens: ignored); ``key`` the raw pooled key; ``evidence`` the
+        input's tokens, kept while the answer is taught once where the bank keeps evidence."""
         pay = self.config.payload
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         if pay == "mean":
@@ -177,7 +179,9 @@ class MemoryBank(QueryView):
         if len(self.key_shared):  # every key has the shared signs there (sums keep them through folds)
             kp[0, self.key_stored:] = self.key_shared * np.abs(kp[0, self.key_stored:])
         k = self.store_key(kp[0])
-        new = Prototype(d, tokens, k, 1, np.ones(1, np.int64), kp.copy())
+        ev = np.asarray(evidence, np.int32).reshape(-1) if self.config.evidence and evidence is not None else None
+        new = Prototype(d, tokens, k, 1, np.ones(1, np.int64), kp.copy(),
+                        evidence=ev if ev is not None and len(ev) else None)
         if self.protos:
             sims = [self.similarity(new, p) if self._mergeable(new, p) else -np.inf for p in self.protos]
             j = int(np.argmax(sims))
@@ -187,6 +191,7 @@ class MemoryBank(QueryView):
                     merged = unit_rows(p.n * p.dirs + new.dirs[0 if pay == "mean" else slice(None)])
                     p.dirs = codecs.roundtrip(merged, self.config.dir_precision)
                 p.n += 1
+                p.evidence = None  # taught again: the radius test judges it now
                 # stored anchors are unit-norm except 'bit' (±1): normalise both sides
                 # with its own signs at the shared coordinates, as a query is: the radius says how near
                 # the answer's examples come as questions, and novelty is judged the same way
@@ -240,6 +245,8 @@ class MemoryBank(QueryView):
                     b += len(p.tokens) * isz["idx"] + isz["len"]
             else:
                 b += 3 * len(p.tokens) + isz["len"]
+        if p.evidence is not None:  # its input's tokens, 3 bytes each, and their count
+            b += 3 * len(p.evidence) + 1
         return b + (1 if cfg.relevance else 0)
 
     def _token_users(self) -> Counter:
@@ -507,11 +514,23 @@ class MemoryBank(QueryView):
         if self.config.payload != "tokens":
             pa.dirs = codecs.roundtrip(unit_rows(pa.n * pa.dirs + pb.n * pb.dirs), self.config.dir_precision)
         pa.n += pb.n
+        pa.evidence = None  # two examples now: the radius test judges it
         pa.radius = min(pa.radius, pb.radius)
         pa.anchors = np.concatenate([pa.anchors, pb.anchors])
         pa.anchor_n = np.concatenate([pa.anchor_n, pb.anchor_n])
         pa.anchor_sum = np.concatenate([pa.anchor_sum, pb.anchor_sum])
         del self.protos[b]
+        return True
+
+    def drop_evidence(self) -> bool:
+        """Mutates: let go of one prototype's evidence (its taught input's tokens), the longest first
+        (ties: the oldest). False if no prototype holds any. Repair's first step: evidence only lets
+        the model check the reach's answer (method/verify), so it never costs a key bit, an anchor or
+        an answer, and a memory without it is the memory it would have been without it."""
+        held = [(len(p.evidence), -j) for j, p in enumerate(self.protos) if p.evidence is not None]
+        if not held:
+            return False
+        self.protos[-max(held)[1]].evidence = None
         return True
 
     def evict_one(self) -> int:
@@ -528,7 +547,9 @@ class MemoryBank(QueryView):
         """
         log = RepairLog()
         while size_fn(self) > budget:
-            if self.prune_one_anchor():
+            if self.drop_evidence():
+                log.dropped += 1
+            elif self.prune_one_anchor():
                 log.pruned += 1
             elif self.narrow_keys():
                 log.narrowed += 1

@@ -102,6 +102,10 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
                 out["tok_len"] = fake((J,), len_dt)
         if cfg.relevance:
             out["radius"] = fake((J,), np.int8)
+        ev = [0 if p.evidence is None else len(p.evidence) for p in bank.protos]
+        if any(ev):
+            out["ev_len"] = fake((J,), np.uint8)
+            out["ev3"] = fake((sum(ev), 3), np.uint8)
         return out
 
     if cfg.payload != "tokens":
@@ -141,6 +145,15 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     if cfg.relevance:
         out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in bank.protos],
                                  np.float64).clip(-RADIUS_SCALE, RADIUS_SCALE).astype(np.int8)
+    ev = [np.zeros(0, np.int64) if p.evidence is None else np.asarray(p.evidence, np.int64) for p in bank.protos]
+    if any(len(e) for e in ev):  # absent while no answer holds its taught input
+        if max(len(e) for e in ev) > 255:
+            raise ValueError("an answer's evidence holds more than 255 tokens")
+        flat = np.concatenate(ev)
+        if flat.min() < 0 or flat.max() >= 1 << 24:
+            raise ValueError("evidence token ids must lie in 0..2^24-1 to be stored in 3 bytes")
+        out["ev_len"] = np.array([len(e) for e in ev], np.uint8)
+        out["ev3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
     return out
 
 
@@ -182,7 +195,7 @@ class StoredArrays:
         # ranks are checked here: a 2-D tokens array split into 2-D "sequences" crashed ``ask``
         # (the corruption campaign, docs/reliability.md).
         for name in ("counts", "anchor_owner", "anchor_per", "anchor_count", "anchor_scale", "dir_scale", "tokens",
-                     "tok_len", "tok_idx", "tok_bits", "tok_ids", "radius", "key_kept", "key_shared"):
+                     "tok_len", "tok_idx", "tok_bits", "tok_ids", "radius", "key_kept", "key_shared", "ev_len"):
             if name in arrays and np.ndim(arrays[name]) != 1:
                 raise ValueError(f"{name} array has shape {np.shape(arrays[name])}, expected one dimension")
         counts = np.asarray(arrays["counts"])
@@ -252,6 +265,7 @@ class StoredArrays:
             radius = np.asarray(arrays["radius"])
             if radius.shape != (J,) or radius.dtype != np.int8 or (J and radius.min() < -RADIUS_SCALE):
                 raise ValueError("radius does not hold one int8 radius per prototype")
+        self._evidence = _evidence(arrays, J)
         self.J, self.counts, self.D, self.raw, self.scale = J, counts, D, raw, scale
         self._arrays_shared = arrays.get("key_shared")
         self.key_dim, self.radius = key_dim, radius
@@ -296,6 +310,10 @@ class StoredArrays:
     def seqs(self) -> Seqs:
         return self._seqs
 
+    def evidence(self) -> list:
+        """Each prototype's evidence tokens (int32), None where it holds none."""
+        return self._evidence
+
     def dir_rows(self) -> np.ndarray:
         """First row of each prototype's payload in D (J,), and its length (J,)."""
         L = {"mean": np.ones(self.J, np.int64), "tokens": np.zeros(self.J, np.int64),
@@ -329,9 +347,27 @@ class StoredArrays:
             a, a_n = anchors_of(j)
             seq = self._seqs[j] if cfg.payload != "mean" else np.zeros(0, np.int32)
             f = int(first[j])
+            ev = self._evidence[j]
             out.append(Prototype(self.D[f:f + int(L[j])].copy(), seq.copy(), a, int(self.counts[j]), a_n,
-                                 radius=float(radii[j])))
+                                 radius=float(radii[j]), evidence=None if ev is None else ev.copy()))
         return out
+
+
+def _evidence(arrays: dict, J: int) -> list:
+    """The stored evidence (``ev_len``, ``ev3``: each prototype's taught input as 3-byte token ids),
+    one int32 array or None per prototype; ValueError where the two arrays do not agree."""
+    if "ev_len" not in arrays and "ev3" not in arrays:
+        return [None] * J
+    if "ev_len" not in arrays or "ev3" not in arrays:
+        raise ValueError("evidence needs both ev_len and ev3")
+    lens, raw = np.asarray(arrays["ev_len"]), np.asarray(arrays["ev3"])
+    if lens.shape != (J,) or lens.dtype != np.uint8:
+        raise ValueError("ev_len does not hold one uint8 length per prototype")
+    if raw.ndim != 2 or raw.shape[1] != 3 or raw.dtype != np.uint8 or len(raw) != int(lens.sum(dtype=np.int64)):
+        raise ValueError(f"ev3 array has shape {raw.shape}, expected ({int(lens.sum(dtype=np.int64))}, 3) uint8")
+    flat = (raw[:, 0].astype(np.int32) | (raw[:, 1].astype(np.int32) << 8) | (raw[:, 2].astype(np.int32) << 16))
+    ends = np.cumsum(lens.astype(np.int64))
+    return [flat[e - n:e] if n else None for n, e in zip(lens.tolist(), ends.tolist())]
 
 
 def distinct_tokens(protos) -> np.ndarray:

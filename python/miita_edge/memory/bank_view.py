@@ -104,6 +104,12 @@ class QueryView:
             return self._stored.seqs()
         return [p.tokens for p in self._protos]
 
+    def evidence(self) -> list:
+        """Each prototype's evidence, its taught input's tokens (int32), or None (method/verify)."""
+        if self._protos is None:
+            return self._stored.evidence()
+        return [p.evidence for p in self._protos]
+
     def directions(self, position: int = 0) -> np.ndarray:
         """(J, H) direction of each prototype at an answer position (zeros where absent)."""
         if self._protos is None:

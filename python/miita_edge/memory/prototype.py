@@ -53,8 +53,13 @@ class BankConfig:
     # "rival-shared", the same with a coordinate's worth taken from how often an answer's bit there
     # differs from its nearest rival's, not from all answers' balance.
     narrow_rule: str = "prefix"
+    # Keep the input's tokens of an answer taught once (``Prototype.evidence``), so that the model can
+    # read a query against it where the paraphrase reach alone would trust that answer (method/verify).
+    evidence: bool = False
 
     def validate(self) -> None:
+        if not isinstance(self.evidence, bool):
+            raise ValueError(f"evidence must be true or false, got {self.evidence!r}")
         if self.payload not in PAYLOADS:
             raise ValueError(f"payload must be one of {PAYLOADS}")
         if self.dir_precision not in codecs.DIR_PRECISIONS:
@@ -89,7 +94,7 @@ class Prototype:
 
     def __init__(self, dirs: np.ndarray, tokens: np.ndarray, anchors: np.ndarray, n: int = 1,
                  anchor_n: np.ndarray | None = None, anchor_sum: np.ndarray | None = None,
-                 radius: float = 1.0) -> None:
+                 radius: float = 1.0, evidence: np.ndarray | None = None) -> None:
         self.dirs = dirs
         self.tokens = tokens
         self._anchors = anchors
@@ -100,6 +105,9 @@ class Prototype:
         # answer's examples joined the anchors it already had: how far apart its own examples
         # are. 1.0 until a second example arrives (then only an exact repeat is "as close").
         self.radius = radius
+        # The tokens of the input that taught this answer, while it was taught once (None: not kept,
+        # or taught again since): what method/verify reads a query against. Repair drops it first.
+        self.evidence = evidence
 
     def __repr__(self) -> str:
         return (f"Prototype(n={self.n}, tokens={list(self.tokens)}, dirs={self.dirs.shape}, "
@@ -152,8 +160,10 @@ class RepairLog:
     merged: int = 0
     evicted: int = 0
     narrowed: int = 0
+    dropped: int = 0  # evidence let go (MemoryBank.drop_evidence)
 
     def __iadd__(self, other: "RepairLog") -> "RepairLog":
+        self.dropped += other.dropped
         self.pruned += other.pruned
         self.merged += other.merged
         self.evicted += other.evicted

@@ -139,7 +139,7 @@ def _extract_one(engine: Engine, template: Template, pr: Preset, ex: Example, ne
 
 
 def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extracted: Iterable[Extracted | None],
-          record: Manifest, *, limit: int | None) -> tuple[list[int], dict]:
+          record: Manifest, *, limit: int | None, evidence_of=None) -> tuple[list[int], dict]:
     """Write each extraction into ``bank`` in stream order and repair after each one (eqs. 3-5).
 
     ``limit`` is the byte budget for the whole call (None: unlimited): a fractional budget is
@@ -148,7 +148,9 @@ def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extract
     a few bytes for its first rows (a ``5%`` budget of one 40-byte row is 2 bytes). The memory
     stays within ``limit`` after every example, measured as ``record.committed_size``: the exact
     committed size, which reads ``record.counts`` too (the manifest holds them), so the counts are
-    updated before each repair. Returns (the lines of skipped examples, the repair counts)."""
+    updated before each repair. ``evidence_of(example)``: the input's tokens the bank keeps as an
+    answer's evidence (method/verify), or None. Returns (the lines of skipped examples, the repair
+    counts)."""
     counts = record.counts
     total_log = {"pruned": 0, "narrowed": 0, "merged": 0, "evicted": 0}
     skipped_lines: list[int] = []
@@ -165,7 +167,7 @@ def learn(bank: MemoryBank, preset: Preset, examples: Sequence[Example], extract
             dirs = e.R
         else:
             dirs = np.zeros((0, bank.n_embd), np.float32)
-        bank.write(dirs, np.asarray(e.target), e.key)
+        bank.write(dirs, np.asarray(e.target), e.key, None if evidence_of is None else evidence_of(ex))
         counts.examples += 1
         counts.stream_bytes = stream
         if limit is not None:

@@ -266,7 +266,8 @@ class Pipeline:
         the prompt the answer is generated from."""
         return self.key_template is not self.template
 
-    def query_state(self, tokens: Sequence[int], key_tokens: Sequence[int] | None, keyed: bool = True) -> QueryState:
+    def query_state(self, tokens: Sequence[int], key_tokens: Sequence[int] | None, keyed: bool = True,
+                    text: str | None = None) -> QueryState:
         """The answer's prompt pass, its key replaced by the key prompt's where the memory keys queries
         by a prompt of their own (that key-only pass runs first, so the answer's prompt is the last
         decode before generating). ``keyed`` False: the key is not needed (no steering)."""
@@ -282,11 +283,12 @@ class Pipeline:
         state = eng.query(list(tokens), skip_bos_in_key=pr.skip_bos)
         if key is not None:
             state = replace(state, key_sum=key[0], pooled_rows=key[1], key_rows=int(sum(mask)))
-        return state
+        return state if text is None else replace(state, text=text)
 
     def answer(self, bank: MemoryBank, entries: dict | None, tokens: Sequence[int], gen_kw: dict, *,
                adapt: bool = True, mode: str | None = None, gate: str | None = None, eta: float | None = None,
-               oracle_dir=None, wrap_plan=None, key_tokens: Sequence[int] | None = None) -> Steered:
+               oracle_dir=None, wrap_plan=None, key_tokens: Sequence[int] | None = None,
+               text: str | None = None) -> Steered:
         """Decode the prompt, retrieve, gate, and generate with the memory's push (or without it
         when adaptation is off, the memory is empty, or the relevance gate declines).
         ``wrap_plan``: a recorder around the steering plan (``trace``). ``key_tokens``: the query's
@@ -297,7 +299,7 @@ class Pipeline:
         steering = adapt and bank.n_prototypes > 0
         if steering:
             self.prepare(bank, entries)
-        state = self.query_state(tokens, key_tokens, keyed=steering)
+        state = self.query_state(tokens, key_tokens, keyed=steering, text=text)
         if not steering:
             reason = "adaptation is off" if not adapt else "the memory is empty"
             return Steered(eng.generate(state, **gen_kw), None, 0.0, reason)

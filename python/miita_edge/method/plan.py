@@ -22,6 +22,8 @@ from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
 from .retrieval import ScanIndex, retrieve
 from .steering import hold_target, knn_prototypes, lead_push, leading_answer, prefix_direction
+from .templates import folded_text
+from .verify import VERIFY_TOP, query_logprob, reach_confirmed
 
 __all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
@@ -124,6 +126,7 @@ class RetrievalIndex:
     null_float: np.ndarray | None = None  # (J,) null scores of float generic questions vs stored bits (gate_query "float")
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
     _answer_id: np.ndarray | None = None  # (J,) prototypes with the same answer tokens share an id (answer_id)
+    evidence: list | None = None  # (J,) each prototype's taught input's tokens or None (method/verify)
 
     def answer_id(self) -> np.ndarray:
         """Each prototype's answer as a small integer (equal answer tokens, equal id), built on
@@ -149,7 +152,8 @@ class RetrievalIndex:
         start = np.zeros(J + 1, np.int64)  # the anchors are grouped by owner, owners ascending
         np.cumsum(np.bincount(np.asarray(owner, np.int64), minlength=J)[:J], out=start[1:])
         index = cls(A_unit, owner, bank.directions(0), bank.answer_tokens(), packed, entries=entries,
-                    counts=bank.counts(), radius=bank.radii(), key_dim=bank.key_dim, anchor_start=start)
+                    counts=bank.counts(), radius=bank.radii(), key_dim=bank.key_dim, anchor_start=start,
+                    evidence=bank.evidence() if bank.config.evidence else None)
         if packed is not None:
             index.voters, index.voter_owner = packed, owner
             if centroids and len(packed):
@@ -197,6 +201,8 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     decision = None
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
         decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every, pr.reach_margin)
+        if decision.reach_lead >= 0 and bank.config.evidence and engine is not None:
+            decision = _verified(decision, index, engine, k_q, ids, getattr(state, "text", None))
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
@@ -288,6 +294,42 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
                 reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest,
                 answer=answer, margin=margin)
+
+
+def _verified(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q: np.ndarray, ids: np.ndarray,
+              text: str | None) -> GateDecision:
+    """The gate's ``decision`` where the model confirms the answer the paraphrase reach alone trusts
+    (method/verify): among the nearest ``VERIFY_TOP`` retrieved answers that hold their taught input
+    (by best cosine, ties to the earlier; one prototype per answer), no other's input may make the
+    query more than ``VERIFY_MARGIN`` likelier as its rewording than the reach's answer's input does;
+    else nothing steers. Unchanged where the query's
+    text is not known, or the reach's answer holds no evidence."""
+    evidence = index.evidence
+    lead = int(ids[decision.reach_lead])
+    if text is None or evidence is None or evidence[lead] is None:
+        return decision
+    best = anchor_best(index, k_q, ids).tolist()
+    answer = index.answer_id()
+    order = sorted(range(len(ids)), key=lambda i: (-best[i], i))
+    seen, compared = {int(answer[lead])}, [lead]
+    for i in order:
+        j = int(ids[i])
+        if len(compared) >= VERIFY_TOP:
+            break
+        if evidence[j] is not None and int(answer[j]) not in seen:
+            seen.add(int(answer[j]))
+            compared.append(j)
+    if len(compared) < 2:
+        return decision
+    query = folded_text(text)
+    scores = [query_logprob(engine, engine.detokenize(evidence[j]), query) for j in compared]
+    if reach_confirmed(scores):
+        return decision
+    rival = max(range(1, len(scores)), key=lambda i: scores[i])
+    return GateDecision(np.zeros(len(ids), bool),
+                        f"not confirmed: the model reads the query as a rewording of another answer's taught "
+                        f"input (log-probability {scores[rival]:.2f}) more readily than of the nearest answer's "
+                        f"({scores[0]:.2f})")
 
 
 def float_margin(q: np.ndarray, generic_packed: np.ndarray, key_dim: int) -> float:

@@ -56,6 +56,9 @@ EXACT_REPEAT = 1.0 - 1e-6
 class GateDecision:
     keep: np.ndarray  # (m,) bool: which of the retrieved prototypes may steer
     reason: str | None  # why nothing steers (None when something does)
+    # the position in ids of the answer nearest the query where the paraphrase reach alone trusts it
+    # (no exact repeat, no radius test passed), else -1: what method/verify checks
+    reach_lead: int = -1
 
     @property
     def adapted(self) -> bool:
@@ -245,9 +248,9 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
         keep = [k or ((reach_every or not rec) and not cj and bj >= reach and gj > zj)
                 for k, bj, gj, rec, cj, zj in zip(keep, b, g, recurring, c, z)]
     lead = max(range(len(b)), key=lambda i: (b[i], -i))  # the retrieved answer nearest the query (ties: the first)
+    by_reach = keep[lead] and b[lead] < EXACT_REPEAT and not (recurring[lead] and b[lead] >= r[lead]
+                                                              and g[lead] > z[lead])
     if margin > 0 and answer is not None and any(keep):
-        by_reach = keep[lead] and b[lead] < EXACT_REPEAT and not (recurring[lead] and b[lead] >= r[lead]
-                                                                    and g[lead] > z[lead])
         a = np.asarray(answer).reshape(-1).tolist()
         rival = max((b[i] for i in range(len(b)) if a[i] != a[lead]), default=-np.inf)
         if by_reach and b[lead] - rival < margin:
@@ -260,7 +263,7 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
                                 f"the answer nearest to the query (best cosine {b[lead]:.3f}) is not trusted, "
                                 f"so no other answer steers in its place")
     if any(keep):
-        return GateDecision(np.array(keep, bool), None)
+        return GateDecision(np.array(keep, bool), None, lead if by_reach else -1)
     shared = [i for i in range(len(b)) if c[i] and reach is not None and b[i] >= reach and g[i] > z[i]]
     if shared:
         j = max(shared, key=lambda i: (b[i], -i))

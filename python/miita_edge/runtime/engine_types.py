@@ -102,6 +102,7 @@ class QueryState:
     h_q: np.ndarray  # (H,) result_norm row of the last prompt token (answer start)
     logits: np.ndarray  # (V,) logits of the first answer token, unsteered
     pooled_rows: np.ndarray  # (L,) each block's divisor: rows summed, or 1 for a last-row block
+    text: str | None = None  # the query as typed, where the caller had it (method/verify reads it)
 
     @property
     def key(self) -> np.ndarray:
