@@ -335,7 +335,7 @@ def run(args, bench: str, budget: str) -> dict:
     sim.hub = args.hub
     if args.repair == "balanced":
         import types
-        from miita_edge.memory.bank import _unit_rows
+        from miita_edge.memory.prototype import unit_rows as _unit_rows
 
         def prune_balanced(bank):
             """Fold within the prototype that has the most anchors (ties: the closest pair)."""

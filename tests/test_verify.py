@@ -276,7 +276,7 @@ def test_drop_evidence_takes_the_longest_then_the_oldest():
 
 
 def test_the_reach_answer_is_checked_with_the_real_model():
-    """With the bundled model: a memory of two answers each taught once; a query that repeats one's
+    """With the bundled model and the default preset: a memory of two answers each taught once; a query that repeats one's
     taught question in other words is left alone or steered by the check, never to the other, and
     an exact repeat is never checked. (The rule's numbers are tested above; here only that the
     engine decodes the check between the prompt pass and generation and answers still come.)"""
@@ -285,10 +285,7 @@ def test_the_reach_answer_is_checked_with_the_real_model():
     from pathlib import Path
 
     from miita_edge import Example, Miita
-    from miita_edge.evaluation.ablation import with_candidate
-
-    with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", preset=with_candidate("verify-reach"),
-                                                   template="auto") as m:
+    with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", template="auto") as m:
         m.ingest([Example("Who is my dentist?", "Dr. Okafor"), Example("Who is my family doctor?", "Dr. Lindqvist")],
                  budget="none")
         assert all(e is not None for e in m.bank.evidence())

@@ -80,6 +80,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               "an answer the paraphrase reach alone trusts steers however near another retrieved answer comes"),
     Mechanism("key-folded", "all", _set(key_prompt="memory"),
               "keys pooled from the input as typed: another case or doubled spaces make another key"),
+    Mechanism("verify-reach", "all", _bank(evidence=False),
+              "no answer keeps its taught input, so the model never checks an answer the paraphrase reach alone "
+              "trusts against the nearest answers' inputs"),
 )}
 
 
@@ -94,9 +97,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
               "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),
     Mechanism("general-axes", "all", _set(key_axes="general"),
               "keys rotated onto the principal axes of the model's general prompts before their bits are kept"),
-    Mechanism("verify-reach", "all", _bank(evidence=True),
-              "an answer taught once keeps its input, and the model confirms the reach's answer by reading the query "
-              "against the nearest answers' inputs"),
     Mechanism("reach-every", "all", _set(reach_every=True),
               "the paraphrase reach also trusts an answer taught more than once, beside its radius test"),
     Mechanism("alpha-gate", "all", _set(gate="gated"),

@@ -161,8 +161,7 @@ class MemoryBank(QueryView):
     def write(self, dirs: np.ndarray, tokens: np.ndarray, key: np.ndarray,
               evidence: np.ndarray | None = None) -> WriteResult:
         """Mutates: add one experience. ``dirs`` unnormalised rows (mean: 1 row;
-        sequence: one per token; tokens: ignored); ``key`` the raw pooled key; ``evidence`` the
-        input's tokens, kept while the answer is taught once where the bank keeps evidence."""
+        sequence: one per token; tokens: ignored); ``key`` the raw pooled key; ``evidence`` the input's tokens."""
         pay = self.config.payload
         tokens = np.asarray(tokens, np.int32).reshape(-1)
         if pay == "mean":
@@ -179,9 +178,8 @@ class MemoryBank(QueryView):
         if len(self.key_shared):  # every key has the shared signs there (sums keep them through folds)
             kp[0, self.key_stored:] = self.key_shared * np.abs(kp[0, self.key_stored:])
         k = self.store_key(kp[0])
-        ev = np.asarray(evidence, np.int32).reshape(-1) if self.config.evidence and evidence is not None else None
-        new = Prototype(d, tokens, k, 1, np.ones(1, np.int64), kp.copy(),
-                        evidence=ev if ev is not None and len(ev) else None)
+        ev = np.asarray(evidence if self.config.evidence and evidence is not None else [], np.int32).reshape(-1)
+        new = Prototype(d, tokens, k, 1, np.ones(1, np.int64), kp.copy(), evidence=ev if len(ev) else None)
         if self.protos:
             sims = [self.similarity(new, p) if self._mergeable(new, p) else -np.inf for p in self.protos]
             j = int(np.argmax(sims))
@@ -523,10 +521,8 @@ class MemoryBank(QueryView):
         return True
 
     def drop_evidence(self) -> bool:
-        """Mutates: let go of one prototype's evidence (its taught input's tokens), the longest first
-        (ties: the oldest). False if no prototype holds any. Repair's first step: evidence only lets
-        the model check the reach's answer (method/verify), so it never costs a key bit, an anchor or
-        an answer, and a memory without it is the memory it would have been without it."""
+        """Mutates: let go of one prototype's evidence, the longest (ties: the oldest); False if none holds
+        any. Repair's first step: evidence never costs a key bit, an anchor or an answer (method/verify)."""
         held = [(len(p.evidence), -j) for j, p in enumerate(self.protos) if p.evidence is not None]
         if not held:
             return False
@@ -563,7 +559,6 @@ class MemoryBank(QueryView):
                                   f"(the smallest memory needs {size_fn(self)} bytes)")
         return log
 
-    # ------------------------------------------------------------ persistence
     # ------------------------------------------------------------ persistence
     def to_arrays(self, shapes_only: bool = False) -> dict[str, np.ndarray]:
         """The arrays that persist this bank (``bank_arrays.to_arrays``); with ``shapes_only``
@@ -603,6 +598,3 @@ class MemoryBank(QueryView):
         bank._stored = stored
         bank._protos = None
         return bank
-
-
-_unit_rows = unit_rows  # bench/memsim.py's name for it, until that script imports memory.prototype

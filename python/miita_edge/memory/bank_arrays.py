@@ -37,11 +37,11 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     little-endian rows for the rest, vocabularies up to 2^24) and ``tok_bits`` or
     ``tok_idx`` (each token's place in the dictionary, the narrowest unsigned type), or, where
     that is not smaller (``dictionary_pays``), ``tok3``, every token as a 3-byte id in place; with
-    ``tok_len`` per prototype, ``radius`` (relevance gate) in int8. Why a dictionary: answers
-    share most of their tokens (Banking77's 77 labels: 332 tokens, 114 distinct), so each
-    token costs a few bits and each distinct id about two bytes once, where a tight budget's
-    keys need every byte. Earlier memories (always ``tok3``; format 1's
-    ``anchor_owner`` and int32 ``tokens`` with separators) are still read."""
+    ``tok_len`` per prototype, ``radius`` (relevance gate) in int8, and the evidence (``_evidence_arrays``).
+    Why a dictionary: answers share most of their tokens (Banking77's 77 labels: 332 tokens, 114
+    distinct), so each token costs a few bits and each distinct id about two bytes once, where a tight
+    budget's keys need every byte. Earlier memories (``tok3``; format 1's ``anchor_owner`` and int32
+    ``tokens`` with separators) are still read."""
     cfg, H, J = bank.config, bank.n_embd, len(bank.protos)
     # a key stores key_stored coordinates itself; the shared ones (narrow_rule "balanced-shared") once
     stored_dim = bank.key_stored
@@ -102,11 +102,7 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
                 out["tok_len"] = fake((J,), len_dt)
         if cfg.relevance:
             out["radius"] = fake((J,), np.int8)
-        ev = [0 if p.evidence is None else len(p.evidence) for p in bank.protos]
-        if any(ev):
-            out["ev_len"] = fake((J,), np.uint8)
-            out["ev3"] = fake((sum(ev), 3), np.uint8)
-        return out
+        return out | _evidence_arrays(bank.protos, True)
 
     if cfg.payload != "tokens":
         D = np.concatenate([p.dirs for p in bank.protos]) if J else np.zeros((0, H), np.float32)
@@ -145,16 +141,25 @@ def to_arrays(bank, shapes_only: bool = False) -> dict[str, np.ndarray]:
     if cfg.relevance:
         out["radius"] = np.array([np.floor(p.radius * RADIUS_SCALE + 1e-6) for p in bank.protos],
                                  np.float64).clip(-RADIUS_SCALE, RADIUS_SCALE).astype(np.int8)
-    ev = [np.zeros(0, np.int64) if p.evidence is None else np.asarray(p.evidence, np.int64) for p in bank.protos]
-    if any(len(e) for e in ev):  # absent while no answer holds its taught input
-        if max(len(e) for e in ev) > 255:
-            raise ValueError("an answer's evidence holds more than 255 tokens")
-        flat = np.concatenate(ev)
-        if flat.min() < 0 or flat.max() >= 1 << 24:
-            raise ValueError("evidence token ids must lie in 0..2^24-1 to be stored in 3 bytes")
-        out["ev_len"] = np.array([len(e) for e in ev], np.uint8)
-        out["ev3"] = np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)
-    return out
+    return out | _evidence_arrays(bank.protos, False)
+
+
+def _evidence_arrays(protos, shapes_only: bool) -> dict[str, np.ndarray]:
+    """``ev_len`` (one uint8 length per prototype) and ``ev3`` (every evidence token as a 3-byte id), or
+    nothing while no answer holds its taught input (method/verify)."""
+    ev = [np.zeros(0, np.int64) if p.evidence is None else np.asarray(p.evidence, np.int64) for p in protos]
+    if not any(len(e) for e in ev):
+        return {}
+    if shapes_only:
+        return {"ev_len": np.broadcast_to(np.zeros((), np.uint8), (len(ev),)),
+                "ev3": np.broadcast_to(np.zeros((), np.uint8), (sum(len(e) for e in ev), 3))}
+    if max(len(e) for e in ev) > 255:
+        raise ValueError("an answer's evidence holds more than 255 tokens")
+    flat = np.concatenate(ev)
+    if flat.min() < 0 or flat.max() >= 1 << 24:
+        raise ValueError("evidence token ids must lie in 0..2^24-1 to be stored in 3 bytes")
+    return {"ev_len": np.array([len(e) for e in ev], np.uint8),
+            "ev3": np.stack([(flat >> s) & 0xFF for s in (0, 8, 16)], axis=1).astype(np.uint8)}
 
 
 

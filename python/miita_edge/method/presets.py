@@ -255,7 +255,7 @@ def default_preset() -> Preset:
     return Preset(
         "default",
         BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
-                   narrow_rule="rival-shared"),
+                   narrow_rule="rival-shared", evidence=True),
         skip_bos=True, center_keys=True, aggregation="prefix",
         retrieval=RetrievalConfig(T_agg=0.04), k_anchors=16,
         eta=1.25, eta_unit="push", direction="head", gate="ungated",
@@ -265,7 +265,7 @@ def default_preset() -> Preset:
         single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN,
         key_prompt="folded",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=16)
+        version=17)
 
 
 def paper_preset() -> Preset:
@@ -329,8 +329,14 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 13): {"bank": _PREFIX, "single_reach": "paraphrase", **_BEFORE_16},
     ("default", 14): {"bank": _PREFIX, **_BEFORE_16},
     ("default", 15): _BEFORE_16,
+    ("default", 16): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
+#: What every default before version 17 had in common against it: no answer kept its taught input, so
+#: the model never checked an answer the paraphrase reach alone trusted (method/verify.py).
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default":
+        _diff["bank"] = {**_diff.get("bank", {}), "evidence": False}
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
