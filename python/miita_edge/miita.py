@@ -31,8 +31,8 @@ from .method.key_extractors import RAY_WORKERS, KeyOptions, choose_extractor, ke
 from .method.pipeline import KeyFrame, Pipeline
 from .method.plan import QueryPlan, RetrievalIndex
 from .method.presets import PRESETS, Preset, check_memory_fields, default_preset, get_preset, paper_preset
-from .method.templates import AUTO, folded_text, resolve_template, strip_lead
-from .method.verify import evidence_tokens
+from .method.templates import AUTO, resolve_template, strip_lead
+from .method.verify import evidence_reader
 from .method.trace import StepTrace, recording_plan, trace_steps
 from .runtime.engine import Engine, EngineConfig, QueryState
 from .runtime.fingerprint import model_sha256
@@ -257,10 +257,7 @@ class Miita:
     def _evidence_of(self):
         """What ``learn`` keeps of an example's input as its answer's evidence (method/verify): the
         input folded as keys fold it, tokenised; None where this memory keeps none."""
-        if not self.bank.config.evidence:
-            return None
-        eng = self.keyed_engine()
-        return lambda ex: evidence_tokens(eng, folded_text(ex.input))
+        return evidence_reader(self.keyed_engine()) if self.bank.config.evidence else None
 
     def budget_bytes(self, budget: str | Budget | None = None, stream: int | None = None) -> int | None:
         """The budget (default: the memory's) in bytes for its stream (or ``stream``); None: unlimited."""

@@ -26,8 +26,10 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["EVIDENCE_MAX_TOKENS", "VERIFY_MARGIN", "VERIFY_PROMPT", "VERIFY_TOP", "evidence_tokens", "query_logprob",
-           "reach_confirmed"]
+from .templates import folded_text
+
+__all__ = ["EVIDENCE_MAX_TOKENS", "VERIFY_MARGIN", "VERIFY_PROMPT", "VERIFY_TOP", "evidence_reader", "evidence_tokens",
+           "query_logprob", "reach_confirmed"]
 
 #: The text the model reads a taught question in: the query follows it as the question's rewording.
 #: Written for this; one of two wordings compared on the personal facts' dev half (docs/method.md §5).
@@ -54,6 +56,12 @@ def evidence_tokens(engine, text: str) -> np.ndarray | None:
     if not toks or len(toks) > EVIDENCE_MAX_TOKENS:
         return None
     return np.asarray(toks, np.int32)
+
+
+def evidence_reader(engine):
+    """What ``ingest.learn`` keeps of an example as its answer's evidence: its input folded as keys
+    fold it (``templates.folded_text``), tokenised (``evidence_tokens``)."""
+    return lambda example: evidence_tokens(engine, folded_text(example.input))
 
 
 def query_logprob(engine, question: str, query: str) -> float:
