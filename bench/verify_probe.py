@@ -31,7 +31,6 @@ NEUTRAL = "What is this about?"
 
 def scores(args) -> int:
     sys.path.insert(0, str(ROOT / "python"))
-    import numpy as np
 
     from miita_edge import Example, Miita
     from miita_edge.method.presets import default_preset
@@ -39,26 +38,15 @@ def scores(args) -> int:
     from miita_edge.method import plan as plan_mod
     from miita_edge.method.steering import vote
     from miita_edge.method.templates import folded_text
-    from miita_edge.method.verify import VERIFY_PROMPT
+    from miita_edge.method.verify import query_logprob
     from miita_edge.runtime.engine import Engine, EngineConfig
 
     fs = load_facts(split="dev")
     engine = Engine(args.model, EngineConfig(n_threads=args.threads))
 
     def logprob(question: str, text: str) -> tuple[float, int]:
-        head = VERIFY_PROMPT.format(question=question)
-        a, b = engine.tokenize(head, add_bos=True), engine.tokenize(head + text, add_bos=True)
-        n = 0
-        while n < min(len(a), len(b)) and a[n] == b[n]:
-            n += 1
-        engine.reset()
-        rows = engine.decode(b[:-1], logits=[False] * (n - 1) + [True] * (len(b) - n)).astype(np.float64)
-        engine.reset()
-        total = 0.0
-        for row, tok in zip(rows, b[n:]):
-            m = row.max()
-            total += row[tok] - (m + math.log(np.exp(row - m).sum()))
-        return float(total), len(b) - n
+        """method/verify's score of ``text`` after ``question``, and ``text``'s length in tokens."""
+        return query_logprob(engine, question, text), len(engine.tokenize(text, add_bos=False))
 
     seen: list = []
     plan_mod._verified = lambda decision, index, eng, k_q, ids, text: seen.append((decision, index, k_q, ids)) or decision
