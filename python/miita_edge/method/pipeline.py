@@ -212,6 +212,8 @@ class Pipeline:
                 if pr.reach_contested:
                     index.contest = contested(index.packed, index.owner, bank.n_prototypes, bank.key_dim,
                                               index.reach)
+            if pr.answer_reading > 0:  # method/answer_reading: what the model expects of any answer
+                index.null_prompt = self.keyed_engine().tokenize(self.template.render_prompt(""))
             self._index = index
         return self._index
 

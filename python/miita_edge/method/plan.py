@@ -18,6 +18,7 @@ from ..native import ext
 from ..runtime.engine import Engine
 from ..runtime.engine_types import HoldFn
 from . import ann_index
+from .answer_reading import READ_TOP, leading_answers, prompt_logprobs, reweigh
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
 from .retrieval import ScanIndex, retrieve
@@ -127,6 +128,8 @@ class RetrievalIndex:
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
     _answer_id: np.ndarray | None = None  # (J,) prototypes with the same answer tokens share an id (answer_id)
     evidence: list | None = None  # (J,) each prototype's taught input's tokens or None (method/verify)
+    null_prompt: list | None = None  # the template's prompt of an empty input (method/answer_reading); None: off
+    answer_null: dict | None = None  # answer id -> log P(its tokens | null_prompt), filled on first use
 
     def answer_id(self) -> np.ndarray:
         """Each prototype's answer as a small integer (equal answer tokens, equal id), built on
@@ -206,6 +209,8 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
+    if pr.answer_reading > 0 and engine is not None and index.null_prompt is not None and len(ids) > 1:
+        ids, weights, best = _read_answers(pr.answer_reading, index, engine, state, ids, weights, best)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
     def dir_fn(j: int, s: int) -> np.ndarray:
@@ -294,6 +299,35 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
                 reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest,
                 answer=answer, margin=margin)
+
+
+def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids: np.ndarray, weights: np.ndarray,
+                  best: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The vote's ``READ_TOP`` leading answers reweighed by the model's reading of each
+    (method/answer_reading): weight times exp(lam * (log P(answer | the query's prompt) - log P(answer |
+    the empty prompt))); the other answers drop out. The query's prompt is read from the engine as
+    its prompt pass left it (``Engine.holds``), else decoded again; the empty prompt's readings are
+    kept per answer for this memory version."""
+    answer = index.answer_id()[ids]
+    lead = leading_answers(answer.tolist(), weights.tolist(), READ_TOP)
+    if len(lead) < 2:
+        return ids, weights, best
+    first: dict[int, int] = {}
+    for i, a in enumerate(answer.tolist()):
+        first.setdefault(int(a), int(ids[i]))
+    if index.answer_null is None:
+        index.answer_null = {}
+    missing = [a for a in lead if a not in index.answer_null]
+    if missing:  # before the query's own reading: the engine is left holding the query's prompt
+        got = prompt_logprobs(engine, index.null_prompt, [index.seqs[first[a]] for a in missing])
+        index.answer_null.update(zip(missing, got))
+    tokens = list(state.tokens)
+    last = np.asarray(state.logits) if engine.holds(tokens) else None
+    lp = prompt_logprobs(engine, tokens, [index.seqs[first[a]] for a in lead], last=last)
+    pmi = {a: x - index.answer_null[a] for a, x in zip(lead, lp)}
+    w = reweigh(answer.tolist(), weights, pmi, lam)
+    keep = w > 0
+    return ids[keep], w[keep], best[keep]
 
 
 def _verified(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q: np.ndarray, ids: np.ndarray,

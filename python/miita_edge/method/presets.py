@@ -113,6 +113,9 @@ class Preset:
     # Where the answer nearest to the query is trusted by the paraphrase reach alone, how far (in best
     # cosine of sign bits) it must lead every other retrieved answer; 0: no such test.
     reach_margin: float = 0.0
+    # The model reads the vote's leading answers (method/answer_reading.py): each one's weight times
+    # exp(answer_reading * PMI(answer; query)) under the frozen model; 0: the vote's weights as they are.
+    answer_reading: float = 0.0
     # What the gate's general-question tests (the null and the nearest question) compare: "bits",
     # the query's sign bits with stored bits (popcount), as the radius is measured; or "float", the
     # float query with stored bits, as the vote scores (one side unquantised).
@@ -220,6 +223,9 @@ class Preset:
         if (isinstance(self.reach_margin, bool) or not isinstance(self.reach_margin, (int, float))
                 or not 0 <= self.reach_margin < 2):
             raise StoreError(f"preset reach_margin {self.reach_margin!r} is not a number in [0, 2)")
+        if (isinstance(self.answer_reading, bool) or not isinstance(self.answer_reading, (int, float))
+                or not 0 <= self.answer_reading <= 10):
+            raise StoreError(f"preset answer_reading {self.answer_reading!r} is not a number in [0, 10]")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):

@@ -1,0 +1,154 @@
+"""A probe: does the model's own reading of an answer rerank the vote's candidates better?
+
+For each budget a fresh default memory learns a classification benchmark's stream (as
+``bench/bytes.py``), and each dev row's vote (gate off: retrieval alone) ranks its retrieved answers
+by summed weight. For the top ``--top`` answers the frozen model scores log P(answer | the query's
+prompt) (the template's target, newline included) and, once per answer, log P(answer | the prompt
+of an empty input); their difference is the answer's pointwise mutual information with the query.
+Prints, per budget: the vote's top-1, the share with the gold answer among the top K, and top-1
+after reranking by log-probability, by PMI and by log(vote share) + lambda * PMI for a few lambdas.
+Dev rows only; nothing here is a default.
+
+    python bench/rerank_probe.py --budgets 1%,5% [--model M] [--top 4] [--out F.json]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+from contextlib import closing
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import ROOT, print_header  # noqa: E402
+
+DATA = ROOT.parent / "shared" / "data"
+LAMBDAS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0)
+
+
+def logprob_after(engine, n_prompt: int, last_row: np.ndarray, target: list[int]) -> float:
+    """log P(target | the prompt already decoded, ``n_prompt`` positions, whose last logits row is
+    ``last_row``): the target's tokens decoded after it, then the cache cut back to the prompt."""
+    rows = [last_row]
+    if len(target) > 1:
+        rows += list(engine.decode(target[:-1], logits="all"))
+        engine.truncate(n_prompt)
+    total = 0.0
+    for row, tok in zip(rows, target):
+        r = np.asarray(row, np.float64)
+        m = float(r.max())
+        total += float(r[tok]) - (m + math.log(float(np.exp(r - m).sum())))
+    return total
+
+
+def score_prompt(engine, prompt: list[int], targets: list[list[int]]) -> list[float]:
+    engine.reset()
+    last = engine.decode(prompt, logits="last")[0].copy()
+    out = [logprob_after(engine, len(prompt), last, t) for t in targets]
+    engine.reset()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--benchmark", default="banking77")
+    ap.add_argument("--budgets", default="1%,5%")
+    ap.add_argument("--top", type=int, default=4)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--cache", type=Path, default=ROOT / "bench-results" / "extract-cache")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    print_header(argv)
+    sys.path.insert(0, str(ROOT / "python"))
+    from miita_edge import Miita
+    from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
+    from miita_edge.evaluation.extract_cache import ExtractCache
+    from miita_edge.evaluation.metrics import label_match
+    from miita_edge.memory.budget import parse_budget
+    from miita_edge.method.extract import prompt_tokens
+    from miita_edge.method.pipeline import Pipeline
+    from miita_edge.method.presets import default_preset
+    from miita_edge.runtime.engine import Engine, EngineConfig
+    from miita_edge.runtime.fingerprint import model_sha256
+    from miita_edge.streams import stream_bytes
+
+    spec = get_benchmark(args.benchmark)
+    _, stages = load_benchmark(spec, DATA / spec.data_name, limit_test=args.limit, split="dev")
+    items = [it for s in stages for it in s.test]
+    stream = stream_bytes(ex for s in stages for ex in s.train)
+    results = {}
+    with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True))) as engine:
+        cache = ExtractCache(args.cache, model_sha256(engine.info.path))
+        for text in [b.strip() for b in args.budgets.split(",") if b.strip()]:
+            b = parse_budget(text)
+            with tempfile.TemporaryDirectory() as tmp:
+                m = Miita(memory=Path(tmp) / "mem", preset=default_preset(), template=spec.template, engine=engine,
+                          extract_cache=cache, max_prompt_tokens=spec.max_prompt_tokens)
+                for s in stages:
+                    m.ingest(s.train, budget="none" if b.unlimited else str(b.resolve(stream)), progress=False)
+                eng = m.keyed_engine()
+                toks = [list(map(int, t)) for t in m.bank.answer_tokens()]
+                labels = [eng.detokenize(t).strip() for t in toks]
+                null_prompt = prompt_tokens(eng, m.template, "", m.max_prompt_tokens)
+                null = score_prompt(eng, null_prompt, toks)
+                open_pipe = Pipeline(dataclasses.replace(m.preset, relevance_gate=False, null_gate=False), m.engine,
+                                     m.template, m.fingerprint())
+                rows = []
+                for qi, it in enumerate(items):
+                    x = it.example.input
+                    prompt = prompt_tokens(eng, m.template, x, m.max_prompt_tokens)
+                    state = eng.query(prompt, skip_bos_in_key=m.preset.skip_bos)
+                    gated = m.plan(state)
+                    declined = gated.gate is not None and not gated.gate.adapted
+                    qo = open_pipe.plan(m.bank, None, state)
+                    acc: dict[str, float] = {}
+                    first: dict[str, int] = {}
+                    for j, w in zip(qo.ids, qo.weights):
+                        acc[labels[j]] = acc.get(labels[j], 0.0) + float(w)
+                        first.setdefault(labels[j], int(j))
+                    ranked = sorted(acc, key=lambda k: -acc[k])[: args.top]
+                    lp = score_prompt(eng, prompt, [toks[first[k]] for k in ranked])
+                    total = sum(acc.values()) or 1.0
+                    rows.append({"gold": [label_match(k, it.golds) for k in ranked],
+                                 "share": [acc[k] / total for k in ranked], "lp": lp,
+                                 "null": [null[first[k]] for k in ranked], "declined": declined})
+                    if qi % 50 == 0:
+                        print(f"# {text}: {qi}/{len(items)}", flush=True)
+                m.close()
+            results[text] = rows
+            report(text, rows)
+    if args.out:
+        args.out.write_text(json.dumps(results))
+    return 0
+
+
+def report(text: str, rows: list[dict]) -> None:
+    n = len(rows)
+
+    def top1(score) -> int:
+        hit = 0
+        for r in rows:
+            if not r["gold"]:
+                continue
+            s = score(r)
+            hit += r["gold"][int(np.argmax(s))]
+        return hit
+
+    print(f"## {text}: {n} dev rows, gate declines {sum(r['declined'] for r in rows)}")
+    print(f"vote top-1 {top1(lambda r: r['share'])}, gold in top-K {sum(any(r['gold']) for r in rows)}")
+    print(f"log P rerank {top1(lambda r: r['lp'])}, PMI rerank {top1(lambda r: np.subtract(r['lp'], r['null']))}")
+    for lam in LAMBDAS:
+        f = lambda r, lam=lam: np.log(np.maximum(r["share"], 1e-9)) + lam * np.subtract(r["lp"], r["null"])
+        g = lambda r, lam=lam: np.log(np.maximum(r["share"], 1e-9)) + lam * np.asarray(r["lp"])
+        print(f"  lambda {lam}: share+PMI {top1(f)}, share+logP {top1(g)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
