@@ -83,6 +83,8 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("verify-reach", "all", _bank(evidence=False),
               "no answer keeps its taught input, so the model never checks an answer the paraphrase reach alone "
               "trusts against the nearest answers' inputs"),
+    Mechanism("read-answers", "all", _set(answer_reading=0.0),
+              "the vote's weights are the keys' alone: the model does not read the leading answers"),
 )}
 
 
@@ -128,9 +130,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
-    Mechanism("read-answers", "all", _set(answer_reading=0.1),
-              "the model reads the vote's 4 leading answers: each one's weight times exp(0.1 * PMI), the "
-              "pointwise mutual information of answer and query under the frozen model"),
 )}
 
 

@@ -253,6 +253,12 @@ class Preset:
 #: than it lost right ones (docs/method.md §11).
 REACH_MARGIN = 0.01
 
+#: The exponent of the model's reading of an answer in its weight (method/answer_reading.py): weight
+#: times exp(ANSWER_READING * PMI). Chosen on Banking77's dev rows at 1% (bench/rerank_probe.py, both
+#: models, the vote's first answer among its 4 leading ones): the lambda of 0.05 / 0.1 / 0.2 / 0.3 / 0.5 / 1
+#: with the most right over both models (396 / 407 / 403 / 403 / 398 / 380 of 616; docs/method.md §11).
+ANSWER_READING = 0.1
+
 
 def default_preset() -> Preset:
     """The default, whole, in one place: what ``ingest``, ``ask`` and ``serve`` use. docs/method.md
@@ -268,10 +274,10 @@ def default_preset() -> Preset:
         key_depths=DEFAULT_KEY_DEPTHS, key_pooling=("last", "mean"), key_select="paraphrase",
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
-        single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN,
+        single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN, answer_reading=ANSWER_READING,
         key_prompt="folded",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=17)
+        version=18)
 
 
 def paper_preset() -> Preset:
@@ -336,13 +342,19 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 14): {"bank": _PREFIX, **_BEFORE_16},
     ("default", 15): _BEFORE_16,
     ("default", 16): {},
+    ("default", 17): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 #: What every default before version 17 had in common against it: no answer kept its taught input, so
 #: the model never checked an answer the paraphrase reach alone trusted (method/verify.py).
 for (_name, _v), _diff in PAST_VERSIONS.items():
-    if _name == "default":
+    if _name == "default" and _v < 17:
         _diff["bank"] = {**_diff.get("bank", {}), "evidence": False}
+#: What every default before version 18 had in common against it: the vote's weights were the keys'
+#: alone; the model did not read the leading answers (method/answer_reading.py).
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default":
+        _diff["answer_reading"] = 0.0
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
