@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from miita_edge.errors import StoreError
-from miita_edge.method.answer_reading import READ_MAX_TOKENS, READ_TOP, leading_answers, prompt_logprobs, reweigh
+from miita_edge.method.answer_reading import READ_TOP, leading_answers, prompt_logprobs, reads, reweigh
+from miita_edge.method.key_whitening import REPLY_MIN_TOKENS
 from miita_edge.method.plan import RetrievalIndex, _read_answers
 from miita_edge.method.presets import default_preset
 
@@ -106,7 +107,7 @@ class FakeEngine:
 
 
 def _ref(eng: FakeEngine, prompt, seq) -> float:
-    full = list(prompt) + list(seq)[:READ_MAX_TOKENS]
+    full = list(prompt) + list(seq)
     total = 0.0
     for i in range(len(prompt), len(full)):
         r = eng.row(i - 1, full[i - 1])
@@ -125,7 +126,7 @@ def test_prompt_logprobs_are_numpy_log_softmax_sums(held):
     assert got[2] == 0.0
     assert eng.seq == prompt  # left holding the prompt, each answer cut off again
     if held:  # the prompt is not decoded again
-        assert eng.decoded == len(prompt) + 2 + (READ_MAX_TOKENS - 1)
+        assert eng.decoded == len(prompt) + 2 + 39
 
 
 # ---------------------------------------------------------------- in the plan
@@ -170,6 +171,22 @@ def test_read_answers_matches_a_written_out_reading():
     state = _State(prompt, eng.query(prompt))
     _read_answers(lam, idx, eng, state, ids, weights, best)
     assert eng.decoded - before == len(prompt) + sum(len(seqs[first[a]]) - 1 for a in lead)
+
+
+@pytest.mark.parametrize("lengths,want", [([3, 4], True), ([1, 15, 2, 9], True), ([3], False), ([], False),
+                                          ([3, 16], False), ([40, 30], False), ([0, 3], False)])
+def test_only_two_or_more_labels_are_read(lengths, want):
+    assert REPLY_MIN_TOKENS == 16
+    assert reads(lengths) is want
+
+
+def test_a_reply_among_the_leading_answers_is_not_read():
+    eng = FakeEngine()
+    idx = _index([[5, 6], list(range(1, REPLY_MIN_TOKENS + 1))])
+    ids, w, b = np.array([0, 1]), np.array([0.6, 0.4]), np.array([0.9, 0.8])
+    state = _State([1, 2], eng.query([1, 2]))
+    out = _read_answers(0.1, idx, eng, state, ids, w, b)
+    assert out[1] is w and eng.decoded == 2 and idx.answer_null is None
 
 
 def test_one_answer_is_not_read():

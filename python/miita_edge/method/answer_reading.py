@@ -16,8 +16,9 @@ answer's vote weight times exp(lambda * PMI), a product of experts whose exponen
 ``READ_TOP`` are dropped (their weight was small, and no reading of them was made).
 
 Cost: one pass over the leading answers' tokens after the query's prompt (which the prompt pass has
-already decoded), and, once per answer and memory version, one pass after the empty prompt. Only an
-answer's first ``READ_MAX_TOKENS`` tokens are read.
+already decoded), and, once per answer and memory version, one pass after the empty prompt. Only
+labels are read (``reads``: answers shorter than a reply); a reply's many tokens, each scored over the
+whole vocabulary, cost several times the reply's own generation for no measured gain.
 
 The arithmetic (``leading_answers``, ``reweigh``) is pure and tested against brute-force
 restatements; ``prompt_logprobs`` against numpy's log-softmax over a fake model's rows
@@ -30,15 +31,24 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["READ_MAX_TOKENS", "READ_TOP", "leading_answers", "prompt_logprobs", "reweigh"]
+from .key_whitening import REPLY_MIN_TOKENS
+
+__all__ = ["READ_TOP", "leading_answers", "prompt_logprobs", "reads", "reweigh"]
 
 #: How many of the vote's leading answers the model reads. The probe's choice on Banking77's dev rows
 #: (bench/rerank_probe.py --top 4): the right answer is among the first 4 for 89% (Gemma) and 82%
 #: (SmolLM2) of the queries at 1%, and each more answer read costs one more pass per query.
 READ_TOP = 4
-#: The most tokens of an answer the model reads (by construction: a bound on the cost per query; a
-#: label or a short reply is read whole, a long answer by its beginning, where answers differ first).
-READ_MAX_TOKENS = 32
+
+
+def reads(lengths: Sequence[int]) -> bool:
+    """Whether the model reads these leading answers (their stored lengths in tokens): where there are
+    two or more and every one is shorter than a reply (``REPLY_MIN_TOKENS``, the line the whitening
+    and the hold draw). Replies are left to the vote: on the canned replies' dev rows the reading
+    moved nothing beyond noise (Gemma -2.5 [-7.5, +2.5]) at 5.8 times a reply's time (four replies
+    read token by token through a 262,144-word head), as versions 8-12's rerank of replies gained
+    nothing (docs/method.md §5.1, §12)."""
+    return len(lengths) >= 2 and all(0 < n < REPLY_MIN_TOKENS for n in lengths)
 
 
 def leading_answers(answer: Sequence[int], weights: Sequence[float], top: int = READ_TOP) -> list[int]:
@@ -73,10 +83,10 @@ def _log_softmax_at(row: np.ndarray, tok: int) -> float:
     return float(r[tok]) - (m + math.log(float(np.exp(r - m).sum())))
 
 
-def prompt_logprobs(engine, prompt: Sequence[int], seqs: Sequence[Sequence[int]], last: np.ndarray | None = None,
-                    max_tokens: int = READ_MAX_TOKENS) -> list[float]:
-    """log P(seq | prompt) under ``engine``'s model for each of ``seqs`` (its first ``max_tokens``
-    tokens; an empty one scores 0), summed over the tokens.
+def prompt_logprobs(engine, prompt: Sequence[int], seqs: Sequence[Sequence[int]],
+                    last: np.ndarray | None = None) -> list[float]:
+    """log P(seq | prompt) under ``engine``'s model for each of ``seqs`` (an empty one scores 0),
+    summed over its tokens.
 
     ``last``: the prompt's last logits row, where ``engine`` holds exactly ``prompt`` (as
     ``Engine.query`` left it): the prompt is then not decoded again. Otherwise it is decoded once
@@ -89,7 +99,7 @@ def prompt_logprobs(engine, prompt: Sequence[int], seqs: Sequence[Sequence[int]]
     n = len(prompt)
     out = []
     for seq in seqs:
-        s = [int(t) for t in seq][:max_tokens]
+        s = [int(t) for t in seq]
         if not s:
             out.append(0.0)
             continue

@@ -18,7 +18,7 @@ from ..native import ext
 from ..runtime.engine import Engine
 from ..runtime.engine_types import HoldFn
 from . import ann_index
-from .answer_reading import READ_TOP, leading_answers, prompt_logprobs, reweigh
+from .answer_reading import READ_TOP, leading_answers, prompt_logprobs, reads, reweigh
 from .presets import Preset
 from .relevance import GateDecision, gate, nearest_margin
 from .retrieval import ScanIndex, retrieve
@@ -303,18 +303,18 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
 
 def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids: np.ndarray, weights: np.ndarray,
                   best: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The vote's ``READ_TOP`` leading answers reweighed by the model's reading of each
+    """The vote's ``READ_TOP`` leading answers, where they are labels (``answer_reading.reads``), reweighed by the model's reading of each
     (method/answer_reading): weight times exp(lam * (log P(answer | the query's prompt) - log P(answer |
     the empty prompt))); the other answers drop out. The query's prompt is read from the engine as
     its prompt pass left it (``Engine.holds``), else decoded again; the empty prompt's readings are
     kept per answer for this memory version."""
     answer = index.answer_id()[ids]
     lead = leading_answers(answer.tolist(), weights.tolist(), READ_TOP)
-    if len(lead) < 2:
-        return ids, weights, best
     first: dict[int, int] = {}
     for i, a in enumerate(answer.tolist()):
         first.setdefault(int(a), int(ids[i]))
+    if not reads([len(index.seqs[first[a]]) for a in lead]):
+        return ids, weights, best
     if index.answer_null is None:
         index.answer_null = {}
     missing = [a for a in lead if a not in index.answer_null]
