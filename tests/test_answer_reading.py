@@ -180,18 +180,11 @@ def test_only_two_or_more_labels_are_read(lengths, want):
     assert reads(lengths) is want
 
 
-def test_a_reply_among_the_leading_answers_is_not_read():
+@pytest.mark.parametrize("seqs", [[[5, 6], list(range(1, REPLY_MIN_TOKENS + 1))],  # a reply among them
+                                  [[5], [5]]])  # one answer (two prototypes of it)
+def test_nothing_is_read_where_the_leading_answers_are_not_two_labels(seqs):
     eng = FakeEngine()
-    idx = _index([[5, 6], list(range(1, REPLY_MIN_TOKENS + 1))])
-    ids, w, b = np.array([0, 1]), np.array([0.6, 0.4]), np.array([0.9, 0.8])
-    state = _State([1, 2], eng.query([1, 2]))
-    out = _read_answers(0.1, idx, eng, state, ids, w, b)
-    assert out[1] is w and eng.decoded == 2 and idx.answer_null is None
-
-
-def test_one_answer_is_not_read():
-    eng = FakeEngine()
-    idx = _index([[5], [5]])
+    idx = _index(seqs)
     ids, w, b = np.array([0, 1]), np.array([0.6, 0.4]), np.array([0.9, 0.8])
     state = _State([1, 2], eng.query([1, 2]))
     out = _read_answers(0.1, idx, eng, state, ids, w, b)
