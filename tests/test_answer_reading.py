@@ -185,6 +185,18 @@ def test_only_two_or_more_labels_are_read(lengths, want):
 def test_nothing_is_read_where_the_leading_answers_are_not_two_labels(seqs):
     eng = FakeEngine()
     idx = _index(seqs)
+    _check_unread(eng, idx)
+
+
+def test_nothing_is_read_without_an_empty_prompt_to_compare_with():
+    """A template of the input alone on a model without BOS: the empty input's prompt has no token."""
+    eng = FakeEngine()
+    idx = _index([[5, 6], [7]])
+    idx.null_prompt = []
+    _check_unread(eng, idx)
+
+
+def _check_unread(eng, idx):
     ids, w, b = np.array([0, 1]), np.array([0.6, 0.4]), np.array([0.9, 0.8])
     state = _State([1, 2], eng.query([1, 2]))
     out = _read_answers(0.1, idx, eng, state, ids, w, b)

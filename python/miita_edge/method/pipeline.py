@@ -212,8 +212,9 @@ class Pipeline:
                 if pr.reach_contested:
                     index.contest = contested(index.packed, index.owner, bank.n_prototypes, bank.key_dim,
                                               index.reach)
-            if pr.answer_reading > 0:  # method/answer_reading: what the model expects of any answer
-                index.null_prompt = self.keyed_engine().tokenize(self.template.render_prompt(""))
+            if pr.answer_reading > 0:  # method/answer_reading: what the model expects of any answer; a
+                # template of the input alone on a model without BOS leaves no context to read it in: no reading
+                index.null_prompt = self.keyed_engine().tokenize(self.template.render_prompt("")) or None
             self._index = index
         return self._index
 

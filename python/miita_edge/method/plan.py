@@ -209,7 +209,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
-    if pr.answer_reading > 0 and engine is not None and index.null_prompt is not None and len(ids) > 1:
+    if pr.answer_reading > 0 and engine is not None and index.null_prompt and len(ids) > 1:
         ids, weights, best = _read_answers(pr.answer_reading, index, engine, state, ids, weights, best)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
@@ -308,6 +308,8 @@ def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids:
     the empty prompt))); the other answers drop out. The query's prompt is read from the engine as
     its prompt pass left it (``Engine.holds``), else decoded again; the empty prompt's readings are
     kept per answer for this memory version."""
+    if not index.null_prompt:  # no context to read an answer in without the query (Pipeline.index)
+        return ids, weights, best
     answer = index.answer_id()[ids]
     lead = leading_answers(answer.tolist(), weights.tolist(), READ_TOP)
     first: dict[int, int] = {}
