@@ -303,11 +303,11 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
 
 def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids: np.ndarray, weights: np.ndarray,
                   best: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The vote's ``READ_TOP`` leading answers, where they are labels (``answer_reading.reads``), reweighed by the model's reading of each
-    (method/answer_reading): weight times exp(lam * (log P(answer | the query's prompt) - log P(answer |
-    the empty prompt))); the other answers drop out. The query's prompt is read from the engine as
-    its prompt pass left it (``Engine.holds``), else decoded again; the empty prompt's readings are
-    kept per answer for this memory version."""
+    """The vote's ``READ_TOP`` leading answers, where they are labels (``answer_reading.reads``),
+    reweighed by the model's reading of each (method/answer_reading): weight times exp(lam * (log
+    P(answer | the query's prompt) - log P(answer | the empty prompt))); the other answers drop out.
+    The query's prompt is read from the engine as its prompt pass left it (``Engine.holds``), else
+    decoded again; the empty prompt's readings are kept per answer for this memory version."""
     if not index.null_prompt:  # no context to read an answer in without the query (Pipeline.index)
         return ids, weights, best
     answer = index.answer_id()[ids]
