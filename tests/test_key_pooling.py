@@ -189,8 +189,8 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, version, want in ((preset_version("default", 3), 3, ("mean", "mean")), ("default", 17, ("last", "mean")),
-                                      (default_preset(), 17, ("last", "mean"))):
+        for preset, version, want in ((preset_version("default", 3), 3, ("mean", "mean")), ("default", 18, ("last", "mean")),
+                                      (default_preset(), 18, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:
                 m.ingest(rows, budget="none", progress=False)
