@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import tempfile
 from contextlib import closing
@@ -31,25 +30,11 @@ DATA = ROOT.parent / "shared" / "data"
 LAMBDAS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0)
 
 
-def logprob_after(engine, n_prompt: int, last_row: np.ndarray, target: list[int]) -> float:
-    """log P(target | the prompt already decoded, ``n_prompt`` positions, whose last logits row is
-    ``last_row``): the target's tokens decoded after it, then the cache cut back to the prompt."""
-    rows = [last_row]
-    if len(target) > 1:
-        rows += list(engine.decode(target[:-1], logits="all"))
-        engine.truncate(n_prompt)
-    total = 0.0
-    for row, tok in zip(rows, target):
-        r = np.asarray(row, np.float64)
-        m = float(r.max())
-        total += float(r[tok]) - (m + math.log(float(np.exp(r - m).sum())))
-    return total
-
-
 def score_prompt(engine, prompt: list[int], targets: list[list[int]]) -> list[float]:
-    engine.reset()
-    last = engine.decode(prompt, logits="last")[0].copy()
-    out = [logprob_after(engine, len(prompt), last, t) for t in targets]
+    """log P(target | prompt) for each target, as the default reads them (answer_reading.prompt_logprobs)."""
+    from miita_edge.method.answer_reading import prompt_logprobs
+
+    out = prompt_logprobs(engine, prompt, targets)
     engine.reset()
     return out
 

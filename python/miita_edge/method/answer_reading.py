@@ -33,7 +33,7 @@ import numpy as np
 
 from .key_whitening import REPLY_MIN_TOKENS
 
-__all__ = ["READ_TOP", "leading_answers", "prompt_logprobs", "reads", "reweigh"]
+__all__ = ["READ_TOP", "leading_answers", "log_softmax_at", "prompt_logprobs", "reads", "reweigh"]
 
 #: How many of the vote's leading answers the model reads. The probe's choice on Banking77's dev rows
 #: (bench/rerank_probe.py --top 4): the right answer is among the first 4 for 89% (Gemma) and 82%
@@ -77,7 +77,8 @@ def reweigh(answer: Sequence[int], weights: Sequence[float], pmi: dict[int, floa
     return out / s if s > 0 else out
 
 
-def _log_softmax_at(row: np.ndarray, tok: int) -> float:
+def log_softmax_at(row: np.ndarray, tok: int) -> float:
+    """log softmax(row)[tok] in float64 (the max taken out first)."""
     r = np.asarray(row, np.float64)
     m = float(r.max())
     return float(r[tok]) - (m + math.log(float(np.exp(r - m).sum())))
@@ -107,5 +108,5 @@ def prompt_logprobs(engine, prompt: Sequence[int], seqs: Sequence[Sequence[int]]
         if len(s) > 1:
             rows += list(engine.decode(s[:-1], logits="all"))
             engine.truncate(n)
-        out.append(sum(_log_softmax_at(r, t) for r, t in zip(rows, s)))
+        out.append(sum(log_softmax_at(r, t) for r, t in zip(rows, s)))
     return out

@@ -21,11 +21,11 @@ of numbers, tested against a brute-force restatement (tests/test_verify.py).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
+from .answer_reading import log_softmax_at
 from .templates import folded_text
 
 __all__ = ["EVIDENCE_MAX_TOKENS", "VERIFY_MARGIN", "VERIFY_PROMPT", "VERIFY_TOP", "evidence_reader", "evidence_tokens",
@@ -82,11 +82,7 @@ def query_logprob(engine, question: str, query: str) -> float:
     flags = [False] * (n - 1) + [True] * (len(b) - n)  # the row before each query token predicts it
     rows = engine.decode(b[:-1], logits=flags) if len(b) > 1 else np.zeros((0, engine.n_vocab), np.float32)
     engine.reset()
-    total = 0.0
-    for row, tok in zip(rows.astype(np.float64), b[n:]):
-        m = float(row.max())
-        total += float(row[tok]) - (m + math.log(float(np.exp(row - m).sum())))
-    return total
+    return float(sum(log_softmax_at(row, tok) for row, tok in zip(rows, b[n:])))
 
 
 def reach_confirmed(scores: Sequence[float], margin: float = VERIFY_MARGIN) -> bool:
