@@ -14,7 +14,11 @@ A steered answer's draft (the memory's stored answer, verified in one batched de
 the product; ``--no-draft`` decodes one step at a time instead (EngineConfig.draft), to compare.
 
     python bench/latency.py [--model GGUF] [--threads 2] [--rows 200] [--questions 30] [--no-draft]
-                            [--target NAME=LIMIT]
+                            [--target NAME=LIMIT] [--parts]
+
+``--parts``: also the default's answer time split by part (the prompt pass, the model's reading of the
+leading answers, generation), from a profile of the timed steered answers (the profiler's own cost is
+in the figures; they are for comparing the parts, the ratios above are for the target).
 """
 from __future__ import annotations
 
@@ -36,6 +40,28 @@ def timed(m, q: str, adapt: bool, max_tokens: int) -> tuple[float, int, bool]:
     t0 = time.perf_counter()
     a = m.ask(q, max_tokens=max_tokens, adapt=adapt, on_token=seen.append)
     return time.perf_counter() - t0, max(len(seen), 1), a.adapted
+
+
+PARTS = {"prompt pass": "query", "reading the leading answers": "_read_answers", "generation": "generate",
+         "retrieval and plan, reading included": "plan_query"}
+
+
+def parts(m, questions: list[str], max_tokens: int) -> str:
+    """ms per steered answer spent in each of PARTS (cumulative time of the function named)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for q in questions:
+        m.ask(q, max_tokens=max_tokens)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    out = []
+    for label, name in PARTS.items():
+        ct = sum(v[3] for k, v in stats.items() if k[2] == name)
+        out.append(f"{label} {1000 * ct / len(questions):.0f}")
+    return "; ".join(out) + " ms per answer"
 
 
 def measure(m, questions: list[str], max_tokens: int) -> dict:
@@ -64,6 +90,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--no-draft", action="store_true", help="decode each steered step alone (no draft batches)")
+    ap.add_argument("--parts", action="store_true", help="also split the default's answer time by part")
     wanted = [Target("labels", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of labels"),
               Target("replies", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of replies")]
     args, targets = parse_with_targets(ap, wanted)
@@ -83,6 +110,7 @@ def main() -> int:
                 m = Miita(memory=Path(tmp) / "mem", template=spec.template, engine=engine)
                 m.ingest(rows, budget="none", progress=False)
                 r = measure(m, questions, args.max_tokens)
+                split = parts(m, questions, args.max_tokens) if args.parts else None
                 m.close()
             ratio = r["on_ms"] / r["off_ms"]
             per_q = (r["on_ms"] * r["on_tok"]) / (r["off_ms"] * r["off_tok"])
@@ -92,6 +120,8 @@ def main() -> int:
                   f"{r['on_ms'] * r['on_tok'] / r['n']:.0f} vs {r['off_ms'] * r['off_tok'] / r['n']:.0f} ms "
                   f"({per_q:.2f}x)",
                   flush=True)
+            if split:
+                print(f"{kind:8s} parts: {split}", flush=True)
     print(targets.summary())
     return 0
 

@@ -99,6 +99,14 @@ class FakeEngine:
     def truncate(self, n):
         self.seq = self.seq[:n]
 
+    def decode_branches(self, branches):
+        n = len(self.seq)
+        out = []
+        for br in branches:
+            out.append(self.decode(br, logits="all") if br else np.zeros((0, self.n_vocab)))
+            self.truncate(n)
+        return out
+
     def query(self, tokens):
         self.reset()
         last = self.decode(tokens)[0]
@@ -213,9 +221,10 @@ def test_the_preset_field_is_checked():
 
 # ---------------------------------------------------------------- on the real model
 def test_prompt_logprobs_match_a_fresh_decode_on_the_real_model(engine):
-    """After the prompt pass (``Engine.query``), each answer read and cut off again gives exactly what
-    a fresh decode of the prompt and then the answer gives (and one decode of both together within
-    0.1 nats: llama.cpp rounds a larger batch differently), and the engine still holds the prompt."""
+    """After the prompt pass (``Engine.query``), the answers read together as branches of the prompt
+    give what a fresh decode of the prompt and then each answer gives, and what one decode of both
+    together gives, within 0.1 nats (llama.cpp rounds a larger batch differently; the branches
+    themselves: tests/test_branches.py), and the engine still holds the prompt."""
     pytest.importorskip("llama_cpp")
     prompt = engine.tokenize("Classify the banking customer query into an intent.\nQuery: where is my card?\nIntent:")
     seqs = [engine.tokenize(" card arrival\n", add_bos=False), engine.tokenize(" exchange rate\n", add_bos=False)]
@@ -230,7 +239,7 @@ def test_prompt_logprobs_match_a_fresh_decode_on_the_real_model(engine):
     for s, g in zip(seqs, got):
         engine.reset()
         last = engine.decode(prompt, logits="last")
-        assert g == pytest.approx(lsm(np.concatenate([last, engine.decode(s[:-1], logits="all")]), s), abs=1e-6)
+        assert g == pytest.approx(lsm(np.concatenate([last, engine.decode(s[:-1], logits="all")]), s), abs=0.1)
         engine.reset()
         both = engine.decode(prompt + s[:-1], logits=[False] * (len(prompt) - 1) + [True] * len(s))
         assert g == pytest.approx(lsm(both, s), abs=0.1)

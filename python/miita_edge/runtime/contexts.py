@@ -32,7 +32,7 @@ def sibling(engine: Engine, n_threads: int, n_seq_max: int = 1) -> Engine:
     sib.__dict__.update({k: engine.__dict__[k] for k in ("_L", "info", "n_embd", "n_layer",
                                                        "_model", "_vocab", "n_vocab")})
     sib.config = dataclasses.replace(engine.config, n_threads=max(1, int(n_threads)),
-                                     n_seq_max=max(1, int(n_seq_max)))
+                                     n_seq_max=max(1, int(n_seq_max)), n_branches=0)  # keys only: no answer read
     sib.n_threads = sib.config.n_threads
     sib.key_layer = engine.key_layer
     sib._owner = engine
@@ -63,7 +63,7 @@ def q8_twin(engine: Engine) -> Engine | None:
         path = q8_twin_path(owner.info.path, layers=cut)
         owner._q8_twins[cut] = None if path is None else Engine(
             path, dataclasses.replace(owner.config, key_cut=cut is not None, key_prefix_cache=False,
-                                      key_layer=None))
+                                      key_layer=None, n_branches=0))
     twin = owner._q8_twins[cut]
     if twin is not None and (twin.key_layers, twin.key_pooling) != (engine.key_layers, engine.key_pooling):
         twin.set_key_layers(engine.key_layers, engine.key_pooling)

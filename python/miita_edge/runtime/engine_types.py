@@ -42,6 +42,13 @@ class EngineConfig:
     # n_batch). 1 (the default) keeps llama.cpp's single-sequence context exactly as before; above 1
     # the KV cache is unified (one pool of n_ctx cells), so one sequence can still use all of it.
     n_seq_max: int = 1
+    # Sequences beside the main one that ``Engine.decode_branches`` may fill at once: several short
+    # continuations of the held prompt (the answers method/answer_reading scores) decoded in one
+    # llama_decode, which streams the 262,144-row LM head once instead of once per continuation.
+    # Above 0 the context holds 1 + n_branches sequences in a unified KV cache; one sequence's
+    # decodes are bitwise those of a one-sequence context (tests/test_branches.py). 0: continuations
+    # are decoded one after another.
+    n_branches: int = 4
     # Key-only passes (ingest's keys, calibration) stop the graph after the deepest key layer
     # instead of computing the layers above it (keys bitwise the same; off: the full depth).
     keys_stop_early: bool = True

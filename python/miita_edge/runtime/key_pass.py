@@ -115,7 +115,7 @@ def prompt_key(eng: Engine, tokens: Sequence[int], mask: Sequence[bool]) -> tupl
 def prefix_usable(eng: Engine, n: int) -> bool:
     return (eng.config.key_prefix_cache and eng.config.keys_stop_early and not eng.config.clear_kv_data
             and not eng.keys_on_output_rows
-            and eng._n_seq_ctx == 1 and 0 < n <= eng.config.n_batch
+            and eng.config.n_seq_max == 1 and 0 < n <= eng.config.n_batch
             and (eng._owner or eng)._key_prefix_verdict is not False)
 
 def key_prefix_ok(eng: Engine) -> bool:
