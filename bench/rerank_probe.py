@@ -83,15 +83,20 @@ def main(argv=None) -> int:
                 labels = [eng.detokenize(t).strip() for t in toks]
                 null_prompt = prompt_tokens(eng, m.template, "", m.max_prompt_tokens)
                 null = score_prompt(eng, null_prompt, toks)
-                open_pipe = Pipeline(dataclasses.replace(m.preset, relevance_gate=False, null_gate=False), m.engine,
-                                     m.template, m.fingerprint())
+                open_pipe = Pipeline(dataclasses.replace(m.preset, relevance_gate=False, null_gate=False,
+                                                         answer_reading=0.0), m.engine, m.template, m.fingerprint())
+                unread_pipe = Pipeline(dataclasses.replace(m.preset, answer_reading=0.0), m.engine, m.template,
+                                       m.fingerprint())
                 rows = []
                 for qi, it in enumerate(items):
                     x = it.example.input
                     prompt = prompt_tokens(eng, m.template, x, m.max_prompt_tokens)
                     state = eng.query(prompt, skip_bos_in_key=m.preset.skip_bos)
-                    gated = m.plan(state)
+                    gated = m.plan(state)  # the default as it is (the gate, then its reading)
                     declined = gated.gate is not None and not gated.gate.adapted
+                    unread = unread_pipe.plan(m.bank, None, state)  # the gate alone
+                    kept = _shares(labels, unread.ids, unread.weights)
+                    steered = _shares(labels, gated.ids, gated.weights)
                     qo = open_pipe.plan(m.bank, None, state)
                     acc: dict[str, float] = {}
                     first: dict[str, int] = {}
@@ -103,7 +108,9 @@ def main(argv=None) -> int:
                     total = sum(acc.values()) or 1.0
                     rows.append({"gold": [label_match(k, it.golds) for k in ranked],
                                  "share": [acc[k] / total for k in ranked], "lp": lp,
-                                 "null": [null[first[k]] for k in ranked], "declined": declined})
+                                 "null": [null[first[k]] for k in ranked], "declined": declined,
+                                 "kept": {k: [v, label_match(k, it.golds)] for k, v in kept.items()},
+                                 "steered": {k: [v, label_match(k, it.golds)] for k, v in steered.items()}})
                     if qi % 50 == 0:
                         print(f"# {text}: {qi}/{len(items)}", flush=True)
                 m.close()
@@ -112,6 +119,43 @@ def main(argv=None) -> int:
     if args.out:
         args.out.write_text(json.dumps(results))
     return 0
+
+
+def _shares(labels: list[str], ids, weights) -> dict[str, float]:
+    """Summed weight per answer label."""
+    acc: dict[str, float] = {}
+    for j, w in zip(ids, weights):
+        acc[labels[int(j)]] = acc.get(labels[int(j)], 0.0) + float(w)
+    return acc
+
+
+def _top_right(shares: dict) -> bool:
+    """Whether the answer of largest share (ties to the first) is right; False where none."""
+    if not shares:
+        return False
+    k = max(shares, key=lambda a: shares[a][0])
+    return bool(shares[k][1])
+
+
+def report_gated(rows: list[dict], lam: float = 0.1) -> None:
+    """Where the gate keeps one answer, two or more, or none: the gate alone, the default (gate then
+    reading) and the ungated reading of the vote's leading answers on the same queries."""
+    def ungated_read(r) -> bool:
+        if not r["gold"]:
+            return False
+        s = np.log(np.maximum(r["share"], 1e-9)) + lam * np.subtract(r["lp"], r["null"])
+        return bool(r["gold"][int(np.argmax(s))])
+
+    groups = {"none kept": lambda r: len(r["kept"]) == 0, "one kept": lambda r: len(r["kept"]) == 1,
+              "two or more kept": lambda r: len(r["kept"]) >= 2}
+    for name, sel in groups.items():
+        rs = [r for r in rows if sel(r)]
+        if not rs:
+            continue
+        print(f"  {name}: {len(rs)} queries; gold kept {sum(any(v[1] for v in r['kept'].values()) for r in rs)}; "
+              f"right: gate alone {sum(_top_right(r['kept']) for r in rs)}, default {sum(_top_right(r['steered']) for r in rs)}, "
+              f"ungated reading (lambda {lam}) {sum(ungated_read(r) for r in rs)}, ungated vote "
+              f"{sum(bool(r['gold'] and r['gold'][0]) for r in rs)}")
 
 
 def report(text: str, rows: list[dict]) -> None:
@@ -128,6 +172,8 @@ def report(text: str, rows: list[dict]) -> None:
 
     print(f"## {text}: {n} dev rows, gate declines {sum(r['declined'] for r in rows)}")
     print(f"vote top-1 {top1(lambda r: r['share'])}, gold in top-K {sum(any(r['gold']) for r in rows)}")
+    if rows and "kept" in rows[0]:
+        report_gated(rows)
     print(f"log P rerank {top1(lambda r: r['lp'])}, PMI rerank {top1(lambda r: np.subtract(r['lp'], r['null']))}")
     for lam in LAMBDAS:
         f = lambda r, lam=lam: np.log(np.maximum(r["share"], 1e-9)) + lam * np.subtract(r["lp"], r["null"])
