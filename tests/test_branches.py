@@ -45,22 +45,23 @@ def test_shared_first_tokens_are_one_node():
 
 
 # ---------------------------------------------------------------- on the bundled model
-@pytest.fixture(scope="module")
-def one_seq(model_path):
+def _engine(model_path, n_branches: int):
     pytest.importorskip("llama_cpp")
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    eng = Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256, n_threads=1, n_branches=0))
+    return Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256, n_threads=1, n_branches=n_branches))
+
+
+@pytest.fixture(scope="module")
+def one_seq(model_path):
+    eng = _engine(model_path, 0)
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
 def branched(model_path):
-    pytest.importorskip("llama_cpp")
-    from miita_edge.runtime.engine import Engine, EngineConfig
-
-    eng = Engine(model_path, EngineConfig(n_ctx=1024, n_batch=256, n_threads=1, n_branches=4))
+    eng = _engine(model_path, 4)
     yield eng
     eng.close()
 
