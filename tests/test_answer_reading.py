@@ -114,6 +114,17 @@ class FakeEngine:
         return last
 
 
+@pytest.fixture(autouse=True)
+def _fake_branches(monkeypatch):
+    """The fake engine decodes its branches itself (one after another); the real one through
+    runtime.branches, as the reading does."""
+    import miita_edge.method.answer_reading as ar
+
+    real = ar.decode_branches
+    monkeypatch.setattr(ar, "decode_branches",
+                        lambda eng, brs: eng.decode_branches(brs) if isinstance(eng, FakeEngine) else real(eng, brs))
+
+
 def _ref(eng: FakeEngine, prompt, seq) -> float:
     full = list(prompt) + list(seq)
     total = 0.0

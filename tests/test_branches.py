@@ -1,4 +1,4 @@
-"""Engine.decode_branches: several continuations of the held prompt in one llama_decode, each as
+"""runtime.branches.decode_branches: several continuations of the held prompt in one llama_decode, each as
 if it alone were appended (against a fresh one-branch decode of each), the cache left holding the
 prompt; and a context with branch sequences decodes its main sequence bitwise as a one-sequence
 context does (the keys' exact-repeat rule depends on it)."""
@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from miita_edge.runtime.branches import prefix_tree
+from miita_edge.runtime.branches import decode_branches, prefix_tree
 
 PROMPT = "Classify the banking customer query into an intent.\nQuery: where is my new card?\nIntent:"
 BRANCHES = [" card arrival\n", " exchange rate\n", " card delivery estimate\n", "", " top up\n",
@@ -90,7 +90,7 @@ def test_each_branch_is_its_own_continuation(which, request):
     branches = [eng.tokenize(t, add_bos=False) for t in BRANCHES]  # six: more than the four slots
     refs = [_fresh(eng, prompt, br) for br in branches]
     state = eng.query(prompt)
-    got = eng.decode_branches(branches)
+    got = decode_branches(eng, branches)
     assert eng.holds(prompt) and eng.n_past == len(prompt)
     assert [g.shape for g in got] == [r.shape for r in refs]
     for g, r in zip(got, refs):
@@ -115,7 +115,7 @@ def test_branches_leave_no_cells_behind(branched):
     branches = [branched.tokenize(t, add_bos=False) for t in BRANCHES]
     for _ in range(40):
         branched.query(prompt)
-        branched.decode_branches(branches)
+        decode_branches(branched, branches)
     branched.reset()
     long = (prompt * 50)[: 1024 - 8]
     branched.decode(long, logits="last")
@@ -128,5 +128,5 @@ def test_a_branch_too_long_for_the_context_is_one_clear_error(branched):
     prompt = branched.tokenize(PROMPT)
     branched.query(prompt)
     with pytest.raises(ContextOverflow, match="exceeds the context"):
-        branched.decode_branches([[int(prompt[-1])] * 1100])
+        decode_branches(branched, [[int(prompt[-1])] * 1100])
     branched.reset()

@@ -31,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..runtime.branches import decode_branches
 from .key_whitening import REPLY_MIN_TOKENS
 
 __all__ = ["READ_TOP", "leading_answers", "log_softmax_at", "prompt_logprobs", "reads", "reweigh"]
@@ -96,14 +97,14 @@ def prompt_logprobs(engine, prompt: Sequence[int], seqs: Sequence[Sequence[int]]
     ``last``: the prompt's last logits row, where ``engine`` holds exactly ``prompt`` (as
     ``Engine.query`` left it): the prompt is then not decoded again. Otherwise it is decoded once
     (from an empty cache). The answers' tokens are decoded after the prompt as branches of it
-    (``Engine.decode_branches``: together, in one decode where the context has the sequences), so
+    (``runtime.branches.decode_branches``: together, in one decode where the context has the sequences), so
     the engine ends holding the prompt, as ``Engine.generate`` wants it."""
     prompt = [int(t) for t in prompt]
     if last is None:
         engine.reset()
         last = engine.decode(prompt, logits="last")[0].copy()
     seqs = [[int(t) for t in seq] for seq in seqs]
-    branches = engine.decode_branches([s[:-1] for s in seqs])
+    branches = decode_branches(engine, [s[:-1] for s in seqs])
     out = []
     for s, rows in zip(seqs, branches):
         rows = [last] + list(rows)

@@ -1,4 +1,4 @@
-"""Several short continuations of the held prompt decoded together (``Engine.decode_branches``).
+"""Several short continuations of the held prompt decoded together (``decode_branches``).
 
 The answer reading (method/answer_reading) scores a query's four leading labels after its prompt:
 each label's rows through a 262,144-word LM head. One ``llama_decode`` per label pays the call's
@@ -17,14 +17,12 @@ the branches one after another, exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from ..errors import ContextOverflow, ModelError
-
-if TYPE_CHECKING:  # the engine imports this module
-    from .engine import Engine
+from .engine import Engine
 
 __all__ = ["PrefixTree", "decode_branches", "prefix_tree"]
 
@@ -66,9 +64,11 @@ def prefix_tree(seqs: Sequence[Sequence[int]]) -> PrefixTree:
     return PrefixTree(tokens, depth, members, paths)
 
 
-def decode_branches(eng: "Engine", branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """Each branch's logits rows (len(branch), V) as if it alone were appended to the held rows;
-    the cache is left holding what it held (see the module's docstring)."""
+def decode_branches(eng: Engine, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Each branch's logits rows (len(branch), V), copied, as if it alone were appended to the
+    positions ``eng`` holds; the cache is left holding what it held (``Engine.holds`` keeps its
+    answer). Together where the context has branch sequences (``EngineConfig.n_branches``), else one
+    after another (see the module's docstring)."""
     if eng._key_prefix is not None:  # a key-only pass's rows, kept for the next one: not ours
         eng._forget_positions()
     if eng.config.key_cut:
@@ -101,14 +101,14 @@ def decode_branches(eng: "Engine", branches: Sequence[Sequence[int]]) -> list[np
     return out
 
 
-def _batch(eng: "Engine"):
+def _batch(eng: Engine):
     """The engine's batch for branch decodes: a row may belong to every branch sequence."""
     if eng._branch_batch is None:
         eng._branch_batch = eng._L.llama_batch_init(eng.config.n_batch, 0, max(1, eng._n_seq_ctx - 1))
     return eng._branch_batch
 
 
-def _decode_group(eng: "Engine", seqs: list[list[int]], n: int) -> list[np.ndarray]:
+def _decode_group(eng: Engine, seqs: list[list[int]], n: int) -> list[np.ndarray]:
     """One llama_decode of ``seqs`` as sequences 1..len(seqs) after the held ``n`` rows."""
     L, mem, b = eng._L, eng._mem, _batch(eng)
     tree = prefix_tree(seqs)

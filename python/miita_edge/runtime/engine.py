@@ -35,7 +35,6 @@ from .gguf_model import ModelInfo, inspect_gguf
 from .key_pooling import KEY_POOLINGS
 from .key_prefix import KeyPrefix
 from .lm_head import LMHeadRows
-from .branches import decode_branches
 from .draft import Steps
 from .sampling import sample  # noqa: F401  also reached as runtime.engine.sample
 from .llama_setup import cpu_has_amx, install_log_filter  # noqa: F401  cpu_has_amx re-exported for the benches
@@ -134,7 +133,7 @@ class Engine:
             raise ModelError(f"llama.cpp could not create a context for {self.info.path}")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.config.n_batch, 0, 1)
-        self._branch_batch = None  # runtime.branches' batch, made on first use
+        self._branch_batch = None  # runtime.branches' batch (a row in several sequences), made on first use
         self.n_past = 0
         self._key_prefix: KeyPrefix | None = None
         self._prompt: tuple | None = None  # the last query's prompt, and how many of its rows the
@@ -254,9 +253,9 @@ class Engine:
             if twin is not None:
                 twin.close()
         self._q8_twins = {}
-        L.llama_batch_free(self._batch)
-        if self._branch_batch is not None:
-            L.llama_batch_free(self._branch_batch)
+        for batch in (self._batch, self._branch_batch):
+            if batch is not None:
+                L.llama_batch_free(batch)
         L.llama_free(self._ctx)
         if self._owner is None:
             L.llama_model_free(self._model)
@@ -430,13 +429,6 @@ class Engine:
             self.n_past += len(chunk)
         self._prompt, self._intact = kept
         return out
-
-    def decode_branches(self, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Each of ``branches`` decoded after the positions the cache holds, as if it alone were
-        appended: its logits rows (len(branch), V), copied. The cache is left holding what it held
-        (``holds`` keeps its answer). Together in one decode where the context has branch sequences
-        (``EngineConfig.n_branches``; runtime/branches.py), else one after another."""
-        return decode_branches(self, branches)
 
     def decode_batch(self) -> None:
         """``llama_decode`` of the batch as filled; ModelError if llama.cpp or the callback failed."""

@@ -42,7 +42,7 @@ class EngineConfig:
     # n_batch). 1 (the default) keeps llama.cpp's single-sequence context exactly as before; above 1
     # the KV cache is unified (one pool of n_ctx cells), so one sequence can still use all of it.
     n_seq_max: int = 1
-    # Sequences beside the main one that ``Engine.decode_branches`` may fill at once: several short
+    # Sequences beside the main one that ``runtime.branches.decode_branches`` may fill at once: several short
     # continuations of the held prompt (the answers method/answer_reading scores) decoded in one
     # llama_decode, which streams the 262,144-row LM head once instead of once per continuation.
     # Above 0 the context holds 1 + n_branches sequences in a unified KV cache; one sequence's
