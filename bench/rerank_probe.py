@@ -9,7 +9,7 @@ Prints, per budget: the vote's top-1, the share with the gold answer among the t
 after reranking by log-probability, by PMI and by log(vote share) + lambda * PMI for a few lambdas.
 Dev rows only; nothing here is a default.
 
-    python bench/rerank_probe.py --budgets 1%,5% [--model M] [--top 4] [--out F.json]
+    python bench/rerank_probe.py --budgets 1%,5% [--model M] [--top 4] [--out F.json] [--offtopic tests/data/offtopic.txt]
 """
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--cache", type=Path, default=ROOT / "bench-results" / "extract-cache")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--offtopic", type=Path, help="also these prompts (one a line; tests/data/offtopic.txt), "
+                    "for how the model's reading separates them from the dev rows the gate declines")
     args = ap.parse_args(argv)
     print_header(argv)
     sys.path.insert(0, str(ROOT / "python"))
@@ -67,6 +69,7 @@ def main(argv=None) -> int:
     spec = get_benchmark(args.benchmark)
     _, stages = load_benchmark(spec, DATA / spec.data_name, limit_test=args.limit, split="dev")
     items = [it for s in stages for it in s.test]
+    offtopic = [t.strip() for t in args.offtopic.read_text().splitlines() if t.strip()] if args.offtopic else []
     stream = stream_bytes(ex for s in stages for ex in s.train)
     results = {}
     with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True))) as engine:
@@ -87,9 +90,7 @@ def main(argv=None) -> int:
                                                          answer_reading=0.0), m.engine, m.template, m.fingerprint())
                 unread_pipe = Pipeline(dataclasses.replace(m.preset, answer_reading=0.0), m.engine, m.template,
                                        m.fingerprint())
-                rows = []
-                for qi, it in enumerate(items):
-                    x = it.example.input
+                def row_for(x: str, golds) -> dict:
                     prompt = prompt_tokens(eng, m.template, x, m.max_prompt_tokens)
                     state = eng.query(prompt, skip_bos_in_key=m.preset.skip_bos)
                     gated = m.plan(state)  # the default as it is (the gate, then its reading)
@@ -106,16 +107,26 @@ def main(argv=None) -> int:
                     ranked = sorted(acc, key=lambda k: -acc[k])[: args.top]
                     lp = score_prompt(eng, prompt, [toks[first[k]] for k in ranked])
                     total = sum(acc.values()) or 1.0
-                    rows.append({"gold": [label_match(k, it.golds) for k in ranked],
-                                 "share": [acc[k] / total for k in ranked], "lp": lp,
-                                 "null": [null[first[k]] for k in ranked], "declined": declined,
-                                 "kept": {k: [v, label_match(k, it.golds)] for k, v in kept.items()},
-                                 "steered": {k: [v, label_match(k, it.golds)] for k, v in steered.items()}})
+                    def right(k: str) -> bool:  # an unrelated prompt has no gold: nothing is right
+                        return bool(golds) and label_match(k, golds)
+
+                    return {"gold": [right(k) for k in ranked] if golds else [],
+                            "share": [acc[k] / total for k in ranked], "lp": lp,
+                            "null": [null[first[k]] for k in ranked], "declined": declined,
+                            "kept": {k: [v, right(k)] for k, v in kept.items()},
+                            "steered": {k: [v, right(k)] for k, v in steered.items()}}
+
+                rows = []
+                for qi, it in enumerate(items):
+                    rows.append(row_for(it.example.input, it.golds))
                     if qi % 50 == 0:
                         print(f"# {text}: {qi}/{len(items)}", flush=True)
+                off = [row_for(x, []) for x in offtopic]
                 m.close()
-            results[text] = rows
+            results[text] = {"dev": rows, "offtopic": off}
             report(text, rows)
+            if off:
+                report_offtopic(rows, off)
     if args.out:
         args.out.write_text(json.dumps(results))
     return 0
@@ -156,6 +167,38 @@ def report_gated(rows: list[dict], lam: float = 0.1) -> None:
               f"right: gate alone {sum(_top_right(r['kept']) for r in rs)}, default {sum(_top_right(r['steered']) for r in rs)}, "
               f"ungated reading (lambda {lam}) {sum(ungated_read(r) for r in rs)}, ungated vote "
               f"{sum(bool(r['gold'] and r['gold'][0]) for r in rs)}")
+
+
+def _best_pmi(r: dict) -> float:
+    """The largest PMI among a row's read answers (-inf where none was read)."""
+    return max(np.subtract(r["lp"], r["null"]), default=-np.inf)
+
+
+def report_offtopic(rows: list[dict], off: list[dict], lam: float = 0.1) -> None:
+    """Whether the model's reading tells in-domain queries the gate declines from unrelated prompts:
+    per threshold on the best PMI among the vote's leading answers, how many of each pass it, and how
+    many of the declined in-domain ones the product of vote and reading would then answer right."""
+    dec = [r for r in rows if r["declined"]]
+    kept = [r for r in rows if not r["declined"]]
+    off_dec = [r for r in off if r["declined"]]
+    print(f"  off-topic prompts: {len(off)}, the gate declines {len(off_dec)}")
+    for name, rs in (("dev, declined", dec), ("dev, kept", kept), ("off-topic, declined", off_dec),
+                     ("off-topic, kept", [r for r in off if not r["declined"]])):
+        v = sorted(_best_pmi(r) for r in rs)
+        if v:
+            q = [v[int(f * (len(v) - 1))] for f in (0.1, 0.5, 0.9)]
+            print(f"  best PMI, {name}: n {len(v)}, 10/50/90% {q[0]:.1f} / {q[1]:.1f} / {q[2]:.1f}, max {v[-1]:.1f}")
+
+    def right(r) -> bool:
+        if not r["gold"]:
+            return False
+        sc = np.log(np.maximum(r["share"], 1e-9)) + lam * np.subtract(r["lp"], r["null"])
+        return bool(r["gold"][int(np.argmax(sc))])
+
+    for tau in (0, 2, 4, 6, 8, 10, 12, 15, 20):
+        d = [r for r in dec if _best_pmi(r) >= tau]
+        print(f"  PMI >= {tau:2d}: dev declined {len(d)} (right by the product {sum(right(r) for r in d)}), "
+              f"off-topic declined {sum(_best_pmi(r) >= tau for r in off_dec)}")
 
 
 def report(text: str, rows: list[dict]) -> None:
