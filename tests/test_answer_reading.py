@@ -255,3 +255,17 @@ def test_prompt_logprobs_match_a_fresh_decode_on_the_real_model(engine):
         both = engine.decode(prompt + s[:-1], logits=[False] * (len(prompt) - 1) + [True] * len(s))
         assert g == pytest.approx(lsm(both, s), abs=0.1)
     engine.reset()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_log_softmax_at_on_a_float32_row_is_the_float64_one(seed):
+    """The float32 exponentials (log_softmax_at's fast path for logits rows) against an all-float64
+    numpy log-softmax of the same row, on a row as wide as Gemma's head."""
+    from miita_edge.method.answer_reading import log_softmax_at
+
+    rng = np.random.default_rng(seed)
+    row = (rng.standard_normal(262_144) * 4 + rng.standard_normal() * 20).astype(np.float32)
+    r = row.astype(np.float64)
+    ref = r - (r.max() + np.log(np.exp(r - r.max()).sum()))
+    for tok in rng.integers(0, len(row), 5).tolist() + [int(row.argmax())]:
+        assert abs(log_softmax_at(row, tok) - ref[tok]) < 1e-6
