@@ -209,7 +209,7 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
-    if pr.answer_reading > 0 and engine is not None and index.null_prompt and len(ids) > 1:
+    if pr.answer_reading > 0 and engine is not None and len(ids) > 1:  # _read_answers says where it reads
         ids, weights, best = _read_answers(pr.answer_reading, index, engine, state, ids, weights, best)
     cache: dict[tuple[int, int], np.ndarray] = {}
 
