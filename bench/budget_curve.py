@@ -3,6 +3,12 @@ from a finished (or running) ``bench/sweep.py`` run of ``bench/sweep_plan_report
 archive (``--archive DIR``: each job's record and result.json, named by the job).
 
     python bench/budget_curve.py --sweep docs/results/budget [--out docs/budget_curve.png] [--fill docs/method.md]
+    python bench/budget_curve.py --sweep docs/results/budget --sweep docs/results/budget-v18   # the later wins
+
+``--sweep`` may be given more than once: a job of a later sweep replaces the job of the same name in an
+earlier one, so a new preset version's runs can stand in for the old default's while the methods no
+version touches (``example-mem``) are read from where they ran. Under the tables a line says which
+preset version each method's runs record, so a curve that mixes versions says so.
 
 Why a curve: the paper claims its method is strongest at tight budgets (its default is 1% of the
 training stream; its budget figure spans 0.1% to 2%), and a memory can fall off a cliff between two
@@ -105,6 +111,37 @@ def interval_table(done: list[dict], budget: str = "1%") -> str:
     return "\n".join(rows)
 
 
+def merge(sweeps: list[list[dict]]) -> list[dict]:
+    """One list of job records from several sweeps: a record of a later sweep replaces the record of
+    the same job (its name holds benchmark, method, budget, model, split and order) of an earlier one."""
+    out: dict = {}
+    for done in sweeps:
+        for rec in done:
+            keys = rec.get("plan_keys") or {}
+            name = rec.get("job") or (rec.get("benchmark"), rec.get("method"), rec.get("budget"),
+                                      keys.get("model"), keys.get("split"), keys.get("seed"))
+            out.pop(name, None)  # re-inserted last: the order of the sweeps is kept
+            out[name] = rec
+    return list(out.values())
+
+
+def versions(done: list[dict]) -> str:
+    """"Preset versions: METHOD VERSION (N runs), ..." for the MIITA methods, from the result.json each
+    finished record points at (``method_settings.version``, or else ``default_version``; runs recording
+    neither are counted as "not recorded"). Baselines (``example-mem``, the frozen model) have no preset:
+    every result records the package's ``default_version``, which says nothing about them."""
+    seen: dict = defaultdict(lambda: defaultdict(int))
+    for rec in done:
+        if not str(rec.get("method")).startswith("miita-") or rec.get("rc") != 0 or not rec.get("result"):
+            continue
+        res = json.loads(Path(rec["result"]).read_text("utf-8"))
+        v = (res.get("method_settings") or {}).get("version", res.get("default_version"))
+        seen[rec["method"]]["not recorded" if v is None else f"version {v}"] += 1
+    parts = [f"`{m}` " + ", ".join(f"{v} ({n} run{'s' * (n != 1)})" for v, n in sorted(vs.items()))
+             for m, vs in sorted(seen.items())]
+    return "Preset versions, as each result records them: " + ("; ".join(parts) if parts else "none") + "."
+
+
 def plot(curves: dict, path: Path) -> None:
     """OP (top) and BWT (bottom) against the budget on a log axis, a column per benchmark."""
     try:
@@ -169,28 +206,35 @@ def archive(sweep: Path, dst: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sweep", type=Path, required=True,
-                    help="the sweep's output directory (its done/ records) or its archive (*.job.json)")
+    ap.add_argument("--sweep", type=Path, required=True, action="append",
+                    help="the sweep's output directory (its done/ records) or its archive (*.job.json); "
+                    "repeatable, a later sweep's job replacing the same job of an earlier one")
     ap.add_argument("--out", type=Path, help="write the figure here (PNG)")
     ap.add_argument("--archive", type=Path, help="first copy the sweep's finished jobs here (then read from here)")
     ap.add_argument("--fill", type=Path, help="also write both tables into this file's <!-- BUDGET-CURVE --> block "
                     "(docs/method.md)")
     args = ap.parse_args(argv)
     if args.archive:
-        print(f"archived {archive(args.sweep, args.archive)} jobs to {args.archive}", file=sys.stderr)
-        args.sweep = args.archive
+        if len(args.sweep) != 1:
+            raise SystemExit("--archive copies one sweep: give --sweep once")
+        print(f"archived {archive(args.sweep[0], args.archive)} jobs to {args.archive}", file=sys.stderr)
+        args.sweep = [args.archive]
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from compare_table import job_records
 
-    done = job_records(args.sweep) if args.sweep.is_dir() else []
-    for rec in done:  # a sweep folder's records name their result relative to where the sweep ran
-        here = args.sweep / "runs" / str(rec.get("job")) / "result.json"
-        if rec.get("result") and here.exists():
-            rec["result"] = str(here)
-    if not done:
-        raise SystemExit(f"{args.sweep}: no finished jobs (neither done/*.json nor *.job.json)")
+    sweeps = []
+    for sweep in args.sweep:
+        done = job_records(sweep) if sweep.is_dir() else []
+        for rec in done:  # a sweep folder's records name their result relative to where the sweep ran
+            here = sweep / "runs" / str(rec.get("job")) / "result.json"
+            if rec.get("result") and here.exists():
+                rec["result"] = str(here)
+        if not done:
+            raise SystemExit(f"{sweep}: no finished jobs (neither done/*.json nor *.job.json)")
+        sweeps.append(done)
+    done = merge(sweeps)
     curves = collect(done)
-    text = table(curves) + "\n\n" + interval_table(done)
+    text = table(curves) + "\n\n" + interval_table(done) + "\n\n" + versions(done)
     print(text)
     if args.fill:
         from results_table import fill

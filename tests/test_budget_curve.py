@@ -94,3 +94,32 @@ def test_an_archive_reads_back_as_the_sweep_it_came_from(tmp_path):
     back = load_bench("compare_table").job_records(tmp_path / "arch")
     assert bc.table(bc.collect(back)) == bc.table(bc.collect(list(jobs.values())))
     assert bc.interval_table(back).splitlines()[2].startswith("| bundled | banking77 | miita-default | 0 | 75.0 [")
+
+
+def test_a_later_sweep_replaces_the_same_job_and_the_versions_are_named(tmp_path):
+    import json
+
+    bc = load_bench("budget_curve")
+
+    def res(version, name):
+        f = tmp_path / f"{name}.json"
+        body = {"method_settings": {"preset": "default", "version": version}} if version is not None else {}
+        f.write_text(json.dumps(body))
+        return str(f)
+
+    old = [dict(rec("banking77", "miita-default", "1%", 50.0, -10.0), job="d1", result=res(16, "a")),
+           dict(rec("banking77", "miita-default", "5%", 60.0, -5.0), job="d5", result=res(16, "b")),
+           dict(rec("banking77", "example-mem", "1%", 8.0, -2.0), job="e1", result=res(None, "c"))]
+    new = [dict(rec("banking77", "miita-default", "1%", 61.0, -14.0), job="d1", result=res(18, "d"))]
+    done = bc.merge([old, new])
+    assert sorted(r["job"] for r in done) == ["d1", "d5", "e1"]
+    by_job = {r["job"]: r for r in done}
+    assert by_job["d1"]["op"] == 61.0, "the later sweep's run of the same job is the one read"
+    assert by_job["d5"]["op"] == 60.0, "a job only the earlier sweep ran stays"
+    curves = bc.collect(done)
+    assert curves[("bundled", "banking77", "miita-default")][1.0]["op"] == [61.0]
+    line = bc.versions(done)
+    assert line == "Preset versions, as each result records them: `miita-default` version 16 (1 run), version 18 (1 run)."
+    assert "example-mem" not in line, "a baseline has no preset version to name"
+    no_version = [dict(rec("banking77", "miita-paper", "1%", 1.0, 0.0), job="p1", result=res(None, "e"))]
+    assert bc.versions(no_version) == "Preset versions, as each result records them: `miita-paper` not recorded (1 run)."
