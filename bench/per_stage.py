@@ -73,7 +73,7 @@ def table(labels: list[str], scores: list[list[np.ndarray]], stages: list[str], 
         for f in flat[1:]:
             d, lo, hi = paired_interval(flat[0], f, boot)
             cells.append(f"{100 * f.mean():.1f} ({d:+.1f} [{lo:+.1f}, {hi:+.1f}])")
-        out.append(f"| **{kind}** ({sum(len(scores[0][i]) for i in idx)} queries) | | " + " | ".join(cells) + " |")
+        out.append(f"| **{kind}** ({flat[0].size} queries) | | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
