@@ -9,7 +9,9 @@ three paraphrases as written and the paraphrases' forms. Each answer is RIGHT (s
 taught answer, after normalising case, whitespace and trailing punctuation), OTHER (another taught
 fact's answer), FROZEN (the memory did not steer, or the reply is the frozen model's word for
 word) or WRONG (steered, none of the taught answers). The split's unrelated questions are asked
-too: the share answered exactly as the frozen model answers them. An answer the memory did not
+too: the share answered exactly as the frozen model answers them; and the questions of facts a
+memory was not taught (each half of the split taught alone, asked the other half's paraphrases):
+how many get a taught answer, which is always another fact's. An answer the memory did not
 steer is the frozen model's (the same greedy pass), so the frozen model is asked only where the
 memory steered.
 
@@ -87,6 +89,27 @@ def run_mode(engine, fs, taught: int, show: int, ev, preset=None) -> dict:
         return {"by_kind": by_kind, "shown": shown, "touched": touched, "leaked": leaked,
                 "examples": rep.examples, "prototypes": rep.prototypes, "template": m.template.name,
                 "learn_s": learn_s, "ask_s": ask_s}
+
+
+def run_untaught(engine, fs, taught: int, ev, preset=None) -> Counter:
+    """Questions of facts the memory was not taught: the split's facts in two halves (even and odd
+    positions), each half's memory asked the other half's paraphrases as written. A steered answer
+    that is one of the memory's taught answers is OTHER: the wrong memory answering."""
+    from miita_edge import Example, Miita
+
+    tally: Counter = Counter()
+    halves = (fs.facts[0::2], fs.facts[1::2])
+    for taught_half, asked_half in (halves, halves[::-1]):
+        answers = [f.answer for f in taught_half]
+        with tempfile.TemporaryDirectory() as tmp, Miita(memory=Path(tmp) / "mem", engine=engine,
+                                                         preset=preset) as m:
+            m.ingest([Example(t, f.answer) for f in taught_half for t in f.teach[:taught]], budget="none")
+            for f in asked_half:
+                for p in f.ask:
+                    a = m.ask(p, **GEN)
+                    frozen = m.ask(p, adapt=False, **GEN).text if a.adapted else None
+                    tally[ev.classify(a.text, f.answer, answers, adapted=a.adapted, frozen_text=frozen)] += 1
+    return tally
 
 
 def run_notes(engine, fs, taught: int, ev) -> Counter:
@@ -169,7 +192,12 @@ def main() -> int:
                 print(f"  the default with {args.candidate}", flush=True)
             for mode in modes:
                 report_mode(mode, run_mode(engine, fs, MODES[mode], args.show, ev, preset), fs, targets)
-                sys.stdout.flush()
+                t0 = time.perf_counter()
+                tally = run_untaught(engine, fs, MODES[mode], ev, preset)
+                n = sum(tally.values())
+                print(f"  untaught questions (each half's memory asked the other half's paraphrases): another "
+                      f"fact's answer {tally['OTHER']}/{n} = {pct(tally['OTHER'], n):.1f}%, frozen {tally['FROZEN']}, "
+                      f"wrong {tally['WRONG']} ({time.perf_counter() - t0:.0f} s)", flush=True)
             for mode in notes:
                 t0 = time.perf_counter()
                 tally = run_notes(engine, fs, MODES[mode], ev)

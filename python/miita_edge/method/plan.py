@@ -24,7 +24,7 @@ from .relevance import GateDecision, gate, nearest_margin
 from .retrieval import ScanIndex, retrieve
 from .steering import hold_target, knn_prototypes, lead_push, leading_answer, prefix_direction
 from .templates import folded_text
-from .verify import VERIFY_TOP, query_logprob, reach_confirmed
+from .verify import READ_NEUTRAL, VERIFY_TOP, query_logprob, reach_confirmed, read_confirmed
 
 __all__ = ["QueryPlan", "RetrievalIndex", "centroid_bits", "plan_query"]
 
@@ -203,9 +203,14 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
                                         unit_anchors=True, scores=scores)
     decision = None
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
-        decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every, pr.reach_margin)
-        if decision.reach_lead >= 0 and bank.config.evidence and engine is not None:
-            decision = _verified(decision, index, engine, k_q, ids, getattr(state, "text", None))
+        text = getattr(state, "text", None)
+        reads = pr.read_reach > 0 and index.evidence is not None and engine is not None and text is not None
+        readable = np.array([e is not None for e in index.evidence], bool) if reads else None
+        decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every, pr.reach_margin, readable)
+        if decision.read_lead >= 0:
+            decision = _read(decision, index, engine, k_q, ids, text, pr.read_reach)
+        elif decision.reach_lead >= 0 and bank.config.evidence and engine is not None:
+            decision = _verified(decision, index, engine, k_q, ids, text)
         ids, weights, best = ids[decision.keep], weights[decision.keep], best[decision.keep]
         if len(ids):
             weights = weights / weights.sum()
@@ -275,7 +280,7 @@ def anchor_best(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray) -> np.n
 
 
 def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain: bool = False,
-               reach_every: bool = False, margin: float = 0.0) -> GateDecision:
+               reach_every: bool = False, margin: float = 0.0, readable: np.ndarray | None = None) -> GateDecision:
     """The relevance gate (method/relevance.py) for the retrieved prototypes: the query in stored
     form (its sign bits) against each one's anchors, as the radius was measured.
 
@@ -293,12 +298,12 @@ def _relevance(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, abstain:
         near = float_best(index, q, ids)
         return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null_float, floor,
                     reach=index.reach, abstain=abstain, reach_every=reach_every, near=near, contest=index.contest,
-                    answer=answer, margin=margin)
+                    answer=answer, margin=margin, readable=readable)
     if index.generic_packed is not None:
         floor = nearest_margin(np.packbits(np.asarray(k_q)[:K] >= 0), index.generic_packed, K)
     return gate(ids, anchor_best(index, k_q, ids), index.counts, index.radius, index.null, floor,
                 reach=index.reach, abstain=abstain, reach_every=reach_every, contest=index.contest,
-                answer=answer, margin=margin)
+                answer=answer, margin=margin, readable=readable)
 
 
 def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids: np.ndarray, weights: np.ndarray,
@@ -332,6 +337,50 @@ def _read_answers(lam: float, index: RetrievalIndex, engine: Engine, state, ids:
     return ids[keep], w[keep], best[keep]
 
 
+def _compared(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, lead: int) -> list[int]:
+    """Prototype ``lead``, then the nearest retrieved answers that hold their taught input (by best
+    cosine, ties to the earlier; one prototype per answer) up to ``VERIFY_TOP`` in all: whose taught
+    questions the model reads the query after (method/verify)."""
+    evidence = index.evidence
+    best = anchor_best(index, k_q, ids).tolist()
+    answer = index.answer_id()
+    order = sorted(range(len(ids)), key=lambda i: (-best[i], i))
+    seen, compared = {int(answer[lead])}, [lead]
+    for i in order:
+        j = int(ids[i])
+        if len(compared) >= VERIFY_TOP:
+            break
+        if evidence[j] is not None and int(answer[j]) not in seen:
+            seen.add(int(answer[j]))
+            compared.append(j)
+    return compared
+
+
+def _read(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q: np.ndarray, ids: np.ndarray,
+          text: str, threshold: float) -> GateDecision:
+    """The gate's decision where the model's reading decides for the nearest answer, taught once
+    (``Preset.read_reach``, method/verify ``read_confirmed``): it steers, with the retrieved prototypes
+    of its answer, where its taught question makes the query at least ``threshold`` nats likelier
+    than the neutral question and ``VERIFY_MARGIN`` likelier than any of the other compared answers'
+    questions; else nothing steers."""
+    lead = int(ids[decision.read_lead])
+    query = folded_text(text)
+    compared = _compared(index, k_q, ids, lead)
+    scores = [query_logprob(engine, engine.detokenize(index.evidence[j]), query) for j in compared]
+    neutral = query_logprob(engine, READ_NEUTRAL, query)
+    if read_confirmed(scores, neutral, threshold):
+        answer = index.answer_id()
+        return GateDecision(answer[ids] == answer[lead], None)
+    if scores[0] - neutral < threshold:
+        why = (f"not confirmed: the model reads the query as a rewording of the nearest answer's taught input "
+               f"{scores[0] - neutral:.2f} nats more readily than of a neutral question (needs {threshold:g})")
+    else:
+        rival = max(range(1, len(scores)), key=lambda i: scores[i])
+        why = (f"not confirmed: another answer's taught input makes the query nearly as likely as the nearest "
+               f"answer's does (log-probability {scores[rival]:.2f} against {scores[0]:.2f})")
+    return GateDecision(np.zeros(len(ids), bool), why)
+
+
 def _verified(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q: np.ndarray, ids: np.ndarray,
               text: str | None) -> GateDecision:
     """The gate's ``decision`` where the model confirms the answer the paraphrase reach alone trusts
@@ -344,17 +393,7 @@ def _verified(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q
     lead = int(ids[decision.reach_lead])
     if text is None or evidence is None or evidence[lead] is None:
         return decision
-    best = anchor_best(index, k_q, ids).tolist()
-    answer = index.answer_id()
-    order = sorted(range(len(ids)), key=lambda i: (-best[i], i))
-    seen, compared = {int(answer[lead])}, [lead]
-    for i in order:
-        j = int(ids[i])
-        if len(compared) >= VERIFY_TOP:
-            break
-        if evidence[j] is not None and int(answer[j]) not in seen:
-            seen.add(int(answer[j]))
-            compared.append(j)
+    compared = _compared(index, k_q, ids, lead)
     if len(compared) < 2:
         return decision
     query = folded_text(text)

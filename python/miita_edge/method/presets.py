@@ -113,6 +113,11 @@ class Preset:
     # Where the answer nearest to the query is trusted by the paraphrase reach alone, how far (in best
     # cosine of sign bits) it must lead every other retrieved answer; 0: no such test.
     reach_margin: float = 0.0
+    # Where > 0, the trust of an answer taught once that keeps its taught input is the model's reading,
+    # not the paraphrase reach (method/verify.read_confirmed): where it is the nearest answer, it steers
+    # if its taught question makes the query at least this many nats likelier than a neutral question
+    # does and VERIFY_MARGIN likelier than the other nearest answers' questions; 0: the reach decides.
+    read_reach: float = 0.0
     # The model reads the vote's leading answers (method/answer_reading.py): each one's weight times
     # exp(answer_reading * PMI(answer; query)) under the frozen model; 0: the vote's weights as they are.
     answer_reading: float = 0.0
@@ -226,6 +231,9 @@ class Preset:
         if (isinstance(self.answer_reading, bool) or not isinstance(self.answer_reading, (int, float))
                 or not 0 <= self.answer_reading <= 10):
             raise StoreError(f"preset answer_reading {self.answer_reading!r} is not a number in [0, 10]")
+        if (isinstance(self.read_reach, bool) or not isinstance(self.read_reach, (int, float))
+                or not 0 <= self.read_reach <= 100):
+            raise StoreError(f"preset read_reach {self.read_reach!r} is not a number of nats in [0, 100]")
         if self.null_rule not in ("tail", "nearest"):
             raise StoreError(f"preset null_rule {self.null_rule!r} is not 'tail' or 'nearest'")
         if self.direction not in ("row", "head"):
@@ -258,6 +266,15 @@ REACH_MARGIN = 0.01
 #: models, the vote's first answer among its 4 leading ones): the lambda of 0.05 / 0.1 / 0.2 / 0.3 / 0.5 / 1
 #: with the most right over both models (396 / 407 / 403 / 403 / 398 / 380 of 616; docs/method.md §11).
 ANSWER_READING = 0.1
+
+
+#: How many nats likelier than after a neutral question a taught question must make a query before
+#: the model's reading trusts its answer (Preset.read_reach, method/verify.read_confirmed). Measured
+#: on the model's paraphrase groups (key_whitening.GROUPS, no benchmark's rows): the threshold that
+#: best separates each phrasing read after its nearest sibling from it read after its nearest
+#: non-sibling, 9.38 on Gemma-3-270M and 9.36 on SmolLM2-135M (bench/admit_probe.py groups;
+#: docs/method.md §11).
+READ_REACH = 9.4
 
 
 def default_preset() -> Preset:

@@ -59,6 +59,10 @@ class GateDecision:
     # the position in ids of the answer nearest the query where the paraphrase reach alone trusts it
     # (no exact repeat, no radius test passed), else -1: what method/verify checks
     reach_lead: int = -1
+    # the position in ids of the answer nearest the query where its trust is left to the model's
+    # reading (``readable``: taught once, its input kept; no exact repeat; the general-question tests
+    # passed), else -1: nothing steers until method/verify's ``read_confirmed`` says so
+    read_lead: int = -1
 
     @property
     def adapted(self) -> bool:
@@ -203,7 +207,7 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
          null: np.ndarray | None = None, floor: float = -np.inf, reach: float | None = None,
          abstain: bool = False, reach_every: bool = False, near: np.ndarray | None = None,
          contest: np.ndarray | None = None, answer: np.ndarray | None = None,
-         margin: float = 0.0) -> GateDecision:
+         margin: float = 0.0, readable: np.ndarray | None = None) -> GateDecision:
     """The gate's decision for the retrieved prototypes ``ids``.
 
     ``best`` (m,): each one's highest cosine between the query's sign vector and its anchors;
@@ -226,7 +230,11 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     the answer nearest to the query is trusted by the reach alone (no exact repeat, no radius test
     passed), it must lead every other retrieved answer's best cosine by at least ``margin``, or
     nothing steers: one example's neighbourhood decides its answer only where no other answer's
-    example is about as near."""
+    example is about as near. ``readable`` (J,), if given: the answers whose trust the model's reading
+    decides instead of the reach (taught once, their input kept: method/verify); where the nearest
+    answer is one of them, is no exact repeat and passes the general-question tests, the decision
+    keeps nothing and names it in ``read_lead`` for the reading; where it fails those tests, nothing
+    steers, as for any untrusted nearest answer."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     best = np.asarray(best, np.float64).reshape(-1)
     if len(ids) == 0:
@@ -244,10 +252,17 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     recurring = [x >= 2 for x in n]
     keep = [bj >= EXACT_REPEAT or (rec and bj >= rj and gj > zj) for bj, gj, rec, rj, zj in zip(b, g, recurring, r, z)]
     c = np.asarray(contest, bool)[ids].tolist() if contest is not None else [False] * len(b)
+    rd = np.asarray(readable, bool)[ids].tolist() if readable is not None else [False] * len(b)
     if reach is not None:
-        keep = [k or ((reach_every or not rec) and not cj and bj >= reach and gj > zj)
-                for k, bj, gj, rec, cj, zj in zip(keep, b, g, recurring, c, z)]
+        keep = [k or ((reach_every or not rec) and not cj and not rj and bj >= reach and gj > zj)
+                for k, bj, gj, rec, cj, zj, rj in zip(keep, b, g, recurring, c, z, rd)]
     lead = max(range(len(b)), key=lambda i: (b[i], -i))  # the retrieved answer nearest the query (ties: the first)
+    if rd[lead] and b[lead] < EXACT_REPEAT:
+        if g[lead] > z[lead]:
+            return GateDecision(np.zeros(len(b), bool), "left to the model's reading", read_lead=lead)
+        return GateDecision(np.zeros(len(b), bool),
+                            f"not relevant: the query is no nearer to the nearest answer's example (best cosine "
+                            f"{g[lead]:.3f}) than general questions come (up to {z[lead]:.3f})")
     by_reach = keep[lead] and b[lead] < EXACT_REPEAT and not (recurring[lead] and b[lead] >= r[lead]
                                                               and g[lead] > z[lead])
     if margin > 0 and answer is not None and any(keep):

@@ -28,8 +28,8 @@ import numpy as np
 from .answer_reading import log_softmax_at
 from .templates import folded_text
 
-__all__ = ["EVIDENCE_MAX_TOKENS", "VERIFY_MARGIN", "VERIFY_PROMPT", "VERIFY_TOP", "evidence_reader", "evidence_tokens",
-           "query_logprob", "reach_confirmed"]
+__all__ = ["EVIDENCE_MAX_TOKENS", "READ_NEUTRAL", "VERIFY_MARGIN", "VERIFY_PROMPT", "VERIFY_TOP", "evidence_reader",
+           "evidence_tokens", "query_logprob", "reach_confirmed", "read_confirmed"]
 
 #: The text the model reads a taught question in: the query follows it as the question's rewording.
 #: Written for this; one of two wordings compared on the personal facts' dev half (docs/method.md §5).
@@ -42,6 +42,10 @@ VERIFY_TOP = 4
 #: models: the margin that avoids the most answers of another fact net of the right answers it loses,
 #: ties to the larger margin (docs/method.md §11).
 VERIFY_MARGIN = 3.0
+#: The question the model reads a query after when it asks how likely the query is as a rewording
+#: of no taught question in particular: the reading's baseline (``read_confirmed``). Written for
+#: this; a question about nothing, so it predicts no content word of any query.
+READ_NEUTRAL = "What is this about?"
 #: The longest input kept as evidence, in the model's tokens: a question, not a document. By
 #: construction: the check costs one pass over the input and the query for each compared answer,
 #: and an input that long (an instruction with its context, a paragraph) is not a question a user
@@ -92,3 +96,16 @@ def reach_confirmed(scores: Sequence[float], margin: float = VERIFY_MARGIN) -> b
     compare with, confirmed."""
     s = [float(x) for x in scores]
     return all(x - s[0] <= margin for x in s[1:])
+
+
+def read_confirmed(scores: Sequence[float], neutral: float, threshold: float,
+                   margin: float = VERIFY_MARGIN) -> bool:
+    """The reading's rule, where it decides for an answer taught once (``Preset.read_reach``): the
+    nearest answer (``scores[0]``, the log-probability of the query after its taught question) is
+    trusted where its question makes the query at least ``threshold`` nats likelier than the
+    neutral question does (``neutral``: the query after ``READ_NEUTRAL``), and at least ``margin``
+    nats likelier than any other compared answer's question does. The first says the taught
+    question tells the model much about the query (a rewording, not merely a question of the same
+    form); the second, that no other taught question tells it about as much."""
+    s = [float(x) for x in scores]
+    return s[0] - float(neutral) >= threshold and all(s[0] - x >= margin for x in s[1:])
