@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import InputError
-from ..method.presets import READ_REACH, Preset, default_preset, preset_version
+from ..method.presets import Preset, default_preset, preset_version
 from ..runtime.engine import DEFAULT_KEY_DEPTHS
 
 __all__ = ["CANDIDATES", "MECHANISMS", "Mechanism", "with_candidate", "without"]
@@ -85,6 +85,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
               "trusts against the nearest answers' inputs"),
     Mechanism("read-answers", "all", _set(answer_reading=0.0),
               "the vote's weights are the keys' alone: the model does not read the leading answers"),
+    Mechanism("read-reach", "all", _set(read_reach=0.0),
+              "the key's paraphrase reach, not the model's reading, decides whether an answer taught once that "
+              "keeps its taught input steers (version 18's gate)"),
 )}
 
 
@@ -124,10 +127,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("float-gate-narrowed-unit", "all",
               _set(gate_query="float", key_axes="narrowed", key_axes_scale="unit"),
               "float-gate with narrowed-unit"),
-    Mechanism("read-reach", "all", _set(read_reach=READ_REACH),
-              "an answer taught once that keeps its taught input is trusted where the model reads the query as "
-              "a rewording of that input (READ_REACH nats likelier than after a neutral question, VERIFY_MARGIN "
-              "more than after the other nearest answers' inputs), not where the key's paraphrase reach says"),
     Mechanism("balanced-bits", "repair", _bank(narrow_rule="balanced"),
               "narrowing drops the coordinates whose bits the memory's answers share most, not the frame's last "
               "ones, and stores which it kept"),

@@ -292,9 +292,10 @@ def default_preset() -> Preset:
         key_order="calibration", key_whitening="replies",
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
         single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN, answer_reading=ANSWER_READING,
+        read_reach=READ_REACH,
         key_prompt="folded",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=18)
+        version=19)
 
 
 def paper_preset() -> Preset:
@@ -360,6 +361,7 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 15): _BEFORE_16,
     ("default", 16): {},
     ("default", 17): {},
+    ("default", 18): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 #: What every default before version 17 had in common against it: no answer kept its taught input, so
@@ -370,8 +372,14 @@ for (_name, _v), _diff in PAST_VERSIONS.items():
 #: What every default before version 18 had in common against it: the vote's weights were the keys'
 #: alone; the model did not read the leading answers (method/answer_reading.py).
 for (_name, _v), _diff in PAST_VERSIONS.items():
-    if _name == "default":
+    if _name == "default" and _v < 18:
         _diff["answer_reading"] = 0.0
+
+#: What every default before version 19 had in common against it: the key's paraphrase reach, not the
+#: model's reading, decided whether an answer taught once steered (method/verify.read_confirmed).
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default":
+        _diff["read_reach"] = 0.0
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
