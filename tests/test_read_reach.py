@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from miita_edge.method import plan as plan_mod
-from miita_edge.method.plan import RetrievalIndex, _read
+from miita_edge.method.plan import _read
 from miita_edge.method.presets import READ_REACH, default_preset
 from miita_edge.method.relevance import EXACT_REPEAT, GateDecision, gate
 from miita_edge.method.verify import READ_NEUTRAL, VERIFY_MARGIN, VERIFY_TOP, read_confirmed
+from test_verify import _index  # a retrieval index of random sign bits, as version 17's check is tested on
 
 
 # ---------------------------------------------------------------- the rule
@@ -95,14 +96,6 @@ def test_without_readable_answers_the_gate_is_the_reach_gate():
 
 
 # ---------------------------------------------------------------- the plan's decision
-def _index(rng, J, K, evidence, answers):
-    bits = rng.standard_normal((J, K)) >= 0
-    idx = RetrievalIndex(None, np.arange(J), np.zeros((J, 4), np.float32), [[int(a)] for a in answers],
-                         np.packbits(bits, axis=1), key_dim=K, anchor_start=np.arange(J + 1, dtype=np.int64),
-                         evidence=evidence)
-    return idx, np.where(bits, 1.0, -1.0)
-
-
 def test_read_decides_by_the_compared_answers_written_out(monkeypatch):
     rng = np.random.default_rng(11)
     K, J = 24, 10
