@@ -128,6 +128,7 @@ class RetrievalIndex:
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
     _answer_id: np.ndarray | None = None  # (J,) prototypes with the same answer tokens share an id (answer_id)
     evidence: list | None = None  # (J,) each prototype's taught input's tokens or None (method/verify)
+    readable: np.ndarray | None = None  # (J,) which prototypes hold their taught input, built on first use
     null_prompt: list | None = None  # the template's prompt of an empty input (method/answer_reading); None: off
     answer_null: dict | None = None  # answer id -> log P(its tokens | null_prompt), filled on first use
 
@@ -205,7 +206,9 @@ def plan_query(preset: Preset, bank: MemoryBank, engine: Engine, index: Retrieva
     if pr.relevance_gate and bank.config.relevance and index.packed is not None:  # radii are kept
         text = getattr(state, "text", None)
         reads = pr.read_reach > 0 and index.evidence is not None and engine is not None and text is not None
-        readable = np.array([e is not None for e in index.evidence], bool) if reads else None
+        if reads and index.readable is None:  # once per memory version, not per query
+            index.readable = np.array([e is not None for e in index.evidence], bool)
+        readable = index.readable if reads else None
         decision = _relevance(index, k_q, ids, pr.abstain, pr.reach_every, pr.reach_margin, readable)
         if decision.read_lead >= 0:
             decision = _read(decision, index, engine, k_q, ids, text, pr.read_reach)
