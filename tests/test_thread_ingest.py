@@ -149,8 +149,9 @@ def test_memory_through_contexts_equals_one_context_and_errors_lose_nothing(engi
 
 
 def test_only_one_prompt_per_decode_keeps_verbatim_inputs_exact_repeats(engine, tmp_path):
-    """Why --contexts defaults to 1: answers taught once steer only within their radius or on an
-    exact repeat (cosine 1 between sign vectors, method/relevance.py). A one-by-one key is bitwise
+    """Why --contexts defaults to 1: with the model's reading off (``read_reach`` 0), answers taught
+    once steer only within their radius or on an exact repeat (cosine 1 between sign vectors,
+    method/relevance.py). A one-by-one key is bitwise
     the key the same prompt gets at ask time, so every verbatim training input is steered; a
     batched key is within rounding of it, enough to flip sign bits, so the repeat is not exact."""
     from miita_edge.miita import KeyOptions, Miita
@@ -160,6 +161,7 @@ def test_only_one_prompt_per_decode_keeps_verbatim_inputs_exact_repeats(engine, 
     rows = [Example(x, f"unique answer {i}", line=i + 1) for i, (x, _) in enumerate(ROWS[10:18])]
     repeat_only = default_preset()
     repeat_only.single_reach = "repeat"
+    repeat_only.read_reach = 0.0  # the reading would confirm a verbatim input whatever its key
     steered = {}
     for reach, preset in (("repeat", repeat_only), ("default", default_preset())):
         for contexts in (1, 2):
