@@ -47,7 +47,7 @@ from .bank_view import QueryView
 from .kept_coordinates import decode_kept, order_with_kept
 from .narrowing import answer_shares, keep_by_worth
 from .prototype import (ANCHOR_FOLDS, MIN_KEY_BITS, SHARED_SPAN, PAYLOADS, RADIUS_SCALE, TOKEN_END, BankConfig, Prototype,
-                        RepairLog, WriteResult, cos, quantize_radius, uint_for, unit_rows)
+                        RepairLog, WriteResult, cos, joined_evidence, quantize_radius, uint_for, unit_rows)
 from .token_ids import token_ids_nbytes
 
 # Re-exported: the bank's settings and unit were defined here before they had a module of their own.
@@ -189,7 +189,7 @@ class MemoryBank(QueryView):
                     merged = unit_rows(p.n * p.dirs + new.dirs[0 if pay == "mean" else slice(None)])
                     p.dirs = codecs.roundtrip(merged, self.config.dir_precision)
                 p.n += 1
-                p.evidence = None  # taught again: the radius test judges it now
+                p.evidence = joined_evidence(p.evidence, ev if len(ev) else None, self.config.evidence_inputs)
                 # stored anchors are unit-norm except 'bit' (±1): normalise both sides
                 # with its own signs at the shared coordinates, as a query is: the radius says how near
                 # the answer's examples come as questions, and novelty is judged the same way

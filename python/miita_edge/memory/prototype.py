@@ -19,6 +19,9 @@ NARROW_RULES = ("prefix", "balanced", "balanced-shared", "rival-shared")
 #: docs/results/candidates/balanced-bits.md), the fewest bytes (at most 16).
 SHARED_SPAN = 128
 TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'tokens' array
+#: Between two taught inputs in one prototype's evidence: the largest 3-byte id, which no
+#: vocabulary reaches (evidence is stored as 3-byte token ids).
+EVIDENCE_SEP = (1 << 24) - 1
 
 
 #: Narrowest key a repair may shrink 1-bit keys to (bits). Chosen on dev rows (Banking77 and DSC at 0.25% and
@@ -56,10 +59,16 @@ class BankConfig:
     # Keep the input's tokens of an answer taught once (``Prototype.evidence``), so that the model can
     # read a query against it where the paraphrase reach alone would trust that answer (method/verify).
     evidence: bool = False
+    # How many distinct taught inputs an answer keeps as its evidence: an answer taught by more lets
+    # them go, and its radius judges it (``joined_evidence``). 1: only an answer taught once keeps its.
+    evidence_inputs: int = 1
 
     def validate(self) -> None:
         if not isinstance(self.evidence, bool):
             raise ValueError(f"evidence must be true or false, got {self.evidence!r}")
+        if isinstance(self.evidence_inputs, bool) or not isinstance(self.evidence_inputs, int) \
+                or not 1 <= self.evidence_inputs <= 2:
+            raise ValueError(f"evidence_inputs must be 1 or 2, got {self.evidence_inputs!r}")
         if self.payload not in PAYLOADS:
             raise ValueError(f"payload must be one of {PAYLOADS}")
         if self.dir_precision not in codecs.DIR_PRECISIONS:
@@ -105,8 +114,10 @@ class Prototype:
         # answer's examples joined the anchors it already had: how far apart its own examples
         # are. 1.0 until a second example arrives (then only an exact repeat is "as close").
         self.radius = radius
-        # The tokens of the input that taught this answer, while it was taught once (None: not kept,
-        # or taught again since): what method/verify reads a query against. Repair drops it first.
+        # The tokens of the inputs that taught this answer, while it holds every distinct one of them
+        # (``BankConfig.evidence_inputs`` at most; several are joined by EVIDENCE_SEP: ``evidence_inputs``;
+        # None: not kept, or taught by more since): what method/verify reads a query against. Repair
+        # drops it first.
         self.evidence = evidence
 
     def __repr__(self) -> str:
@@ -193,3 +204,29 @@ def cos(a: np.ndarray, b: np.ndarray) -> float:
 def uint_for(maxval: int):
     """The narrowest unsigned dtype that holds ``maxval``."""
     return np.uint8 if maxval < 1 << 8 else np.uint16 if maxval < 1 << 16 else np.uint32
+
+
+def evidence_inputs(evidence: np.ndarray | None) -> list[np.ndarray]:
+    """The taught inputs one prototype's ``evidence`` holds (split at EVIDENCE_SEP); [] for None."""
+    if evidence is None:
+        return []
+    ev = np.asarray(evidence, np.int32).reshape(-1)
+    parts = np.split(ev, np.flatnonzero(ev == EVIDENCE_SEP))  # every part after the first opens with the separator
+    return [part[1:] if i else part for i, part in enumerate(parts)]
+
+
+def joined_evidence(held: np.ndarray | None, new: np.ndarray | None, most: int) -> np.ndarray | None:
+    """A prototype's evidence after one more example of its answer, whose input's tokens are ``new``:
+    unchanged where ``new`` is one of the inputs held already (the same question taught again);
+    ``new`` joined on where fewer than ``most`` are held; else None, as where either side holds
+    nothing: an answer keeps its inputs only while it holds every distinct one, so that the model
+    reads a query against all the ways it was taught, or the radius judges it."""
+    if held is None or new is None or not len(new):
+        return None
+    new = np.asarray(new, np.int32).reshape(-1)
+    inputs = evidence_inputs(held)
+    if any(len(x) == len(new) and np.array_equal(x, new) for x in inputs):
+        return held
+    if len(inputs) >= most:
+        return None
+    return np.concatenate([np.asarray(held, np.int32).reshape(-1), [EVIDENCE_SEP], new]).astype(np.int32)

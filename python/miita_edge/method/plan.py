@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..memory.bank import MemoryBank
+from ..memory.prototype import evidence_inputs
 from ..native import ext
 from ..runtime.engine import Engine
 from ..runtime.engine_types import HoldFn
@@ -127,8 +128,8 @@ class RetrievalIndex:
     null_float: np.ndarray | None = None  # (J,) null scores of float generic questions vs stored bits (gate_query "float")
     anchor_start: np.ndarray | None = None  # (J + 1,) prototype j's anchors are rows anchor_start[j]:[j + 1]
     _answer_id: np.ndarray | None = None  # (J,) prototypes with the same answer tokens share an id (answer_id)
-    evidence: list | None = None  # (J,) each prototype's taught input's tokens or None (method/verify)
-    readable: np.ndarray | None = None  # (J,) which prototypes hold their taught input, built on first use
+    evidence: list | None = None  # (J,) each prototype's taught inputs' tokens or None (method/verify)
+    readable: np.ndarray | None = None  # (J,) which prototypes hold their taught inputs, built on first use
     null_prompt: list | None = None  # the template's prompt of an empty input (method/answer_reading); None: off
     answer_null: dict | None = None  # answer id -> log P(its tokens | null_prompt), filled on first use
 
@@ -359,17 +360,24 @@ def _compared(index: RetrievalIndex, k_q: np.ndarray, ids: np.ndarray, lead: int
     return compared
 
 
+def _reading(engine: Engine, evidence: np.ndarray, query: str) -> float:
+    """How readily the model reads ``query`` as a rewording of one answer's taught inputs: the
+    highest log P(query | VERIFY_PROMPT around an input) over the inputs its ``evidence`` holds (an
+    answer taught twice was asked both ways; the query needs to reword one of them)."""
+    return max(query_logprob(engine, engine.detokenize(x), query) for x in evidence_inputs(evidence))
+
+
 def _read(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q: np.ndarray, ids: np.ndarray,
           text: str, threshold: float) -> GateDecision:
-    """The gate's decision where the model's reading decides for the nearest answer, taught once
-    (``Preset.read_reach``, method/verify ``read_confirmed``): it steers, with the retrieved prototypes
-    of its answer, where its taught question makes the query at least ``threshold`` nats likelier
-    than the neutral question and ``VERIFY_MARGIN`` likelier than any of the other compared answers'
-    questions; else nothing steers."""
+    """The gate's decision where the model's reading decides for the nearest answer, which holds its
+    taught inputs (``Preset.read_reach``, method/verify ``read_confirmed``): it steers, with the
+    retrieved prototypes of its answer, where its taught question (the likeliest of them, ``_reading``)
+    makes the query at least ``threshold`` nats likelier than the neutral question and ``VERIFY_MARGIN``
+    likelier than any of the other compared answers' questions; else nothing steers."""
     lead = int(ids[decision.read_lead])
     query = folded_text(text)
     compared = _compared(index, k_q, ids, lead)
-    scores = [query_logprob(engine, engine.detokenize(index.evidence[j]), query) for j in compared]
+    scores = [_reading(engine, index.evidence[j], query) for j in compared]
     neutral = query_logprob(engine, READ_NEUTRAL, query)
     if read_confirmed(scores, neutral, threshold):
         answer = index.answer_id()
@@ -400,7 +408,7 @@ def _verified(decision: GateDecision, index: RetrievalIndex, engine: Engine, k_q
     if len(compared) < 2:
         return decision
     query = folded_text(text)
-    scores = [query_logprob(engine, engine.detokenize(evidence[j]), query) for j in compared]
+    scores = [_reading(engine, evidence[j], query) for j in compared]
     if reach_confirmed(scores):
         return decision
     rival = max(range(1, len(scores)), key=lambda i: scores[i])
