@@ -23,9 +23,12 @@ another fact's answers avoided.
 
 ``--taught twice`` teaches both phrasings of each fact (the second's forms are then asked too);
 ``--with CANDIDATE`` runs every mode with a candidate of ``evaluation/ablation.py`` switched on.
+``--untaught`` asks, instead, the questions ``bench/facts.py`` calls untaught: the facts in two halves
+(even and odd positions), each half taught alone and asked the other half's paraphrases as written;
+every one steered is the wrong memory answering.
 
     python bench/facts_reach.py [--model GGUF] [--split dev] [--threads 1] [--margins 0.02,0.05,0.1]
-           [--taught once|twice] [--with CANDIDATE]
+           [--taught once|twice] [--with CANDIDATE] [--untaught]
 
 The facts' dev half is for choosing; this reads nothing else.
 """
@@ -51,6 +54,7 @@ def main(argv=None) -> int:
     ap.add_argument("--margins", default="", help="comma list of margins between the nearest two answers")
     ap.add_argument("--taught", choices=("once", "twice"), default="once")
     ap.add_argument("--with", dest="candidate", default=None, help="a candidate mechanism switched on in every mode")
+    ap.add_argument("--untaught", action="store_true", help="ask each half's memory the other half's paraphrases")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT / "python"))
     from miita_edge import Example, Miita
@@ -77,6 +81,9 @@ def main(argv=None) -> int:
         if mode == "replies-heldout-reach":
             preset = dataclasses.replace(preset, single_reach="paraphrase-heldout")
         answer_of = {f.id: (f.answer if mode == "labels" else REPLY.format(answer=f.answer)) for f in fs.facts}
+        if args.untaught:
+            untaught(engine, preset, fs, answer_of, times, mode)
+            continue
         with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", preset=preset, engine=engine,
                                                        template="auto") as m:
             m.ingest([Example(t, answer_of[f.id]) for f in fs.facts for t in f.teach[:times]], budget="none")
@@ -133,6 +140,26 @@ def main(argv=None) -> int:
                       f"another's {100 * other / len(gaps):.1f}% (of {len(gaps)})")
     engine.close()
     return 0
+
+
+def untaught(engine, preset, fs, answer_of: dict, times: int, mode: str) -> None:
+    """Each half of the facts taught alone (``times`` phrasings each), asked the other half's
+    paraphrases as written: how many the gate lets steer (any steered answer is another fact's)."""
+    from miita_edge import Example, Miita
+
+    halves = (fs.facts[0::2], fs.facts[1::2])
+    steered, asked = 0, 0
+    for taught_half, asked_half in (halves, halves[::-1]):
+        with tempfile.TemporaryDirectory() as d, Miita(memory=Path(d) / "m", preset=preset, engine=engine,
+                                                       template="auto") as m:
+            m.ingest([Example(t, answer_of[f.id]) for f in taught_half for t in f.teach[:times]], budget="none")
+            for f in asked_half:
+                for p in f.ask:
+                    qp = m.plan(m.query_state(p))
+                    steered += qp.gate is None or qp.gate.adapted
+                    asked += 1
+    print(f"\n{mode}: untaught questions (each half's memory asked the other half's paraphrases) steered to "
+          f"another fact's answer: {steered} of {asked} ({100 * steered / asked:.1f}%)", flush=True)
 
 
 if __name__ == "__main__":
