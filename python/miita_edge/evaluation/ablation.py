@@ -88,6 +88,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("read-reach", "all", _set(read_reach=0.0),
               "the key's paraphrase reach, not the model's reading, decides whether an answer taught once that "
               "keeps its taught input steers (version 18's gate)"),
+    Mechanism("read-twice", "all", _bank(evidence_inputs=1),
+              "an answer taught by a second input lets its evidence go, and its radius, not the model's reading, "
+              "judges it (version 19)"),
 )}
 
 
@@ -133,9 +136,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
-    Mechanism("read-twice", "all", _bank(evidence_inputs=2),
-              "an answer taught by two distinct inputs keeps both, and the model's reading decides for it as for "
-              "an answer taught once (the likelier of its two questions), not its radius"),
 )}
 
 

@@ -113,7 +113,8 @@ class Preset:
     # Where the answer nearest to the query is trusted by the paraphrase reach alone, how far (in best
     # cosine of sign bits) it must lead every other retrieved answer; 0: no such test.
     reach_margin: float = 0.0
-    # Where > 0, the trust of an answer taught once that keeps its taught input is the model's reading,
+    # Where > 0, the trust of an answer that keeps its taught inputs (taught once, or by as many inputs
+    # as BankConfig.evidence_inputs) is the model's reading,
     # not the paraphrase reach (method/verify.read_confirmed): where it is the nearest answer, it steers
     # if its taught question makes the query at least this many nats likelier than a neutral question
     # does and VERIFY_MARGIN likelier than the other nearest answers' questions; 0: the reach decides.
@@ -284,7 +285,7 @@ def default_preset() -> Preset:
     return Preset(
         "default",
         BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
-                   narrow_rule="rival-shared", evidence=True),
+                   narrow_rule="rival-shared", evidence=True, evidence_inputs=2),
         skip_bos=True, center_keys=True, aggregation="prefix",
         retrieval=RetrievalConfig(T_agg=0.04), k_anchors=16,
         eta=1.25, eta_unit="push", direction="head", gate="ungated",
@@ -295,7 +296,7 @@ def default_preset() -> Preset:
         read_reach=READ_REACH,
         key_prompt="folded",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=19)
+        version=20)
 
 
 def paper_preset() -> Preset:
@@ -362,6 +363,7 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 16): {},
     ("default", 17): {},
     ("default", 18): {},
+    ("default", 19): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 #: What every default before version 17 had in common against it: no answer kept its taught input, so
@@ -378,8 +380,14 @@ for (_name, _v), _diff in PAST_VERSIONS.items():
 #: What every default before version 19 had in common against it: the key's paraphrase reach, not the
 #: model's reading, decided whether an answer taught once steered (method/verify.read_confirmed).
 for (_name, _v), _diff in PAST_VERSIONS.items():
-    if _name == "default":
+    if _name == "default" and _v < 19:
         _diff["read_reach"] = 0.0
+
+#: What every default before version 20 had in common against it: an answer taught by a second input let
+#: its evidence go, and its radius judged it (memory/prototype.joined_evidence).
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default" and _v < 20:
+        _diff["bank"] = {**_diff.get("bank", {}), "evidence_inputs": 1}
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory

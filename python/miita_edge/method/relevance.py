@@ -60,7 +60,7 @@ class GateDecision:
     # (no exact repeat, no radius test passed), else -1: what method/verify checks
     reach_lead: int = -1
     # the position in ids of the answer nearest the query where its trust is left to the model's
-    # reading (``readable``: taught once, its input kept; no exact repeat; the general-question tests
+    # reading (``readable``: its taught inputs kept; no exact repeat; the general-question tests
     # passed), else -1: nothing steers until method/verify's ``read_confirmed`` says so
     read_lead: int = -1
 
@@ -231,7 +231,7 @@ def gate(ids: np.ndarray, best: np.ndarray, counts: np.ndarray, radius: np.ndarr
     passed), it must lead every other retrieved answer's best cosine by at least ``margin``, or
     nothing steers: one example's neighbourhood decides its answer only where no other answer's
     example is about as near. ``readable`` (J,), if given: the answers whose trust the model's reading
-    decides instead of the reach (taught once, their input kept: method/verify); where the nearest
+    decides instead of the reach and the radius (their taught inputs kept: method/verify); where the nearest
     answer is one of them, is no exact repeat and passes the general-question tests, the decision
     keeps nothing and names it in ``read_lead`` for the reading; where it fails those tests, nothing
     steers, as for any untrusted nearest answer."""

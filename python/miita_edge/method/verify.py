@@ -13,8 +13,9 @@ frozen model answers. The check only ever withholds the reach's answer: it never
 hands the query to another answer.
 
 What it needs that keys do not hold: the taught input's tokens (``Prototype.evidence``), kept for
-an answer taught once while its input is a question's length (``EVIDENCE_MAX_TOKENS``), counted in
-the budget and the first thing repair lets go (``MemoryBank.drop_evidence``).
+an answer taught once (or by two inputs, ``BankConfig.evidence_inputs``: then both) while each input
+is a question's length (``EVIDENCE_MAX_TOKENS``), counted in the budget and the first thing repair
+lets go (``MemoryBank.drop_evidence``).
 
 Pure functions of an engine's log-probabilities; the rule itself (``reach_confirmed``) is a function
 of numbers, tested against a brute-force restatement (tests/test_verify.py).
@@ -100,8 +101,9 @@ def reach_confirmed(scores: Sequence[float], margin: float = VERIFY_MARGIN) -> b
 
 def read_confirmed(scores: Sequence[float], neutral: float, threshold: float,
                    margin: float = VERIFY_MARGIN) -> bool:
-    """The reading's rule, where it decides for an answer taught once (``Preset.read_reach``): the
-    nearest answer (``scores[0]``, the log-probability of the query after its taught question) is
+    """The reading's rule, where it decides for an answer that keeps its taught inputs
+    (``Preset.read_reach``): the nearest answer (``scores[0]``, the log-probability of the query
+    after its taught question, the likeliest where it was taught two ways) is
     trusted where its question makes the query at least ``threshold`` nats likelier than the
     neutral question does (``neutral``: the query after ``READ_NEUTRAL``), and at least ``margin``
     nats likelier than any other compared answer's question does. The first says the taught
