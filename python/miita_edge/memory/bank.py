@@ -189,7 +189,7 @@ class MemoryBank(QueryView):
                     merged = unit_rows(p.n * p.dirs + new.dirs[0 if pay == "mean" else slice(None)])
                     p.dirs = codecs.roundtrip(merged, self.config.dir_precision)
                 p.n += 1
-                p.evidence = joined_evidence(p.evidence, ev if len(ev) else None, self.config.evidence_inputs)
+                p.evidence = joined_evidence(p.evidence, ev, self.config.evidence_inputs)
                 # stored anchors are unit-norm except 'bit' (±1): normalise both sides
                 # with its own signs at the shared coordinates, as a query is: the radius says how near
                 # the answer's examples come as questions, and novelty is judged the same way

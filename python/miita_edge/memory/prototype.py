@@ -225,7 +225,7 @@ def joined_evidence(held: np.ndarray | None, new: np.ndarray | None, most: int) 
         return None
     new = np.asarray(new, np.int32).reshape(-1)
     inputs = evidence_inputs(held)
-    if any(len(x) == len(new) and np.array_equal(x, new) for x in inputs):
+    if any(np.array_equal(x, new) for x in inputs):
         return held
     if len(inputs) >= most:
         return None
