@@ -40,17 +40,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def nearest(r: dict, threshold: float, margin: float):
-    """The default's rule on recorded readings: the nearest answer, or None."""
-    s, n = r["scores"], r["neutral"]
-    return r["compared"][0] if s[0] - n >= threshold and all(s[0] - x >= margin for x in s[1:]) else None
+    """The default's rule (``verify.read_confirmed``) on recorded readings: the nearest answer, or None."""
+    from miita_edge.method.verify import read_confirmed
+
+    return r["compared"][0] if read_confirmed(r["scores"], r["neutral"], threshold, margin) else None
 
 
 def choose(r: dict, threshold: float, margin: float):
-    """The likeliest compared answer (ties: the nearer) where it passes the general-question tests,
-    the threshold over the neutral question and the margin over every other; else None."""
-    s, n = r["scores"], r["neutral"]
+    """The likeliest compared answer (ties: the nearer) where it passes the general-question tests
+    and the default's rule in the nearest answer's place; else None."""
+    from miita_edge.method.verify import read_confirmed
+
+    s = r["scores"]
     w = max(range(len(s)), key=lambda i: (s[i], -i))
-    ok = r["relevant"][w] and s[w] - n >= threshold and all(s[w] - x >= margin for i, x in enumerate(s) if i != w)
+    ok = r["relevant"][w] and read_confirmed([s[w]] + s[:w] + s[w + 1:], r["neutral"], threshold, margin)
     return r["compared"][w] if ok else None
 
 
@@ -72,9 +75,12 @@ def general_tests(index, k_q, ids):
 
 def record(args) -> list[dict]:
     sys.path.insert(0, str(ROOT / "python"))
+    import numpy as np
+
     from miita_edge import Example, Miita
     from miita_edge.evaluation.facts import load_facts
     from miita_edge.method import plan as plan_mod
+    from miita_edge.method.relevance import GateDecision
     from miita_edge.method.presets import default_preset
     from miita_edge.method.verify import READ_NEUTRAL
     from miita_edge.runtime.engine import Engine, EngineConfig
@@ -83,10 +89,10 @@ def record(args) -> list[dict]:
     times = 2 if args.taught == "twice" else 1
     engine = Engine(args.model, EngineConfig(n_threads=args.threads))
     seen: dict = {}
-    read = plan_mod._read
 
     def spy(decision, index, eng, k_q, ids, text, threshold):
-        """The default's reading, with what it compares recorded (read again: the same numbers)."""
+        """What the default's reading compares, recorded; nothing steers (the rules above score the
+        numbers), so each reading is made once."""
         lead = int(ids[decision.read_lead])
         compared = plan_mod._compared(index, k_q, ids, lead)
         q = plan_mod.folded_text(text)
@@ -96,7 +102,7 @@ def record(args) -> list[dict]:
                     scores=[plan_mod._reading(eng, index.evidence[j], q) for j in compared],
                     neutral=plan_mod.query_logprob(eng, READ_NEUTRAL, q),
                     relevant=[bool(ok[pos[j]]) for j in compared])
-        return read(decision, index, eng, k_q, ids, text, threshold)
+        return GateDecision(np.zeros(len(ids), bool), "scored by bench/read_probe.py")
 
     plan_mod._read = spy
     rows: list[dict] = []
