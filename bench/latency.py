@@ -91,6 +91,8 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--no-draft", action="store_true", help="decode each steered step alone (no draft batches)")
     ap.add_argument("--parts", action="store_true", help="also split the default's answer time by part")
+    ap.add_argument("--with", dest="candidate", metavar="CANDIDATE", help="the default with a candidate mechanism "
+                    "switched on (evaluation/ablation.py CANDIDATES), to time it against the same frozen model")
     wanted = [Target("labels", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of labels"),
               Target("replies", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of replies")]
     args, targets = parse_with_targets(ap, wanted)
@@ -99,6 +101,15 @@ def main() -> int:
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.runtime.engine import Engine, EngineConfig
 
+    preset = None
+    if args.candidate:
+        from miita_edge.errors import InputError
+        from miita_edge.evaluation.ablation import with_candidate
+        try:
+            preset = with_candidate(args.candidate)
+        except InputError as e:
+            raise SystemExit(f"latency.py: {e}") from None
+        print(f"the default with {args.candidate}", flush=True)
     with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True,
                                                     draft=not args.no_draft))) as engine:
         for kind, bench in (("labels", "banking77"), ("replies", "banking77-replies")):
@@ -107,7 +118,7 @@ def main() -> int:
             rows = stages[0].train[:args.rows]
             questions = [t.example.input for t in stages[0].test[:args.questions]]
             with tempfile.TemporaryDirectory() as tmp:
-                m = Miita(memory=Path(tmp) / "mem", template=spec.template, engine=engine)
+                m = Miita(memory=Path(tmp) / "mem", template=spec.template, engine=engine, preset=preset)
                 m.ingest(rows, budget="none", progress=False)
                 r = measure(m, questions, args.max_tokens)
                 split = parts(m, questions, args.max_tokens) if args.parts else None
