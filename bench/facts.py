@@ -176,6 +176,14 @@ def main() -> int:
     from miita_edge.evaluation.facts import FactSet
     from miita_edge.runtime.engine import Engine, EngineConfig
 
+    preset = None
+    if args.candidate:  # resolved before any model loads, so an unknown name is one line, not a traceback
+        from miita_edge.errors import InputError
+        from miita_edge.evaluation.ablation import with_candidate
+        try:
+            preset = with_candidate(args.candidate)
+        except InputError as e:
+            raise SystemExit(f"facts.py: {e}") from None
     fs = ev.load_facts(args.data, args.split)
     if args.limit > 0:
         fs = FactSet(fs.facts[: args.limit], fs.unrelated[: 2 * args.limit])
@@ -185,10 +193,7 @@ def main() -> int:
         engine = Engine(model, EngineConfig(n_threads=args.threads, stop_after_text=True))
         try:
             print(f"{name}:", flush=True)
-            preset = None
             if args.candidate:
-                from miita_edge.evaluation.ablation import with_candidate
-                preset = with_candidate(args.candidate)
                 print(f"  the default with {args.candidate}", flush=True)
             for mode in modes:
                 report_mode(mode, run_mode(engine, fs, MODES[mode], args.show, ev, preset), fs, targets)
