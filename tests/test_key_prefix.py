@@ -212,9 +212,17 @@ def test_a_failed_probe_means_whole_passes(engine):
 
 @pytest.mark.model
 def test_ingest_is_the_same_with_and_without_the_cache(engine, tmp_path):
-    """A whole default-preset ingest (keys, anchors, budget repair) stores the same arrays."""
+    """A whole default-preset ingest (keys, anchors, budget repair) stores the same arrays. Keys are
+    pooled here from the memory's own prompt (``key_prompt = "folded"``), whose template prefix the
+    inputs share: the default's meaning prompt shares only its first few tokens, fewer than a kept
+    row needs (``MIN_ROWS``), so it never reuses rows (checked below)."""
+    from miita_edge.method.presets import default_preset
     from miita_edge.miita import Miita
     from miita_edge.streams import Example
+
+    preset = default_preset()
+    preset.key_prompt = "folded"
+    preset.validate_keys()
 
     qs = ["where is my new card", "I was charged twice", "my transfer has not arrived",
           "why is the exchange rate different", "close my account", "top up from abroad",
@@ -225,7 +233,7 @@ def test_ingest_is_the_same_with_and_without_the_cache(engine, tmp_path):
     for on in (True, False):
         engine.config.key_prefix_cache = on
         try:
-            m = Miita(engine=engine, memory=str(tmp_path / f"mem-{on}"), template="banking77")
+            m = Miita(engine=engine, memory=str(tmp_path / f"mem-{on}"), template="banking77", preset=preset)
             before = engine.key_rows_reused
             m.ingest([Example(x, y, i + 1) for i, (x, y) in enumerate(zip(qs, ys))], budget="4KiB", progress=False)
             reused = engine.key_rows_reused - before
@@ -236,4 +244,9 @@ def test_ingest_is_the_same_with_and_without_the_cache(engine, tmp_path):
     assert len(banks[0]) == len(banks[1]) > 0
     for a, b in zip(*banks):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    m = Miita(engine=engine, memory=str(tmp_path / "mem-meaning"), template="banking77")
+    assert m.preset.key_prompt == "meaning"
+    before = engine.key_rows_reused
+    m.ingest([Example(x, y, i + 1) for i, (x, y) in enumerate(zip(qs, ys))], budget="4KiB", progress=False)
+    assert engine.key_rows_reused == before
     engine.set_key_layers((engine.key_layer,))

@@ -61,7 +61,6 @@ def _softmax(z):
 @pytest.mark.parametrize("case", SUPPORTED, ids=_case_id)
 def test_check_model_ingest_and_ask(case, tiny_dir, tmp_path):
     from miita_edge import Example, Miita
-    from miita_edge.method.extract import prompt_tokens
     from miita_edge.runtime.engine import Engine, EngineConfig
     from miita_edge.runtime.model_check import check_model, round_activations
 
@@ -107,8 +106,7 @@ def test_check_model_ingest_and_ask(case, tiny_dir, tmp_path):
             rep_in = m.ingest(ex, budget="none")
             assert rep_in.to_json()["examples"] == 3 and m.bank.n_prototypes >= 1
             text = ex[1].input
-            toks_q = prompt_tokens(eng, m.template, text, None)
-            state = eng.query(toks_q, skip_bos_in_key=m.preset.skip_bos)
+            state = m.query_state(text)  # the key from the memory's key prompt, the answer's prompt decoded last
             plan = m.plan(state).plan
             d0 = plan(0, [])
             assert d0 is not None and np.isfinite(d0).all()

@@ -280,8 +280,7 @@ def test_a_real_memory_flags_the_examples_that_share_a_neighbourhood(engine, tmp
         signs = np.unpackbits(index.packed, axis=1)[:, :K].astype(np.float64) * 2 - 1
         assert index.contest.tolist() == reference_contested(signs, index.owner, len(index.counts), index.reach)
         assert index.contest.tolist() == [True, True, False]  # ingest order: one prototype per answer
-        state = m.keyed_engine().query(m.prompt_tokens(ctx + "What did the family grind there?"),
-                                       skip_bos_in_key=m.preset.skip_bos)
+        state = m.query_state(ctx + "What did the family grind there?")
         qp = m.plan(state)
         assert qp.gate is not None and not qp.gate.keep.any() and "another answer's example" in qp.gate.reason
         # without the rule the same memory hands that question to a stored answer of the paragraph
@@ -372,12 +371,11 @@ def test_a_real_memory_reads_the_margin_over_its_answers(engine, tmp_path):
         seqs = [list(map(int, s)) for s in index.seqs]
         ids = index.answer_id()
         assert all((ids[i] == ids[j]) == (seqs[i] == seqs[j]) for i in range(len(seqs)) for j in range(len(seqs)))
-        state = m.keyed_engine().query(m.prompt_tokens(ctx + "What did the family grind there?"),
-                                       skip_bos_in_key=m.preset.skip_bos)
+        state = m.query_state(ctx + "What did the family grind there?")
         assert m.plan(state).gate.keep.any()  # without a margin a stored answer steers it
         m.preset.reach_margin = 1.99
         m.pipeline.forget_index()
         qp = m.plan(state)
         assert not qp.gate.keep.any() and "leads another answer" in qp.gate.reason
-        again = m.keyed_engine().query(m.prompt_tokens(ctx + "Who built the mill?"), skip_bos_in_key=m.preset.skip_bos)
+        again = m.query_state(ctx + "Who built the mill?")
         assert m.plan(again).gate.keep.any()

@@ -91,15 +91,15 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("read-twice", "all", _bank(evidence_inputs=1),
               "an answer taught by a second input lets its evidence go, and its radius, not the model's reading, "
               "judges it (version 19)"),
+    Mechanism("key-meaning", "all", _set(key_prompt="folded"),
+              "keys pooled from the memory's own prompt with the input folded (versions 16-20), not from a prompt "
+              "that asks for the input's meaning in one word"),
 )}
 
 
 #: Mechanisms not (yet) in the default, measured the same way before any is adopted: the default
 #: with each one switched on (``miita-default-with-NAME``).
 CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
-    Mechanism("key-meaning", "all", _set(key_prompt="meaning"),
-              "keys pooled from a prompt of their own: the input in canonical form (case, end mark and spacing "
-              "folded) inside a prompt that asks for its meaning in one word"),
     Mechanism("key-canonical", "all", _set(key_prompt="canonical"),
               "keys pooled from the memory's own prompt with the input in canonical form (case, end mark and "
               "spacing folded), in a key pass of their own; the answer's prompt keeps the text as typed"),

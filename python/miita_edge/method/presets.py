@@ -294,9 +294,9 @@ def default_preset() -> Preset:
         relevance_gate=True, null_gate=True, null_rule="nearest", centroid_vote=True,
         single_reach="paraphrase-heldout", abstain=True, reach_margin=REACH_MARGIN, answer_reading=ANSWER_READING,
         read_reach=READ_REACH,
-        key_prompt="folded",
+        key_prompt="meaning",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=20)
+        version=21)
 
 
 def paper_preset() -> Preset:
@@ -364,6 +364,7 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 17): {},
     ("default", 18): {},
     ("default", 19): {},
+    ("default", 20): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 #: What every default before version 17 had in common against it: no answer kept its taught input, so
@@ -388,6 +389,12 @@ for (_name, _v), _diff in PAST_VERSIONS.items():
 for (_name, _v), _diff in PAST_VERSIONS.items():
     if _name == "default" and _v < 20:
         _diff["bank"] = {**_diff.get("bank", {}), "evidence_inputs": 1}
+
+#: What every default from version 16 to 20 had in common against it: keys were pooled from the memory's
+#: own prompt with the input folded, not from a prompt that asks for the input's meaning (templates.KEY_PROMPTS).
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default" and 16 <= _v < 21:
+        _diff["key_prompt"] = "folded"
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
