@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--parts", action="store_true", help="also split the default's answer time by part")
     ap.add_argument("--with", dest="candidate", metavar="CANDIDATE", help="the default with a candidate mechanism "
                     "switched on (evaluation/ablation.py CANDIDATES), to time it against the same frozen model")
+    ap.add_argument("--version", type=int, metavar="N", help="an earlier version of the default "
+                    "(presets.preset_version), to time today's against it on the same machine")
     wanted = [Target("labels", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of labels"),
               Target("replies", "<=", 1.10, "x", "ms per generated token, default / frozen, memory of replies")]
     args, targets = parse_with_targets(ap, wanted)
@@ -110,6 +112,16 @@ def main() -> int:
         except InputError as e:
             raise SystemExit(f"latency.py: {e}") from None
         print(f"the default with {args.candidate}", flush=True)
+    if args.version is not None:
+        from miita_edge.errors import InputError
+        from miita_edge.method.presets import preset_version
+        if preset is not None:
+            raise SystemExit("latency.py: --with and --version are one or the other")
+        try:
+            preset = preset_version("default", args.version)
+        except (InputError, KeyError, ValueError) as e:
+            raise SystemExit(f"latency.py: --version {args.version}: {e}") from None
+        print(f"the default as version {args.version}", flush=True)
     with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True,
                                                     draft=not args.no_draft))) as engine:
         for kind, bench in (("labels", "banking77"), ("replies", "banking77-replies")):
