@@ -257,6 +257,13 @@ def test_a_query_between_two_answers_taught_once_alike_is_left_to_the_frozen_mod
     assert gate(np.array([2]), np.array([0.875]), counts, radius, reach=0.7, contest=contest).keep.tolist() == [True]
 
 
+def _tokens_only(m, text):
+    """A query's state as ``ask_tokens`` makes it, with tokens and no text: its key from the memory's key
+    prompt, and the model's reading of taught questions (which needs the text) not asked, so the reach's
+    own rules are what decide."""
+    return m.pipeline.query_state(m.prompt_tokens(text), m.key_tokens(text))
+
+
 def test_a_real_memory_flags_the_examples_that_share_a_neighbourhood(engine, tmp_path):
     """In a memory, the contested flags are the pairs written out over its stored anchors and reach;
     two questions about one paragraph (different answers, each taught once) share a neighbourhood,
@@ -280,7 +287,7 @@ def test_a_real_memory_flags_the_examples_that_share_a_neighbourhood(engine, tmp
         signs = np.unpackbits(index.packed, axis=1)[:, :K].astype(np.float64) * 2 - 1
         assert index.contest.tolist() == reference_contested(signs, index.owner, len(index.counts), index.reach)
         assert index.contest.tolist() == [True, True, False]  # ingest order: one prototype per answer
-        state = m.query_state(ctx + "What did the family grind there?")
+        state = _tokens_only(m, ctx + "What did the family grind there?")
         qp = m.plan(state)
         assert qp.gate is not None and not qp.gate.keep.any() and "another answer's example" in qp.gate.reason
         # without the rule the same memory hands that question to a stored answer of the paragraph
@@ -371,11 +378,11 @@ def test_a_real_memory_reads_the_margin_over_its_answers(engine, tmp_path):
         seqs = [list(map(int, s)) for s in index.seqs]
         ids = index.answer_id()
         assert all((ids[i] == ids[j]) == (seqs[i] == seqs[j]) for i in range(len(seqs)) for j in range(len(seqs)))
-        state = m.query_state(ctx + "What did the family grind there?")
+        state = _tokens_only(m, ctx + "What did the family grind there?")
         assert m.plan(state).gate.keep.any()  # without a margin a stored answer steers it
         m.preset.reach_margin = 1.99
         m.pipeline.forget_index()
         qp = m.plan(state)
         assert not qp.gate.keep.any() and "leads another answer" in qp.gate.reason
-        again = m.query_state(ctx + "Who built the mill?")
+        again = _tokens_only(m, ctx + "Who built the mill?")
         assert m.plan(again).gate.keep.any()
