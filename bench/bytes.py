@@ -79,7 +79,6 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopi
     ``Pipeline``) and, with ``steered``, ``Miita.ask``'s; each scored by the benchmark's label match.
     ``offtopic``: prompts no answer fits, counted where the gate lets some answer steer."""
     from miita_edge.evaluation.metrics import label_match, normalize_label
-    from miita_edge.method.extract import prompt_tokens
     from miita_edge.method.pipeline import Pipeline
     from miita_edge.method.steering import vote
 
@@ -88,14 +87,13 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopi
            "reasons": {}}  # declined queries by the test that closed the gate
     # agree: steered answers equal to the vote's, among the queries the vote answered (on a declined
     # query the frozen model answers, which no vote can agree with)
-    eng = m.keyed_engine()
     # the same memory read by the same preset without the relevance gate: is a loss the vote's or the gate's?
     open_pipe = Pipeline(dataclasses.replace(m.preset, relevance_gate=False, null_gate=False), m.engine, m.template,
                          m.fingerprint())
     for it in items:
         x = it.example.input
         out["held"] += any(normalize_label(g) in held for g in it.golds)
-        state = eng.query(prompt_tokens(eng, m.template, x, m.max_prompt_tokens), skip_bos_in_key=m.preset.skip_bos)
+        state = m.pipeline.query_state(m.prompt_tokens(x), m.key_tokens(x))  # the key from the key prompt; no text: gate and vote
         qp = m.plan(state)
         if qp.gate is not None and not qp.gate.adapted:
             out["declined"] += 1
@@ -115,7 +113,7 @@ def ask_dev(m, items, labels: list[str], max_tokens: int, steered: bool, offtopi
     out["offtopic"] = len(offtopic)
     out["offtopic_kept"] = 0
     for x in offtopic:
-        state = eng.query(prompt_tokens(eng, m.template, x, m.max_prompt_tokens), skip_bos_in_key=m.preset.skip_bos)
+        state = m.pipeline.query_state(m.prompt_tokens(x), m.key_tokens(x))  # the key from the key prompt; no text: gate and vote
         qp = m.plan(state)
         out["offtopic_kept"] += qp.gate is None or qp.gate.adapted
     return out
