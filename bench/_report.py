@@ -165,3 +165,22 @@ def parse_with_targets(ap: argparse.ArgumentParser, wanted: list[Target],
     targets = Targets.from_args(wanted, args.target, ap)
     print_header(argv)
     return args, targets
+
+
+def preset_for(script: str, candidate: str | None = None, version: int | None = None):
+    """The preset a script runs: the default (None), the default with a candidate mechanism
+    (``--with``), or an earlier version of it (``--version``). Resolved before any model loads, so a
+    bad name is one line naming the script, not a traceback."""
+    from miita_edge.errors import InputError
+    if candidate and version is not None:
+        raise SystemExit(f"{script}: --with and --version are one or the other")
+    try:
+        if candidate:
+            from miita_edge.evaluation.ablation import with_candidate
+            return with_candidate(candidate)
+        if version is not None:
+            from miita_edge.method.presets import preset_version
+            return preset_version("default", version)
+    except (InputError, KeyError, ValueError) as e:
+        raise SystemExit(f"{script}: {e}") from None
+    return None

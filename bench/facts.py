@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from _report import Target, parse_with_targets
+from _report import Target, parse_with_targets, preset_for
 
 MODES = {"once": 1, "twice": 2}
 KIND_NAMES = {"taught": "as taught (not unseen)", "form": "forms of the taught phrasing",
@@ -176,14 +176,7 @@ def main() -> int:
     from miita_edge.evaluation.facts import FactSet
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    preset = None
-    if args.candidate:  # resolved before any model loads, so an unknown name is one line, not a traceback
-        from miita_edge.errors import InputError
-        from miita_edge.evaluation.ablation import with_candidate
-        try:
-            preset = with_candidate(args.candidate)
-        except InputError as e:
-            raise SystemExit(f"facts.py: {e}") from None
+    preset = preset_for("facts.py", args.candidate)
     fs = ev.load_facts(args.data, args.split)
     if args.limit > 0:
         fs = FactSet(fs.facts[: args.limit], fs.unrelated[: 2 * args.limit])

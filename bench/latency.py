@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _report import ROOT, Target, parse_with_targets
+from _report import ROOT, Target, parse_with_targets, preset_for
 
 DATA = ROOT.parent / "shared" / "data" / "banking77"
 
@@ -103,24 +103,10 @@ def main() -> int:
     from miita_edge.evaluation.benchmarks import get_benchmark, load_benchmark
     from miita_edge.runtime.engine import Engine, EngineConfig
 
-    preset = None
+    preset = preset_for("latency.py", args.candidate, args.version)
     if args.candidate:
-        from miita_edge.errors import InputError
-        from miita_edge.evaluation.ablation import with_candidate
-        try:
-            preset = with_candidate(args.candidate)
-        except InputError as e:
-            raise SystemExit(f"latency.py: {e}") from None
         print(f"the default with {args.candidate}", flush=True)
     if args.version is not None:
-        from miita_edge.errors import InputError
-        from miita_edge.method.presets import preset_version
-        if preset is not None:
-            raise SystemExit("latency.py: --with and --version are one or the other")
-        try:
-            preset = preset_version("default", args.version)
-        except (InputError, KeyError, ValueError) as e:
-            raise SystemExit(f"latency.py: --version {args.version}: {e}") from None
         print(f"the default as version {args.version}", flush=True)
     with closing(Engine(args.model, EngineConfig(n_threads=args.threads, stop_after_text=True,
                                                     draft=not args.no_draft))) as engine:
