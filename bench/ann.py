@@ -108,7 +108,7 @@ def real_keys(eng, m, data: Path, n_test: int):
     """Raw keys of the Banking77 prompts as memory ``m`` (the default preset) pools them: its key
     layers, concatenated ((n, L·H) float32, before ``prepare_key``), its BOS rule; extracted once
     and cached. Returns ({train_raw, test_raw, train_label, test_label}, the test inputs)."""
-    from miita_edge.method.calibration import _cache_dir
+    from miita_edge.method.calibration import _cache_dir, raw_key
     from miita_edge.streams import read_examples
 
     train = list(read_examples(data / "train.jsonl"))
@@ -123,8 +123,7 @@ def real_keys(eng, m, data: Path, n_test: int):
     for name, rows in (("train", train), ("test", test)):
         K = []
         for i, e in enumerate(rows):
-            K.append(eng.query(eng.tokenize(m.template.render_prompt(e.input)), skip_bos_in_key=m.preset.skip_bos)
-                     .key.astype(np.float32))
+            K.append(raw_key(eng, m.pipeline.key_template, e.input, m.preset.skip_bos).astype(np.float32))
             if i % 500 == 0:
                 print(f"#   keys: {name} {i}/{len(rows)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
         out[f"{name}_raw"] = np.stack(K)
@@ -348,7 +347,9 @@ def open_memory(eng, path: Path, toks) -> tuple:
 
 
 def retrieval_share(m, eng, prompts: list, reps: int) -> dict:
-    """Medians of prompt pass and Miita.plan (ANN and exact alternated, each after its own pass)."""
+    """Medians of prompt pass and Miita.plan (ANN and exact alternated, each after its own pass).
+    The prompt pass is the answer's alone: a memory that keys queries by a prompt of their own
+    (``Preset.key_prompt``) spends a key-only pass more, so the share printed overstates retrieval's."""
     m.keyed_engine()  # the memory's key layers (an engine shared by memories of both presets)
     times = {"prompt": [], "ann": [], "exact": []}
     for r in range(reps):

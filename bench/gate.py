@@ -66,7 +66,7 @@ def collect(args) -> Path:
     G = np.unpackbits(bits, axis=1)[:, :K].astype(np.int32) * 2 - 1
 
     def one(x: str) -> dict:
-        st = eng.query(m.prompt_tokens(x), skip_bos_in_key=m.preset.skip_bos)
+        st = m.pipeline.query_state(m.prompt_tokens(x), m.key_tokens(x))  # the key from the memory's key prompt
         ids = np.asarray(m.plan(st).ids, np.int64)
         k_q = query_key(m.preset, m.bank, idx, st)
         q = (np.asarray(k_q)[:K] >= 0).astype(np.int32) * 2 - 1

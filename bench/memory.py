@@ -72,9 +72,9 @@ def ask_split(m, text: str, max_tokens: int, reps: int) -> dict:
     eng = m.keyed_engine()  # the engine pools this memory's key layers (presets differ; the engine is shared)
     rows = []
     for _ in range(reps):
-        toks = eng.tokenize(m.template.render_prompt(text))
+        toks, key_toks = m.prompt_tokens(text), m.key_tokens(text)
         t0 = time.perf_counter()
-        st = eng.query(toks, skip_bos_in_key=m.preset.skip_bos)
+        st = m.pipeline.query_state(toks, key_toks)  # the prompt pass, and the key prompt's pass where it has one
         t1 = time.perf_counter()
         ids, scores, weights, plan = m.plan(st)[:4]
         t2 = time.perf_counter()
