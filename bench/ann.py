@@ -207,7 +207,8 @@ def _uniform_bits(rng, n: int, bits: int) -> np.ndarray:
 
 def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise, radius: int = 0) -> dict:
     """A memory's stored arrays, as the template memory ``tm`` holds them (same names, dtypes and row
-    shapes), for J prototypes with one anchor each, three answer tokens, taught twice (n = 2).
+    shapes), for J prototypes with one anchor each, three answer tokens, taught twice (n = 2), and no
+    taught input kept as evidence (so the model's reading of taught questions is not part of what is timed).
     ``radius``: each prototype's stored radius (int8, the default preset)."""
     pr = tm.m.preset
     cfg = pr.bank
@@ -255,6 +256,13 @@ def synthetic_arrays(tm: SimpleNamespace, J: int, mode: str, rng, centres, noise
             out[name] = encode_token_ids(np.concatenate([np.arange(1000, 1200), np.arange(70_000, 70_056)]))
         elif name == "tok_idx":
             out[name] = rng.integers(0, 256, 3 * J).astype(np.uint8)
+        elif name == "tok_bits":  # the same indices and lengths as one bit stream, where the bank packs them
+            from miita_edge.memory.bank_arrays import pack_tokens
+            out[name] = pack_tokens(rng.integers(0, 256, 3 * J), np.full(J, 3), 256)
+        elif name == "ev_len":  # no taught input kept: retrieval never reads them, only the model's reading does
+            out[name] = np.zeros(J, dt)
+        elif name == "ev3":
+            out[name] = np.zeros((0, 3), dt)
         elif name == "radius":
             out[name] = np.full(J, radius, np.int8)
         else:
@@ -429,12 +437,21 @@ def _same(m, st) -> bool:
 
 def default_quality(m, Q_raw: np.ndarray) -> dict:
     """Recall of the exact top-k voter rows among the graph's candidates, and agreement of the
-    selection with the relevance gate (as shipped) and without it (the vote alone)."""
-    from miita_edge import _native
-
+    selection with the relevance gate (as shipped) and without it (the vote alone). The model's reading
+    of the vote's leading labels (``Preset.answer_reading``) is left out: it reweighs whatever both paths
+    select, and needs a query's prompt, which these keys of test rows come without."""
     idx = m.retrieval_index()
     ann = idx.ann.ready()
-    k = m.preset.k_anchors
+    reading, m.preset.answer_reading = m.preset.answer_reading, 0.0
+    try:
+        return _quality(m, Q_raw, idx, ann, m.preset.k_anchors)
+    finally:
+        m.preset.answer_reading = reading
+
+
+def _quality(m, Q_raw, idx, ann, k) -> dict:
+    from miita_edge import _native
+
     hits, agree, agree_vote, kept = 0, 0, 0, 0
     for raw in Q_raw:
         q = m.bank.prepare_key(raw).astype(np.float32)
