@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="a probe: a default-preset field set to VALUE (bank.tau_k=0.7); repeatable")
     ap.add_argument("--min-key-bits", type=int, default=None,
-                    help="a probe: the narrowing floor (memory.prototype.MIN_KEY_BITS) set to N in this process")
+                    help="a probe: the narrowing floor (BankConfig.min_key_bits) set to N (as --set bank.min_key_bits=N)")
     ap.add_argument("--nearest-z", type=float, default=None,
                     help="a probe: the gate's null tail (method.relevance.NEAREST_Z) set to Z in this process")
     ap.add_argument("--unstored", default="", metavar="FIELD[,FIELD]",
@@ -256,14 +256,13 @@ def main(argv: list[str] | None = None) -> int:
 
         presets_mod.Preset.to_json = to_json
         print(f"# probe: {', '.join(unstored)} left out of the stored manifest", flush=True)
-    if args.min_key_bits is not None:  # the bank reads the floor from both modules' globals
-        import miita_edge.memory.bank as bank_mod
-        import miita_edge.memory.prototype as proto_mod
+    if args.min_key_bits is not None:  # the preset's bank field (BankConfig.min_key_bits)
+        from miita_edge.method.presets import default_preset
         if args.min_key_bits < 8 or args.min_key_bits % 8:
             ap.error(f"--min-key-bits {args.min_key_bits}: a positive multiple of 8 (keys narrow by whole bytes)")
-        shipped = proto_mod.MIN_KEY_BITS
-        proto_mod.MIN_KEY_BITS = bank_mod.MIN_KEY_BITS = args.min_key_bits
-        print(f"# probe: MIN_KEY_BITS = {args.min_key_bits} (shipped: {shipped})", flush=True)
+        args.set = [*(args.set or []), f"bank.min_key_bits={args.min_key_bits}"]
+        print(f"# probe: min_key_bits = {args.min_key_bits} (shipped: {default_preset().bank.min_key_bits})",
+              flush=True)
     if args.nearest_z is not None:  # the pipeline imported the tail by name, so both modules' globals
         import miita_edge.method.pipeline as pipeline_mod
         import miita_edge.method.relevance as relevance_mod

@@ -60,7 +60,8 @@ def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
             "narrowed-unit": {"key_axes", "key_axes_scale"},
             "float-gate-narrowed-unit": {"gate_query", "key_axes", "key_axes_scale"},
             "contested-reach": {"reach_contested"}, "balanced-bits": {"bank.narrow_rule"},
-            "balanced-shared": {"bank.narrow_rule"}, "key-canonical": {"key_prompt"}}
+            "balanced-shared": {"bank.narrow_rule"}, "key-canonical": {"key_prompt"},
+            "narrow-floor-64": {"bank.min_key_bits"}}
     assert set(CANDIDATES) == set(want)
     for name, fields in want.items():
         assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields

@@ -95,7 +95,10 @@ def brute_parts(bank: MemoryBank, file_bytes: bytes, manifest: dict) -> dict:
 
 
 CONFIGS = {
-    "default": BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward"),
+    # the synthetic keys (2·H bits) are narrower than the shipped floor: it is lowered so that repair
+    # narrows them and the accounts below cover narrowed keys too
+    "default": BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
+                          min_key_bits=32),
     "int8-keys": BankConfig(payload="tokens", key_precision="int8", relevance=False),
     "sequence": BankConfig(payload="sequence", dir_precision="int8", key_precision="float16", tau_d=0.95),
 }
@@ -104,15 +107,6 @@ CONFIGS = {
 #: (config, budget): unlimited, anchors folded into centroids, and (default) keys narrowed and answers evicted
 CASES = [(name, b) for name in CONFIGS for b in (None, 700, 440)] + [("default", 260)]
 
-
-
-@pytest.fixture(autouse=True)
-def _narrow_floor_below_these_keys(monkeypatch):
-    """The synthetic banks' keys (2·H bits) are narrower than the shipped MIN_KEY_BITS; the floor is
-    lowered so that repair narrows them and the accounts below cover narrowed keys too."""
-    import miita_edge.memory.bank as bank_module
-
-    monkeypatch.setattr(bank_module, "MIN_KEY_BITS", 32)
 
 
 @pytest.mark.parametrize("name,budget", CASES)

@@ -30,8 +30,8 @@ def _clustered_writes(rng, n_answers=6, per=8, spread=0.6, singletons=3, pairs=0
     return [rows[i] for i in order], centres
 
 
-def _bank(relevance=True, shrink=False, H=H, parts=1, order=None):
-    cfg = BankConfig(payload="tokens", key_precision="bit", relevance=relevance, shrink_keys=shrink)
+def _bank(relevance=True, shrink=False, H=H, parts=1, order=None, floor=MIN_KEY_BITS):
+    cfg = BankConfig(payload="tokens", key_precision="bit", relevance=relevance, shrink_keys=shrink, min_key_bits=floor)
     return MemoryBank(cfg, H, None, key_parts=parts, key_order=order)
 
 
@@ -149,19 +149,16 @@ def test_centroid_bits_is_the_sign_of_the_count_weighted_anchor_sum(layout):
     assert got.shape == (J, (width + 7) // 8)
 
 
-def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer(monkeypatch):
+def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer():
     """A budget too small for every answer at full width: repair folds anchors, then narrows the
     keys a byte at a time instead of evicting; the stored keys are the old keys' first coordinates
     (in key order), and queries are prepared at the same width. The floor is lowered below this
     test's 64-bit keys so that the mechanism, not the shipped floor's value, is what is checked."""
-    import miita_edge.memory.bank as bank_module
-
-    monkeypatch.setattr(bank_module, "MIN_KEY_BITS", 32)
-    MIN_KEY_BITS = bank_module.MIN_KEY_BITS
+    floor = 32
     rng = np.random.default_rng(5)
     rows, centres = _clustered_writes(rng, n_answers=10, per=5, singletons=0)
     order = rng.permutation(H)
-    wide = _bank(shrink=True, order=order)
+    wide = _bank(shrink=True, order=order, floor=floor)
     for key, toks in rows:
         wide.write(np.zeros((0, H), np.float32), toks, key)
     full_arrays = wide.to_arrays()
@@ -193,13 +190,47 @@ def test_narrowed_keys_are_prefixes_and_repair_keeps_every_answer(monkeypatch):
     back = MemoryBank.from_arrays(bank.config, H, bank.to_arrays(), key_order=order)
     assert back.key_dim == H - 24 and np.array_equal(back.anchor_matrix()[0], bank.anchor_matrix()[0])
     assert full_arrays["anchors"].shape[1] == H // 8
-    # at MIN_KEY_BITS it stops narrowing and evicts as before
+    # at the preset's floor it stops narrowing and evicts as before
     tiny = copy.deepcopy(bank)
-    log = tiny.repair(size(tiny) - 10 * (tiny.key_dim - MIN_KEY_BITS) // 8 - 1, size)
-    assert tiny.key_dim == MIN_KEY_BITS and log.evicted >= 1
+    log = tiny.repair(size(tiny) - 10 * (tiny.key_dim - floor) // 8 - 1, size)
+    assert tiny.key_dim == floor and log.evicted >= 1
     # a float-keyed bank never narrows
     fl = MemoryBank(BankConfig(payload="tokens", key_precision="float32", shrink_keys=True), H)
     assert not fl.narrow_keys()
+
+
+@pytest.mark.parametrize("floor", [0, 4, 60, -8, True, 64.0])
+def test_a_narrowing_floor_that_is_not_whole_bytes_is_refused(floor):
+    with pytest.raises(ValueError, match="min_key_bits"):
+        _bank(shrink=True, floor=floor)
+
+
+def test_the_floor_is_the_preset_field_not_a_module_constant():
+    """Two banks alike but for ``min_key_bits``: under one budget the lower floor narrows further and
+    keeps every answer, the higher one stops at its floor and evicts (the shipped default's floor of
+    96 is what a memory that records no floor narrows to)."""
+    import copy
+
+    rng = np.random.default_rng(7)
+    rows, _ = _clustered_writes(rng, n_answers=10, per=3, singletons=0)
+
+    def size(b):
+        return sum(a.nbytes for a in b.to_arrays(shapes_only=True).values())
+
+    got = {}
+    for floor in (32, 48):
+        b = _bank(shrink=True, floor=floor)
+        for key, toks in rows:
+            b.write(np.zeros((0, H), np.float32), toks, key)
+        got[floor] = b
+    b = got[32]  # as the test above: every answer folded to one anchor, then three key bytes too many each
+    budget = size(b) - (b.n_anchors - b.n_prototypes) * (H // 8 + 1) - 2 * b.n_prototypes - 10 * 3
+    low, high = copy.deepcopy(got[32]), copy.deepcopy(got[48])
+    low.repair(budget, size)
+    high.repair(budget, size)
+    assert low.key_dim == H - 24 < 48 == high.key_dim
+    assert low.n_prototypes == 10 > high.n_prototypes
+    assert BankConfig().min_key_bits == MIN_KEY_BITS == 96
 
 
 def test_multi_part_keys_are_normalised_per_layer_block():

@@ -136,6 +136,8 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
+    Mechanism("narrow-floor-64", "repair", _bank(min_key_bits=64),
+              "repair may narrow 1-bit keys to 64 bits, not only to 96, before it merges or evicts an answer"),
 )}
 
 

@@ -385,7 +385,7 @@ class MemoryBank(QueryView):
 
     def narrow_keys(self) -> bool:
         """Mutates: drop the last 8 coordinates of every stored key (1-bit keys only, with
-        ``shrink_keys``); False at MIN_KEY_BITS or when not allowed.
+        ``shrink_keys``); False at ``BankConfig.min_key_bits`` or when not allowed.
 
         Why before merging and evicting: at a tight budget a narrower key keeps every answer
         retrievable, where an eviction loses one for good. The coordinates are in ``key_order``
@@ -395,7 +395,7 @@ class MemoryBank(QueryView):
         original to narrow from, so this is exact: a narrowed key is the stored key's prefix."""
         cfg = self.config
         m = (self.key_stored - 1) // 8 * 8  # the next narrower multiple of 8 bits (whole stored bytes)
-        if not cfg.shrink_keys or cfg.key_precision != "bit" or m < MIN_KEY_BITS:
+        if not cfg.shrink_keys or cfg.key_precision != "bit" or m < cfg.min_key_bits:
             return False
         if self.key_narrow is not None and not self.narrowed:
             self._move_to_narrow_frame(m)

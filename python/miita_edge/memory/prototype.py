@@ -24,8 +24,10 @@ TOKEN_END = -1  # separator after each prototype's answer tokens in the flat 'to
 EVIDENCE_SEP = (1 << 24) - 1
 
 
-#: Narrowest key a repair may shrink 1-bit keys to (bits). Chosen on dev rows (Banking77 and DSC at 0.25% and
-#: 0.5%, both models, docs/method.md §11): fewer answers told apart at 96 bits vote better than more at 32.
+#: Narrowest key a repair may shrink 1-bit keys to (bits), where a preset does not say
+#: (``BankConfig.min_key_bits``): what every memory before the field existed narrowed to. Chosen on dev rows
+#: (Banking77 and DSC at 0.25% and 0.5%, both models, docs/method.md §11): fewer answers told apart at 96
+#: bits voted better than more at 32.
 MIN_KEY_BITS = 96
 #: A prototype's radius as stored: floor(cos · RADIUS_SCALE) in int8, so the stored value never
 #: exceeds the measured one (the gate can only become more permissive, never stricter, by rounding).
@@ -62,8 +64,16 @@ class BankConfig:
     # How many distinct taught inputs an answer keeps as its evidence: an answer taught by more lets
     # them go, and its radius judges it (``joined_evidence``). 1: only an answer taught once keeps its.
     evidence_inputs: int = 1
+    # The narrowest key repair may shrink 1-bit keys to (bits, a multiple of 8: keys narrow by whole
+    # bytes); below it repair merges and evicts instead. A preset's field, not only a module constant,
+    # so that a memory records the floor it was narrowed under and the ablation can compare floors.
+    min_key_bits: int = MIN_KEY_BITS
 
     def validate(self) -> None:
+        if isinstance(self.min_key_bits, bool) or not isinstance(self.min_key_bits, int) \
+                or self.min_key_bits < 8 or self.min_key_bits % 8:
+            raise ValueError(f"min_key_bits must be a positive multiple of 8 (keys narrow by whole bytes), "
+                             f"got {self.min_key_bits!r}")
         if not isinstance(self.evidence, bool):
             raise ValueError(f"evidence must be true or false, got {self.evidence!r}")
         if isinstance(self.evidence_inputs, bool) or not isinstance(self.evidence_inputs, int) \
