@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for run in args.runs:
         if not (run / "state").is_dir():
-            print(f"{run}: no state/ directory (not a benchmark run, or its snapshots were removed)", file=sys.stderr)
+            print(f"{run}: no state/ directory (no stage was learned: a budget that holds nothing, or not a benchmark run, or its snapshots were removed)", file=sys.stderr)
             bad += 1
             continue
         w = stage_widths(run)
