@@ -30,7 +30,7 @@ EXPECTED = {
     "ward-fold": {"bank.anchor_fold"}, "narrowing": {"bank.shrink_keys"}, "rival-narrowing": {"bank.narrow_rule"},
     "paraphrase-reach": {"single_reach"}, "heldout-reach": {"single_reach"}, "abstain": {"abstain"},
     "reach-margin": {"reach_margin"}, "key-folded": {"key_prompt"}, "verify-reach": {"bank.evidence"}, "read-answers": {"answer_reading"}, "read-reach": {"read_reach"}, "read-twice": {"bank.evidence_inputs"},
-    "key-meaning": {"key_prompt"},
+    "key-meaning": {"key_prompt"}, "narrow-floor-64": {"bank.min_key_bits"},
 }
 
 
@@ -60,8 +60,7 @@ def test_each_candidate_switches_on_its_own_fields_and_is_a_bench_method():
             "narrowed-unit": {"key_axes", "key_axes_scale"},
             "float-gate-narrowed-unit": {"gate_query", "key_axes", "key_axes_scale"},
             "contested-reach": {"reach_contested"}, "balanced-bits": {"bank.narrow_rule"},
-            "balanced-shared": {"bank.narrow_rule"}, "key-canonical": {"key_prompt"},
-            "narrow-floor-64": {"bank.min_key_bits"}}
+            "balanced-shared": {"bank.narrow_rule"}, "key-canonical": {"key_prompt"}}
     assert set(CANDIDATES) == set(want)
     for name, fields in want.items():
         assert _changed(asdict(default_preset()), asdict(with_candidate(name))) == fields

@@ -133,7 +133,7 @@ def test_batched_default_keys_in_stored_form_stay_nearest_their_own_input(engine
     from miita_edge.streams import Example
 
     m = Miita(engine=engine, memory=str(tmp_path / "mem"), template="banking77")
-    assert (m.preset.name, m.preset.version) == ("default", 21)
+    assert (m.preset.name, m.preset.version) == ("default", 22)
     rows = [r for r in ROWS if r[0]]
     m.ingest([Example(x, y, i + 1) for i, (x, y) in enumerate(rows[:2])], budget="none", progress=False)
     eng = m.keyed_engine()  # the memory's key layers and pooling, as its ingest and ask use them

@@ -44,7 +44,7 @@ def test_key_mean_divides_each_block_by_its_own_count():
 
 
 def test_presets_pool_as_their_version_says():
-    assert default_preset().version == 21 and default_preset().key_pooling == ("last", "mean")
+    assert default_preset().version == 22 and default_preset().key_pooling == ("last", "mean")
     assert default_preset().key_poolings(18) == ["last", "mean"]
     for old in ({"name": "default", "version": 3}, {"name": "default", "version": 2}, {"name": "default"}):
         p = Preset.from_json(old)
@@ -52,7 +52,7 @@ def test_presets_pool_as_their_version_says():
     assert paper_preset().key_poolings(18) == ["mean"]
     assert preset_version("default", 3).key_poolings(18) == ["mean", "mean"]
     again = Preset.from_json(default_preset().to_json())
-    assert again.key_pooling == ("last", "mean") and again.version == 21
+    assert again.key_pooling == ("last", "mean") and again.version == 22
     # a shallow model whose two depths round to one layer keeps the first depth's pooling
     assert default_preset().key_layers(2) == [0] and default_preset().key_poolings(2) == ["last"]
     for bad in (["max", "mean"], ["last"], "last"):
@@ -67,13 +67,13 @@ def test_an_earlier_version_by_number_but_users_select_only_the_current_ones():
 
     assert preset_version("default", 3).version == 3 and preset_version("default", 3).key_pooling == ()
     assert preset_version("default", 3).bank.anchor_fold == "ward"
-    assert get_preset("default").version == 21 and preset_version("default", 4).key_pooling == ("last", "mean")
+    assert get_preset("default").version == 22 and preset_version("default", 4).key_pooling == ("last", "mean")
     assert preset_version("paper", 1).name == "paper" and get_preset("paper").name == "paper"
     assert preset_names() == ["paper", "default"]
     for bad in ("default/3", "default/4", "default/5", "paper/1", "paper/2", "default/10", "default/11", "default/12", "default/13", "default/x", "nope", "nope/1", "default/"):
         with pytest.raises(InputError, match="unknown preset"):
             get_preset(bad)
-    for name, version in (("default", 22), ("paper", 3), ("nope", 1)):
+    for name, version in (("default", 23), ("paper", 3), ("nope", 1)):
         with pytest.raises(InputError, match="unknown preset"):
             preset_version(name, version)
 
@@ -189,8 +189,8 @@ def test_memories_keep_the_pooling_they_were_built_with(engine, tmp_path):
             Example("I was charged twice for the same coffee", "double charge", line=2)]
     old = engine.key_layers, engine.key_pooling
     try:
-        for preset, version, want in ((preset_version("default", 3), 3, ("mean", "mean")), ("default", 21, ("last", "mean")),
-                                      (default_preset(), 21, ("last", "mean"))):
+        for preset, version, want in ((preset_version("default", 3), 3, ("mean", "mean")), ("default", 22, ("last", "mean")),
+                                      (default_preset(), 22, ("last", "mean"))):
             d = tmp_path / f"v{version}-{isinstance(preset, str)}"
             with Miita(engine=engine, memory=d, preset=preset, template="plain") as m:
                 m.ingest(rows, budget="none", progress=False)

@@ -1462,7 +1462,7 @@ def test_presets_fold_as_they_were_built():
     so) and the paper preset keep the paper's closest pair; an unknown rule is refused."""
     from miita_edge.method.presets import Preset, default_preset, paper_preset
 
-    assert default_preset().version == 21 and default_preset().bank.anchor_fold == "ward"
+    assert default_preset().version == 22 and default_preset().bank.anchor_fold == "ward"
     assert Preset.from_json({"name": "default", "version": 3}).bank.anchor_fold == "ward"
     assert Preset.from_json({"name": "default", "version": 2}).bank.anchor_fold == "closest"
     assert Preset.from_json({"name": "default"}).bank.anchor_fold == "closest"  # version 1

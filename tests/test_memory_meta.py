@@ -43,7 +43,7 @@ def test_compact_round_trips(over):
 
 def test_the_stored_form_is_short():
     text = json.dumps(meta.compact(fields()), separators=(",", ":"))
-    assert text.startswith('{"m":2,"p":"default/21","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
+    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
                            '"gemma3",640,[12,9]]')
     assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
     assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored

@@ -94,6 +94,9 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("key-meaning", "all", _set(key_prompt="folded"),
               "keys pooled from the memory's own prompt with the input folded (versions 16-20), not from a prompt "
               "that asks for the input's meaning in one word"),
+    Mechanism("narrow-floor-64", "repair", _bank(min_key_bits=96),
+              "repair narrows keys to 96 bits at the least (versions 13-21), not to 64, before it merges or evicts "
+              "an answer"),
 )}
 
 
@@ -136,8 +139,6 @@ CANDIDATES: dict[str, Mechanism] = {m.name: m for m in (
     Mechanism("balanced-shared", "repair", _bank(narrow_rule="balanced-shared"),
               "balanced-bits, and each dropped coordinate among the frame's first 128 stays in every key as one "
               "bit the memory stores once (the answers' majority sign), for the relevance gate"),
-    Mechanism("narrow-floor-64", "repair", _bank(min_key_bits=64),
-              "repair may narrow 1-bit keys to 64 bits, not only to 96, before it merges or evicts an answer"),
 )}
 
 

@@ -25,9 +25,8 @@ EVIDENCE_SEP = (1 << 24) - 1
 
 
 #: Narrowest key a repair may shrink 1-bit keys to (bits), where a preset does not say
-#: (``BankConfig.min_key_bits``): what every memory before the field existed narrowed to. Chosen on dev rows
-#: (Banking77 and DSC at 0.25% and 0.5%, both models, docs/method.md §11): fewer answers told apart at 96
-#: bits voted better than more at 32.
+#: (``BankConfig.min_key_bits``): what the defaults of versions 13 to 21 narrowed to. The default's own floor
+#: is ``method.presets.NARROW_FLOOR``.
 MIN_KEY_BITS = 96
 #: A prototype's radius as stored: floor(cos · RADIUS_SCALE) in int8, so the stored value never
 #: exceeds the measured one (the gate can only become more permissive, never stricter, by rounding).

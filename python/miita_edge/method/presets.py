@@ -278,6 +278,13 @@ ANSWER_READING = 0.1
 READ_REACH = 9.4
 
 
+#: The narrowest key the default's repair may leave (bits; ``BankConfig.min_key_bits``). Chosen on dev rows:
+#: Banking77 at 0.25% and 0.5%, both models, the vote with the relevance gate (64 the best of 32 / 48 / 64 / 96 /
+#: 128 under version 21's keys), then the dev ablation of every benchmark (docs/method.md §11). A memory that
+#: records no floor narrowed to ``memory.prototype.MIN_KEY_BITS`` (96), as every default before version 22.
+NARROW_FLOOR = 64
+
+
 def default_preset() -> Preset:
     """The default, whole, in one place: what ``ingest``, ``ask`` and ``serve`` use. docs/method.md
     describes each part in the order a query meets it, and its constants table says where every
@@ -285,7 +292,7 @@ def default_preset() -> Preset:
     return Preset(
         "default",
         BankConfig(payload="tokens", key_precision="bit", relevance=True, shrink_keys=True, anchor_fold="ward",
-                   narrow_rule="rival-shared", evidence=True, evidence_inputs=2),
+                   narrow_rule="rival-shared", evidence=True, evidence_inputs=2, min_key_bits=NARROW_FLOOR),
         skip_bos=True, center_keys=True, aggregation="prefix",
         retrieval=RetrievalConfig(T_agg=0.04), k_anchors=16,
         eta=1.25, eta_unit="push", direction="head", gate="ungated",
@@ -296,7 +303,7 @@ def default_preset() -> Preset:
         read_reach=READ_REACH,
         key_prompt="meaning",
         hold_min_tokens=REPLY_MIN_TOKENS,  # the hold defends replies, by the same line whitening draws
-        version=21)
+        version=22)
 
 
 def paper_preset() -> Preset:
@@ -365,6 +372,7 @@ PAST_VERSIONS: dict[tuple[str, int], dict] = {
     ("default", 18): {},
     ("default", 19): {},
     ("default", 20): {},
+    ("default", 21): {},
     ("paper", 1): {"skip_bos": False, "center_keys": False},
 }
 #: What every default before version 17 had in common against it: no answer kept its taught input, so
@@ -395,6 +403,12 @@ for (_name, _v), _diff in PAST_VERSIONS.items():
 for (_name, _v), _diff in PAST_VERSIONS.items():
     if _name == "default" and 16 <= _v < 21:
         _diff["key_prompt"] = "folded"
+
+#: What every default before version 22 had in common against it: repair narrowed keys to 96 bits at the least
+#: (``memory.prototype.MIN_KEY_BITS``), not to 64, before it merged or evicted an answer; before version 13, to 32.
+for (_name, _v), _diff in PAST_VERSIONS.items():
+    if _name == "default" and _v < 22:
+        _diff["bank"] = {**_diff.get("bank", {}), "min_key_bits": 96 if _v >= 13 else 32}
 
 #: Fields of mechanisms the method no longer has, each with why it went. A manifest that records one
 #: (a memory built while it existed) still opens: ``Preset.from_json`` ignores it, and the memory
