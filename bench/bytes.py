@@ -257,9 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         presets_mod.Preset.to_json = to_json
         print(f"# probe: {', '.join(unstored)} left out of the stored manifest", flush=True)
     if args.min_key_bits is not None:  # the preset's bank field (BankConfig.min_key_bits)
+        from miita_edge.memory.bank import BankConfig
         from miita_edge.method.presets import default_preset
-        if args.min_key_bits < 8 or args.min_key_bits % 8:
-            ap.error(f"--min-key-bits {args.min_key_bits}: a positive multiple of 8 (keys narrow by whole bytes)")
+        try:  # the bank's own rule for a floor, checked before any model loads
+            BankConfig(min_key_bits=args.min_key_bits).validate()
+        except ValueError as exc:
+            ap.error(f"--min-key-bits {args.min_key_bits}: {exc}")
         args.set = [*(args.set or []), f"bank.min_key_bits={args.min_key_bits}"]
         print(f"# probe: min_key_bits = {args.min_key_bits} (shipped: {default_preset().bank.min_key_bits})",
               flush=True)
