@@ -1,4 +1,4 @@
-"""An independent reader and forger of store format 2, written from the layout documented in
+"""An independent reader and forger of store formats 2 and 3, written from the layout documented in
 ``python/miita_edge/memory/store_format.py`` and not from its code.
 
 Tests use it as an oracle (the arrays and offsets in a version file, computed without the store)
@@ -13,6 +13,10 @@ import zlib
 import numpy as np
 
 MAGIC = b"\x93MIM"
+#: Format 3's one-byte array names, as the format's docstring lists them (code k names NAMES[k - 1]).
+NAMES = ["anchors", "anchor_scale", "anchor_count", "anchor_per", "anchor_owner", "counts", "radius",
+         "key_kept", "key_shared", "tok_ids", "tok_bits", "tok_idx", "tok_dict", "tok_dict3", "tok3",
+         "tok_len", "tokens", "ev_len", "ev3", "dirs", "dir_scale"]
 CODES = ["<b1", "<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c8", "<c16"]
 
 
@@ -49,9 +53,17 @@ def parse(raw: bytes) -> dict:
     meta_len, pos = _varint(raw, pos)
     arrays = []
     for _ in range(n):
-        nlen, pos = _varint(raw, pos)
-        name = raw[pos:pos + nlen].decode("ascii")
-        pos += nlen
+        spelled = True
+        if fmt == 3:
+            name_code = raw[pos]
+            pos += 1
+            spelled = name_code == 0
+            if not spelled:
+                name = NAMES[name_code - 1]
+        if spelled:
+            nlen, pos = _varint(raw, pos)
+            name = raw[pos:pos + nlen].decode("ascii")
+            pos += nlen
         code = raw[pos]
         pos += 1
         ndim, pos = _varint(raw, pos)
@@ -59,7 +71,7 @@ def parse(raw: bytes) -> dict:
         for _ in range(ndim):
             d, pos = _varint(raw, pos)
             shape.append(d)
-        arrays.append({"name": name, "code": code, "shape": shape})
+        arrays.append({"name": name, "code": code, "shape": shape, "spelled": spelled})
     meta = raw[pos:pos + meta_len]
     header_end = pos + meta_len
     end = header_end
@@ -89,8 +101,11 @@ def build(doc: dict) -> bytes:
     parts = [struct.pack("<4sBII", MAGIC, doc["format"], 0, doc["version"]),
              enc_varint(len(doc["arrays"])), enc_varint(len(doc["meta"]))]
     for a in doc["arrays"]:
-        parts += [enc_varint(len(a["name"])), a["name"].encode("ascii"), bytes([a["code"]]),
-                  enc_varint(len(a["shape"]))] + [enc_varint(d) for d in a["shape"]]
+        if doc["format"] == 3 and not a.get("spelled", a["name"] not in NAMES):
+            parts.append(bytes([NAMES.index(a["name"]) + 1]))
+        else:
+            parts += ([b"\x00"] if doc["format"] == 3 else []) + [enc_varint(len(a["name"])), a["name"].encode("ascii")]
+        parts += [bytes([a["code"]]), enc_varint(len(a["shape"]))] + [enc_varint(d) for d in a["shape"]]
     return fix_crc(b"".join(parts) + doc["meta"] + doc["tail"])
 
 

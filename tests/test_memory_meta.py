@@ -34,18 +34,42 @@ def fields(**over) -> dict:
                                   {"template": "plain", "key_whitened": True}],
                          ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides", "whitened"])
 def test_compact_round_trips(over):
+    """Every field comes back as it was, but the sha256: its first 96 bits, which name the model."""
     f = fields(**over)
     stored = meta.compact(f)
     assert json.loads(json.dumps(stored)) == stored
-    assert meta.expand(stored, ARRAYS) == f
-    check_memory_meta("m", meta.expand(stored, ARRAYS))
+    back = meta.expand(stored, ARRAYS)
+    assert back == {**f, "fingerprint": {**f["fingerprint"], "sha256": SHA[:24]}}
+    assert meta.same_model(back["fingerprint"], f["fingerprint"])
+    check_memory_meta("m", back)
+
+
+def test_a_memory_written_with_the_whole_sha256_still_reads_it():
+    """Before store format 3 the stored form held all 32 bytes (43 base64url characters)."""
+    stored = {**meta.compact(fields()), "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640, [12, 9]]}
+    back = meta.expand(stored, ARRAYS)
+    assert back["fingerprint"]["sha256"] == SHA and meta.same_model(back["fingerprint"], fields()["fingerprint"])
+
+
+@pytest.mark.parametrize("stored_sha,same", [(SHA, True), (SHA[:24], True), (SHA[:23] + "0", False),
+                                             ("0" + SHA[1:], False), (SHA[:16], False), (SHA[:25], False),
+                                             (None, False)])
+def test_same_model_is_the_sha256_prefix_and_every_other_field(stored_sha, same):
+    """Brute force over what ``same_model`` is meant to be: the model's sha256 begins with the stored
+    one, which is whole or exactly 24 hex digits long, and every other field is equal."""
+    model = fields()["fingerprint"]
+    stored = {**model, "sha256": stored_sha}
+    assert meta.same_model(stored, model) is same
+    for key, other in [("arch", "llama"), ("n_embd", 576), ("key_layer", 9), ("key_layers", [12, 8])]:
+        assert not meta.same_model({**stored, key: other}, model)
+    assert not meta.same_model({k: v for k, v in stored.items() if k != "key_layers"}, model)
 
 
 def test_the_stored_form_is_short():
     text = json.dumps(meta.compact(fields()), separators=(",", ":"))
-    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
+    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX",'
                            '"gemma3",640,[12,9]]')
-    assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
+    assert len(text) <= 123  # two key layers and the preset version cost 6 bytes over one layer
     assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored
 
 

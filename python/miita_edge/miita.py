@@ -19,6 +19,7 @@ import numpy as np
 from platformdirs import user_data_dir
 
 from .errors import InputError, StoreError
+from .memory import meta as meta_mod
 from .memory import store as store_mod
 from .memory.bank import MemoryBank
 from .memory.budget import Budget, as_budget, parse_budget
@@ -126,7 +127,7 @@ class Miita:
         meta, stored = memory_fields(self.memory_dir, snap)
         self.key_layers = stored_key_layers(self.memory_dir, meta, self.engine.n_layer)
         fp = self.fingerprint()
-        if meta["fingerprint"] != fp:
+        if not meta_mod.same_model(meta["fingerprint"], fp):
             other = meta["fingerprint"]
             raise StoreError(f"memory {self.memory_dir} was built with another model "
                              f"(arch={other.get('arch')}, sha256={str(other.get('sha256'))[:12]}…); "

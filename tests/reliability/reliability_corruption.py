@@ -1,7 +1,7 @@
 """Corruption campaign: open thousands of damaged memory directories the ways a user would.
 
 Bases: model-free stores written through ``memory.store.Store``, (unless ``--no-model``) real
-memories of both presets made by ``Miita.ingest``, all in store format 2 (one file per version),
+memories of both presets made by ``Miita.ingest``, all in store format 3 (one file per version),
 and the two format-1 fixtures of tests/data/store_v1 (a plain store and a real default-preset
 memory), which the legacy reader still opens. Each mutation copies a base and damages it (kinds
 below); worker processes then open it with ``Store.read()``, ``miita-edge info`` (in process) and
@@ -9,7 +9,7 @@ the facade's parse of the arrays (``memory_fields`` + ``MemoryBank.from_arrays``
 does after reading), and — for a sample of the real memories — a full ``Miita`` open and one
 ``ask``. Workers run in subprocesses, so a segfault is seen and charged to the mutation.
 
-Kinds on format-2 bases (a version is the file ``vNNNNNNNN``: header, meta, payloads, one CRC32):
+Kinds on format-3 bases (a version is the file ``vNNNNNNNN``: header, meta, payloads, one CRC32):
 
 * damage (what bit rot, a bad copy or a careless edit does; the CRC is left as it was):
   ``truncate`` any file; ``bitflip`` 1-8 bits in a chosen region of the version file (fixed
@@ -19,7 +19,7 @@ Kinds on format-2 bases (a version is the file ``vNNNNNNNN``: header, meta, payl
   loop; a directory); ``current-odd``; ``newer-format`` (the format byte raised, with and
   without a recomputed CRC); ``meta-json`` without a recomputed CRC.
 * forgeries (a field edited *and* the CRC recomputed, which no checksum can tell from a real
-  file): ``header-field`` (a dimension, the rank, a dtype code, a name, the array count, the meta
+  file): ``header-field`` (a dimension, the rank, a dtype code, a name, a name's code, the array count, the meta
   length, the version number, an overlong number, a descriptor dropped or duplicated),
   ``wrong-dtype``/``wrong-shape`` (a payload rewritten as another dtype/shape, the header left),
   ``consistent-dtype``/``consistent-shape`` (a valid file with the new array),
@@ -34,7 +34,7 @@ is one line; the CLI exits 2 with one stderr line), or *accepted*. Failures:
 
 * crash: a signal (segfault, abort), any other exception, or a multi-line error;
 * silent acceptance: a damaged (not forged) store accepted with array bytes, dtypes or shapes
-  different from the base's; for format-2 bases also with a different manifest (it is inside
+  different from the base's; for format-3 bases also with a different manifest (it is inside
   the CRC now). A forgery may be accepted (it is a valid store), but the facade must then open it
   or refuse it cleanly. Format 1's manifest has no checksum of its own, so a changed but valid
   manifest of a ``legacy-v1`` copy is reported (``meta±``), not failed.
@@ -291,14 +291,14 @@ def mutate_v1(src: Path, dst: Path, kind: str, rng: random.Random, outside: Path
     raise ValueError(kind)
 
 
-# ----------------------------------------------------------------------------- format 2: a codec for forging
+# ----------------------------------------------------------------------------- formats 2 and 3: a codec for forging
 # Written from the layout in memory/store_format.py's docstring, so forgeries do not reuse the
 # store's own code. ``split_v2`` gives every field with its position, ``build_v2`` lays a file out
 # from fields (payloads placed by the alignment rule) and ``fix_crc`` makes its CRC right.
 # The field codec (magic, dtype codes, varints) is tests/_store_ref.py's: one independent reader of
 # the layout, shared by the tests and this campaign.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-from _store_ref import CODES, MAGIC  # noqa: E402
+from _store_ref import CODES, MAGIC, NAMES  # noqa: E402
 from _store_ref import _varint as _dec  # noqa: E402
 from _store_ref import dtype_of as _dtype  # noqa: E402
 from _store_ref import enc_varint as _enc  # noqa: E402
@@ -318,9 +318,15 @@ def split_v2(raw: bytes) -> dict:
     arrays = []
     for _ in range(n):
         start = pos
-        nlen, pos = _dec(raw, pos)
-        name = raw[pos:pos + nlen].decode("ascii")
-        pos += nlen
+        spelled = True
+        if fmt == 3:  # a one-byte name code, 0: the name follows
+            spelled = raw[pos] == 0
+            name = "" if spelled else NAMES[raw[pos] - 1]
+            pos += 1
+        if spelled:
+            nlen, pos = _dec(raw, pos)
+            name = raw[pos:pos + nlen].decode("ascii")
+            pos += nlen
         code = raw[pos]
         pos += 1
         ndim, pos = _dec(raw, pos)
@@ -328,7 +334,7 @@ def split_v2(raw: bytes) -> dict:
         for _ in range(ndim):
             d, pos = _dec(raw, pos)
             shape.append(d)
-        arrays.append({"name": name, "code": code, "shape": shape, "span": (start, pos)})
+        arrays.append({"name": name, "code": code, "shape": shape, "span": (start, pos), "spelled": spelled})
     spans["descriptors"] = (spans["counts"][1], pos)
     spans["meta"] = (pos, pos + meta_len)
     end = pos + meta_len
@@ -350,13 +356,24 @@ def fix_crc(raw: bytes) -> bytes:
     return bytes(out)
 
 
+def descriptor(fmt: int, a: dict) -> bytes:
+    """One array's descriptor: its name (format 3: the code of a listed name, unless the array says
+    it was spelled out, or a forged ``name_code``; else 0 and the name), dtype code, ndim, dims."""
+    name = a["name"].encode("latin-1")
+    if fmt == 3 and "name_code" in a:
+        head = bytes([a["name_code"]])
+    elif fmt == 3 and a["name"] in NAMES and not a.get("spelled"):
+        head = bytes([NAMES.index(a["name"]) + 1])
+    else:
+        head = (b"\x00" if fmt == 3 else b"") + _enc(len(name)) + name
+    return head + bytes([a["code"]]) + _enc(len(a["shape"])) + b"".join(_enc(d) for d in a["shape"])
+
+
 def build_v2(doc: dict, descriptors: bytes | None = None, n_arrays: int | None = None,
              meta_len: int | None = None) -> bytes:
     """A file laid out from ``doc``'s fields, CRC fixed; the optional arguments override what the
     header says (a forged descriptor block, array count or meta length) without moving payloads."""
-    desc = descriptors if descriptors is not None else b"".join(
-        _enc(len(a["name"])) + a["name"].encode("latin-1") + bytes([a["code"]]) + _enc(len(a["shape"]))
-        + b"".join(_enc(d) for d in a["shape"]) for a in doc["arrays"])
+    desc = descriptors if descriptors is not None else b"".join(descriptor(doc["format"], a) for a in doc["arrays"])
     out = bytearray(struct.pack("<4sBII", MAGIC, doc["format"], 0, doc["version"]))
     out += _enc(len(doc["arrays"]) if n_arrays is None else n_arrays)
     out += _enc(len(doc["meta"]) if meta_len is None else meta_len) + desc + doc["meta"]
@@ -395,7 +412,7 @@ def _meta_json_edit(man: dict, rng: random.Random) -> str:
 
 
 def mutate_v2(dst: Path, kind: str, rng: random.Random, outside: Path) -> tuple[str, bool]:
-    """Damage or forge the format-2 store copied at ``dst``; returns (what was done, forged)."""
+    """Damage or forge the format-3 store copied at ``dst``; returns (what was done, forged)."""
     cur = (dst / "CURRENT").read_text().strip()
     vfile = dst / cur
     raw = vfile.read_bytes()
@@ -516,7 +533,7 @@ def _forge_field(vfile: Path, doc: dict, rng: random.Random) -> str:
     """Edit one header field and recompute the CRC: only the field checks can refuse it."""
     arrays = doc["arrays"]
     what = rng.choice(["dim", "dim", "ndim", "code", "code", "name", "count", "meta-len", "version", "overlong",
-                       "drop", "duplicate", "swap-shape", "format-1"])
+                       "drop", "duplicate", "swap-shape", "format-1", "name-code"])
     a = rng.choice(arrays)
     if what == "dim" and a["shape"]:
         i = rng.randrange(len(a["shape"]))
@@ -529,6 +546,9 @@ def _forge_field(vfile: Path, doc: dict, rng: random.Random) -> str:
         a["code"] = rng.randrange(256)
     elif what == "name":
         a["name"] = rng.choice(["", "UPPER", "../evil", "a b", "x" * 201, "\u00e9", arrays[0]["name"], "new_name"])
+        a["spelled"] = True
+    elif what == "name-code":  # format 3: a code past the list, or another listed array's
+        a["name_code"] = rng.choice([len(NAMES) + 1, 255, 1 + rng.randrange(len(NAMES))])
     elif what == "count":
         vfile.write_bytes(build_v2(doc, n_arrays=rng.choice([0, len(arrays) - 1, len(arrays) + 1, 5000, 2**40])))
         return "header-field count"
@@ -542,8 +562,7 @@ def _forge_field(vfile: Path, doc: dict, rng: random.Random) -> str:
         return "header-field overlong"
     elif what == "drop":
         arrays.remove(a)  # the header loses an array: its payload is left over
-        desc = b"".join(_enc(len(x["name"])) + x["name"].encode() + bytes([x["code"]]) + _enc(len(x["shape"]))
-                        + b"".join(_enc(d) for d in x["shape"]) for x in arrays)
+        desc = b"".join(descriptor(doc["format"], x) for x in arrays)
         body = bytearray(build_v2(doc, descriptors=desc))
         body += a["payload"]
         vfile.write_bytes(fix_crc(bytes(body)))

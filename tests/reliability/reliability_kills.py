@@ -15,7 +15,7 @@ Two campaigns (docs/reliability.md records their figures):
   path), killed at a random moment; the memory must open (store and ``miita-edge info``), hold
   either the examples it had or those plus the whole file, and keep no debris. Every fifth run
   (runs 2, 7, 12, ...) starts from a copy of a format-1 memory (tests/data/store_v1/memory), so
-  the commit that meets it is the one that rewrites an old memory in format 2: killed before the
+  the commit that meets it is the one that rewrites an old memory in the current format: killed before the
   commit point the memory must still be the format-1 one, after it a format-2 one with every
   example.
 
@@ -237,7 +237,7 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
     the commit starts (0: at once, which the short test uses so its one such kill lands inside)."""
     from miita_edge.memory.meta import expand
     from miita_edge.memory.store import Store
-    from miita_edge.memory.store_format import version_name
+    from miita_edge.memory.store_format import FORMAT_VERSION, version_name
 
     rng = random.Random(seed)
     mem = work / "mem"
@@ -324,11 +324,11 @@ def ingest_campaign(kills: int, seed: int, work: Path, rows_per_file: int = 6, t
             t.fail(f"ingest {i}: memory does not open: {type(exc).__name__}: {exc}")
             continue
         n = int(meta["examples"])
-        if snap.format_version != 2 and (finished or not was_v1 or n != have):
+        if snap.format_version != FORMAT_VERSION and (finished or not was_v1 or n != have):
             t.fail(f"ingest {i}: format {snap.format_version} after a run that {'finished' if finished else 'committed'}")
         t.v1_left += was_v1 and snap.format_version == 1
-        t.v1_rewritten += was_v1 and snap.format_version == 2
-        t.v1_rewritten_killed += was_v1 and snap.format_version == 2 and not finished
+        t.v1_rewritten += was_v1 and snap.format_version == FORMAT_VERSION
+        t.v1_rewritten_killed += was_v1 and snap.format_version == FORMAT_VERSION and not finished
         was_v1 = snap.format_version == 1
         if finished and n != have + rows_per_file:
             t.fail(f"ingest {i}: finished, but {n} examples (expected {have + rows_per_file})")
@@ -378,7 +378,7 @@ def main(argv=None) -> int:
         print(f"ingest: {args.ingest_kills} runs of miita-edge ingest, {t.kills} SIGKILLed ({t.inside_commit} inside "
               f"the commit, {t.killed_but_committed} after the commit point), debris beside the version after "
               f"{t.debris_seen}; format-1 memory copied in {t.from_v1} times: runs that met it left it in format 1 "
-              f"{t.v1_left} times (killed before the commit point), rewrote it in format 2 {t.v1_rewritten} times "
+              f"{t.v1_left} times (killed before the commit point), rewrote it in the current format {t.v1_rewritten} times "
               f"({t.v1_rewritten_killed} of them killed after the commit point), failures {len(t.failures)}, "
               f"{t.seconds:.0f} s")
         rc |= bool(t.failures)

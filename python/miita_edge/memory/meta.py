@@ -9,15 +9,21 @@ long form alone was ~300 bytes. The long form, as ``expand`` returns it::
      "budget": str, "stream_bytes": int, "examples": int, "skipped": int,
      "prototypes": int, "anchors": int, "key_whitened": bool}
 
-The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":["<43 chars>",
+The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":["<16 chars>",
 "gemma3",640,6],"b":"1%","s":239055,"e":3075}``:
 
     m   memory format, 2 (a change that older readers must not misread raises it)
     p   the preset's name ("default/2" for version 2 of a named preset), or {"name": ...,
         overrides...} when it differs from the named preset
     t   template, omitted when "plain"
-    f   fingerprint [sha256 as 43 unpadded base64url characters, arch, n_embd, key_layer], the last a
-        list of key layers when the keys pool several ([..., [12, 9]]: key_layer is the first)
+    f   fingerprint [the sha256's first 12 bytes as 16 base64url characters, arch, n_embd, key_layer],
+        the last a list of key layers when the keys pool several ([..., [12, 9]]: key_layer is the
+        first). The long form then holds those 96 bits as 24 hex digits, and a model is the
+        memory's when its sha256 begins with them (``same_model``). Why 96 bits: they tell a wrong
+        model file from the right one as surely as 256 (an accidental match has odds of 2^-96; the
+        fingerprint guards against a mistake, not an attacker who can write the memory anyway),
+        and the other 27 characters were 2.5% of Banking77's budget at 0.5%. Memories written
+        before store format 3 hold the whole sha256 (43 characters), still read.
     b   budget, omitted when "64KiB"
     s   stream_bytes;  e  examples;  k  skipped, omitted when 0
     w   1 when the memory decided at its first ingest to whiten its keys (preset key_whitening
@@ -43,7 +49,9 @@ FORMATS = (FORMAT_V1, FORMAT_V2)
 MEMORY_FORMAT = 2  # the stored "m"
 OMITTED = {"t": "plain", "b": "64KiB", "k": 0}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_B64_43 = re.compile(r"[A-Za-z0-9_-]{43}")
+#: The sha256 as stored: its first SHA_BYTES bytes (16 characters), or all of it (43, before format 3).
+SHA_BYTES = 12
+_B64_SHA = re.compile(r"[A-Za-z0-9_-]{16}|[A-Za-z0-9_-]{43}")
 
 
 def compact(fields: Mapping) -> dict:
@@ -52,7 +60,7 @@ def compact(fields: Mapping) -> dict:
     fp = fields["fingerprint"]
     if not isinstance(fp.get("sha256"), str) or not _HEX64.fullmatch(fp["sha256"]):
         raise ValueError(f"fingerprint sha256 must be 64 lowercase hex digits, got {str(fp.get('sha256'))[:70]!r}")
-    sha = base64.urlsafe_b64encode(bytes.fromhex(fp["sha256"])).decode("ascii").rstrip("=")
+    sha = base64.urlsafe_b64encode(bytes.fromhex(fp["sha256"])[:SHA_BYTES]).decode("ascii").rstrip("=")
     preset = dict(fields["preset"])
     if set(preset) == {"name"}:
         p = preset["name"]
@@ -118,10 +126,10 @@ def _preset(p):
 
 
 def _fingerprint(f) -> dict | None:
-    if not (isinstance(f, list) and len(f) == 4 and isinstance(f[0], str) and _B64_43.fullmatch(f[0])):
+    if not (isinstance(f, list) and len(f) == 4 and isinstance(f[0], str) and _B64_SHA.fullmatch(f[0])):
         return None
     try:
-        raw = base64.urlsafe_b64decode(f[0] + "=")
+        raw = base64.urlsafe_b64decode(f[0] + "=" * (-len(f[0]) % 4))
     except (binascii.Error, ValueError):
         return None
     if isinstance(f[3], list):  # several key layers: the first is key_layer
@@ -129,6 +137,16 @@ def _fingerprint(f) -> dict | None:
             return None
         return {"sha256": raw.hex(), "arch": f[1], "n_embd": f[2], "key_layer": f[3][0], "key_layers": f[3]}
     return {"sha256": raw.hex(), "arch": f[1], "n_embd": f[2], "key_layer": f[3]}
+
+
+def same_model(stored: Mapping, model: Mapping) -> bool:
+    """Whether a memory's stored fingerprint (long form) is the model's: every field equal, and the
+    model's sha256 (64 hex digits) begins with the stored one (all 64, or the first 24 that
+    ``compact`` keeps)."""
+    sha = stored.get("sha256")
+    if not (isinstance(sha, str) and len(sha) in (2 * SHA_BYTES, 64) and model["sha256"].startswith(sha)):
+        return False
+    return {k: v for k, v in stored.items() if k != "sha256"} == {k: v for k, v in model.items() if k != "sha256"}
 
 
 def _length(arrays: Mapping, name: str) -> int | None:

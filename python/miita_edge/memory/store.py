@@ -72,7 +72,7 @@ class Snapshot:
     arrays: dict[str, np.ndarray]
     manifest: dict
     bytes_on_disk: int
-    format_version: int = FORMAT_VERSION  # 1: a legacy version directory, rewritten as 2 by the next commit
+    format_version: int = FORMAT_VERSION  # 1 or 2: an older version, rewritten as FORMAT_VERSION by the next commit
     #: each array's identity in this version ({name: {dtype, shape, crc32}}, the CRC32 of the whole
     #: version file, which covers every array): what derived caches (the ANN index) are keyed on.
     #: Empty for format 1, whose versions are then not cached.
@@ -213,12 +213,11 @@ class Store:
                 arrays, meta, size = read_version_dir(vpath, name, verify=verify)
                 fmt = 1
             elif stat.S_ISREG(mode):
-                arrays, meta, size = read_version_file(vpath, name, verify=verify)
-                fmt = FORMAT_VERSION
+                arrays, meta, size, fmt = read_version_file(vpath, name, verify=verify)
                 crc = "%08x" % file_crc32(vpath)
             else:
                 raise Damaged(f"{name} is neither a version file nor a version directory")
-        except Damaged as exc:  # Newer too: "... has format_version 3, this miita-edge reads 1/2 ..."
+        except Damaged as exc:  # Newer too: "... has format_version 4, this miita-edge reads 1/2/3 ..."
             raise self._fail(str(exc)) from None
         except Vanished as exc:
             raise self._vanished(name, str(exc)) from None
@@ -227,7 +226,7 @@ class Store:
         except (OSError, ValueError) as exc:  # unreadable, unmappable
             raise self._fail(f"cannot read {name} ({getattr(exc, 'strerror', None) or _compact(str(exc), 60)})") from None
         entries = {}
-        if fmt == FORMAT_VERSION:
+        if fmt != 1:
             entries = {k: {"dtype": v.dtype.str, "shape": list(v.shape), "crc32": crc} for k, v in arrays.items()}
         return Snapshot(version=int(name[1:]), arrays=arrays, manifest=meta, bytes_on_disk=size, format_version=fmt,
                         entries=entries)

@@ -1,10 +1,11 @@
-"""The on-disk format of a store version (format 2): one file holding every array and the manifest,
+"""The on-disk format of a store version (format 3): one file holding every array and the manifest,
 its exact size (``encoded_size``), its defensive parser, and the durable (fsynced) writes.
 
 ``store.py`` builds versions, pointers and locking on top of this; everything here is a pure
 encoding or a single-file operation, so the exact byte size of a commit can be computed in
-advance, which is what the budget repair needs. Format 1 (a directory of ``.npy`` files plus
-``manifest.json``) is still read by ``store_format_v1``.
+advance, which is what the budget repair needs. Format 2 (the same file with every array named in
+full) is still read here, format 1 (a directory of ``.npy`` files plus ``manifest.json``) by
+``store_format_v1``.
 
 Why one file: a memory's budget counts every persisted byte, and at the paper's 1% budgets the
 format-1 framing (one 128-byte ``.npy`` header per array plus a ~700-byte JSON manifest) was most
@@ -12,15 +13,20 @@ of the memory. A version is now the file ``DIR/vNNNNNNNN``, little-endian throug
 
     offset  size  field
     0       4     magic b"\\x93MIM"
-    4       1     format version (2)
+    4       1     format version (3; 2 is still read)
     5       4     CRC32 of every byte of the file except these four
     9       4     version number (u32; must equal the file name's)
     13      var   n_arrays, meta_len                        (LEB128 varints)
-            var   per array: name_len, name (ASCII [a-z0-9_]+), dtype code (1 byte),
-                  ndim, dims...                             (varints but the dtype code)
+            var   per array: its name, dtype code (1 byte), ndim, dims...   (varints but the codes)
             var   meta: the caller's manifest, compact JSON (``meta_len`` bytes)
             var   the arrays' payloads in header order, C order, each at the next offset that is
                   a multiple of its dtype's alignment (zero bytes in between)
+
+An array's name (format 3) is one byte: k in 1..len(ARRAY_NAMES) names ``ARRAY_NAMES[k-1]``, the
+arrays a memory's bank writes; 0 is followed by name_len and the name (ASCII [a-z0-9_]+), for
+any other array. Format 2 wrote every name as name_len, name. Why: at Banking77's 0.5% budget
+(1,074 bytes) seven names cost 52 bytes, as much as six answers' keys. ``ARRAY_NAMES`` only grows
+at its end: a code, once written, names one array for good.
 
 Offsets are not stored: they follow from the header, so they cannot disagree with it; a reader
 recomputes them and requires the file to end exactly at the last payload byte. The writer puts
@@ -44,9 +50,11 @@ from typing import Any
 
 import numpy as np
 
-FORMAT_VERSION: int = 2
+FORMAT_VERSION: int = 3
 #: Formats this code reads; it writes only FORMAT_VERSION.
-READABLE_FORMATS = (1, 2)
+READABLE_FORMATS = (1, 2, 3)
+#: Single-file formats (``read_version_file``); format 1 is a directory.
+FILE_FORMATS = (2, FORMAT_VERSION)
 
 CURRENT = "CURRENT"
 CURRENT_TMP = "CURRENT.tmp"
@@ -74,6 +82,13 @@ CRC_AT = 5  # offset of the crc32 field
 DTYPES = tuple(np.dtype(d) for d in ("<b1", "<i1", "<u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8",
                                      "<f2", "<f4", "<f8", "<c8", "<c16"))
 BIG_ENDIAN = 0x80
+#: Format 3's one-byte array names: code k (1-based) names ARRAY_NAMES[k-1]; code 0 spells the name
+#: out. Append only: readers of every later release must read a code the same way.
+ARRAY_NAMES = ("anchors", "anchor_scale", "anchor_count", "anchor_per", "anchor_owner", "counts", "radius",
+               "key_kept", "key_shared", "tok_ids", "tok_bits", "tok_idx", "tok_dict", "tok_dict3", "tok3",
+               "tok_len", "tokens", "ev_len", "ev3", "dirs", "dir_scale")
+NAME_CODES = {name: i + 1 for i, name in enumerate(ARRAY_NAMES)}
+SPELLED = 0  # the name code that is followed by the name itself
 MAX_NDIM = 32  # numpy allows 64; the bank uses 1 and 2
 MAX_ARRAYS = 4096
 
@@ -115,6 +130,14 @@ def varint(n: int) -> bytes:
         out.append(b | (0x80 if n else 0))
         if not n:
             return bytes(out)
+
+
+def name_bytes(name: str) -> bytes:
+    """An array's name as format 3 writes it: its one-byte code, or 0 and the name spelled out."""
+    code = NAME_CODES.get(name)
+    if code is not None:
+        return bytes([code])
+    return bytes([SPELLED]) + varint(len(name)) + name.encode("ascii")
 
 
 def check_array(name: str, arr: Any) -> np.ndarray:
@@ -188,7 +211,7 @@ def layout(specs: list[tuple[str, np.dtype, tuple[int, ...]]], meta: bytes
     never depends on the CRC or the version, so ``encoded_size`` is exact before they exist."""
     parts = [FIXED.pack(MAGIC, FORMAT_VERSION, 0, 0), varint(len(specs)), varint(len(meta))]
     for name, dtype, shape in specs:
-        parts += [varint(len(name)), name.encode("ascii"), bytes([dtype_code(dtype)]), varint(len(shape))]
+        parts += [name_bytes(name), bytes([dtype_code(dtype)]), varint(len(shape))]
         parts += [varint(d) for d in shape]
     parts.append(meta)
     header = b"".join(parts)
@@ -286,7 +309,7 @@ def read_prefix(fh, size: int) -> tuple[int, int, int]:
     if fmt > FORMAT_VERSION:
         raise Newer(f"has format_version {fmt}, this miita-edge reads {'/'.join(map(str, READABLE_FORMATS))} "
                     f"(written by a newer miita-edge; upgrade)")
-    if fmt != FORMAT_VERSION:
+    if fmt not in FILE_FORMATS:
         raise Damaged(f"is malformed (format_version {fmt} in a version file)")
     if size < FIXED.size:
         raise Damaged(f"is truncated ({size} bytes, not even a header)")
@@ -294,14 +317,14 @@ def read_prefix(fh, size: int) -> tuple[int, int, int]:
     return fmt, crc, version
 
 
-def parse_header(fh, size: int) -> tuple[int, int, list[Entry], bytes, int]:
-    """(crc32, version, entries, meta bytes, expected file size) of an open version file.
+def parse_header(fh, size: int) -> tuple[int, int, int, list[Entry], bytes, int]:
+    """(format, crc32, version, entries, meta bytes, expected file size) of an open version file.
 
     Reads only what the header declares and never beyond ``size``, so a damaged header is a
     ``Damaged`` error, never a huge allocation or a read past the end. Nothing is mapped here.
     """
     fh.seek(0)
-    _, crc, version = read_prefix(fh, size)
+    fmt, crc, version = read_prefix(fh, size)
     cur = _Cursor(fh, size)
     cur.pos = FIXED.size
     n = cur.varint("array count")
@@ -310,12 +333,7 @@ def parse_header(fh, size: int) -> tuple[int, int, list[Entry], bytes, int]:
     meta_len = cur.varint("meta length")
     specs = []
     for i in range(n):
-        nlen = cur.varint(f"name of array {i}")
-        if not 1 <= nlen <= MAX_NAME:
-            raise Damaged(f"is malformed (array {i} has a name of {nlen} bytes)")
-        name = cur.take(nlen, f"name of array {i}").decode("latin-1")
-        if not NAME_RE.fullmatch(name):
-            raise Damaged(f"is malformed (bad array name {name[:40]!r})")
+        name = _read_name(cur, i, fmt)
         if any(s[0] == name for s in specs):
             raise Damaged(f"is malformed (array {name} appears twice)")
         dtype = code_dtype(cur.take(1, f"dtype of {name}")[0])
@@ -327,7 +345,24 @@ def parse_header(fh, size: int) -> tuple[int, int, list[Entry], bytes, int]:
         specs.append((name, dtype, tuple(cur.varint(f"shape of {name}") for _ in range(ndim))))
     meta = cur.take(meta_len, "meta")
     entries, end = place(specs, cur.pos)
-    return crc, version, entries, meta, end
+    return fmt, crc, version, entries, meta, end
+
+
+def _read_name(cur: _Cursor, i: int, fmt: int) -> str:
+    """Array ``i``'s name: format 3's code (or 0 and the name), format 2's name_len and name."""
+    if fmt >= 3:
+        code = cur.take(1, f"name of array {i}")[0]
+        if code != SPELLED:
+            if code > len(ARRAY_NAMES):
+                raise Damaged(f"is malformed (array {i} has the unknown name code {code})")
+            return ARRAY_NAMES[code - 1]
+    nlen = cur.varint(f"name of array {i}")
+    if not 1 <= nlen <= MAX_NAME:
+        raise Damaged(f"is malformed (array {i} has a name of {nlen} bytes)")
+    name = cur.take(nlen, f"name of array {i}").decode("latin-1")
+    if not NAME_RE.fullmatch(name):
+        raise Damaged(f"is malformed (bad array name {name[:40]!r})")
+    return name
 
 
 def file_crc(buf, size: int) -> int:
@@ -353,8 +388,8 @@ def decode_meta(raw: bytes) -> dict:
     return doc
 
 
-def read_version_file(fpath: Path, name: str, *, verify: bool) -> tuple[dict[str, np.ndarray], dict, int]:
-    """(arrays, meta, size) of the version file ``fpath`` named ``name``, arrays mapped read-only.
+def read_version_file(fpath: Path, name: str, *, verify: bool) -> tuple[dict[str, np.ndarray], dict, int, int]:
+    """(arrays, meta, size, format) of the version file ``fpath`` named ``name``, arrays mapped read-only.
 
     Order: the fixed prefix (magic, format), the header (bounded by the file's size), the size the
     header implies against the real one -- before anything is mapped, since a payload mapped past
@@ -369,10 +404,10 @@ def read_version_file(fpath: Path, name: str, *, verify: bool) -> tuple[dict[str
         raise type(exc)(f"{name} {exc}") from None
 
 
-def _read_version_file(fpath: Path, name: str, verify: bool) -> tuple[dict[str, np.ndarray], dict, int]:
+def _read_version_file(fpath: Path, name: str, verify: bool) -> tuple[dict[str, np.ndarray], dict, int, int]:
     with open(fpath, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        crc, version, entries, raw_meta, want = parse_header(fh, size)
+        fmt, crc, version, entries, raw_meta, want = parse_header(fh, size)
         if "v%0*d" % (VERSION_DIGITS, version) != name:
             raise Damaged(f"is malformed (it records version {version})")
         if size != want:
@@ -392,7 +427,7 @@ def _read_version_file(fpath: Path, name: str, verify: bool) -> tuple[dict[str, 
         # frombuffer over a read-only map: a non-writeable view, no copy
         arrays[e.name] = np.frombuffer(mm, dtype=e.dtype, count=e.nbytes // e.dtype.itemsize,
                                        offset=e.offset).reshape(e.shape)
-    return arrays, meta, size
+    return arrays, meta, size, fmt
 
 
 def read_format(fpath: Path) -> int | None:
