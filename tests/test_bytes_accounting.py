@@ -105,7 +105,7 @@ CONFIGS = {
 
 
 #: (config, budget): unlimited, anchors folded into centroids, and (default) keys narrowed and answers evicted
-CASES = [(name, b) for name in CONFIGS for b in (None, 700, 440)] + [("default", 190)]
+CASES = [(name, b) for name in CONFIGS for b in (None, 700, 440)] + [("default", 260)]
 
 
 
@@ -135,7 +135,7 @@ def test_the_parts_add_up_to_the_committed_file_and_match_a_brute_force_count(tm
 def test_a_tight_budget_folds_anchors_into_centroids_and_loses_answers():
     """The synthetic banks above do reach the cases the accounting must get right (so the test
     that compares counts is not comparing zeros)."""
-    bank, rec = grown_bank(CONFIGS["default"], 60, 190)
+    bank, rec = grown_bank(CONFIGS["default"], 60, 260)
     acc = account(bank.to_arrays(), rec.stored(bank))
     assert acc.centroid_keys > 0 and bank.key_dim < 2 * H and len(bank.protos) < len(ANSWERS)
     bank, rec = grown_bank(CONFIGS["sequence"], 60, None)

@@ -377,6 +377,35 @@ def test_memory_of_another_model_is_refused_and_left_unchanged(memory, tmp_path,
     assert snapshot(memory) == before
 
 
+@pytest.mark.model
+def test_a_format_3_memory_opens_by_its_96_bit_fingerprint_and_another_models_is_refused(memory, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """Store format 3 keeps the sha256's first 96 bits: the model they begin is the memory's, any
+    other is refused, by the same one-line error, and the memory is left as it was."""
+    from miita_edge.memory import store_format
+    from miita_edge.memory.meta import compact, expand
+    from miita_edge.memory.store import Store
+
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", 3)
+    st = Store(memory)
+    snap = st.read()
+    arrays = {k: np.array(v) for k, v in snap.arrays.items()}
+    fields = expand(snap.manifest, snap.arrays)
+    with st.writer() as w:
+        w.commit(arrays, compact(fields))
+    assert Store(memory).read().format_version == 3 and len(Store(memory).read().manifest["f"][0]) == 16
+    rc, out, err = cli(capsys, "ask", "How many moons does Jupiter have?", "--memory", memory, *THREADS)
+    assert rc == 0, err
+    sha = fields["fingerprint"]["sha256"]
+    other = sha[:23] + ("0" if sha[23] != "0" else "1") + sha[24:]  # differs inside the 96 bits kept
+    with st.writer() as w:
+        w.commit(arrays, compact({**fields, "fingerprint": {**fields["fingerprint"], "sha256": other}}))
+    before = snapshot(memory)
+    rc, out, err = cli(capsys, "ask", "How many moons does Jupiter have?", "--memory", memory, *THREADS)
+    assert_one_error(rc, out, err, str(memory), "another model", other[:12])
+    assert snapshot(memory) == before
+
+
 # ----------------------------------------------------------------------------- good paths
 @pytest.mark.model
 def test_info_json_keys_and_bytes_match_the_files(memory, capsys):

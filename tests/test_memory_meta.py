@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from miita_edge.errors import StoreError
-from miita_edge.memory import meta
+from miita_edge.memory import meta, store_format
 from miita_edge.method.presets import default_preset, paper_preset
 from miita_edge.method.presets import check_memory_fields as check_memory_meta
 
@@ -34,21 +34,28 @@ def fields(**over) -> dict:
                                   {"template": "plain", "key_whitened": True}],
                          ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides", "whitened"])
 def test_compact_round_trips(over):
-    """Every field comes back as it was, but the sha256: its first 96 bits, which name the model."""
     f = fields(**over)
     stored = meta.compact(f)
     assert json.loads(json.dumps(stored)) == stored
+    assert meta.expand(stored, ARRAYS) == f
+    check_memory_meta("m", meta.expand(stored, ARRAYS))
+
+
+@pytest.mark.parametrize("over", [{}, {"preset": {"name": "default"},
+                                       "fingerprint": {"sha256": SHA, "arch": "gemma3", "n_embd": 640, "key_layer": 9}}],
+                         ids=["two-layers", "one-layer"])
+def test_format_3_keeps_96_bits_of_the_sha256_and_they_name_the_model(over, monkeypatch):
+    """Every field comes back as it was, but the sha256: its first 96 bits, which name the model."""
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", 3)
+    f = fields(**over)
+    stored = meta.compact(f)
+    assert stored["f"][0] == "pf07YiMKpexgISKX"  # the whole sha256's first 16 characters
     back = meta.expand(stored, ARRAYS)
     assert back == {**f, "fingerprint": {**f["fingerprint"], "sha256": SHA[:24]}}
     assert meta.same_model(back["fingerprint"], f["fingerprint"])
     check_memory_meta("m", back)
-
-
-def test_a_memory_written_with_the_whole_sha256_still_reads_it():
-    """Before store format 3 the stored form held all 32 bytes (43 base64url characters)."""
-    stored = {**meta.compact(fields()), "f": ["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", "gemma3", 640, [12, 9]]}
-    back = meta.expand(stored, ARRAYS)
-    assert back["fingerprint"]["sha256"] == SHA and meta.same_model(back["fingerprint"], fields()["fingerprint"])
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", 2)  # today's writer reads it the same
+    assert meta.expand(stored, ARRAYS) == back
 
 
 @pytest.mark.parametrize("stored_sha,same", [(SHA, True), (SHA[:24], True), (SHA[:23] + "0", False),
@@ -67,9 +74,9 @@ def test_same_model_is_the_sha256_prefix_and_every_other_field(stored_sha, same)
 
 def test_the_stored_form_is_short():
     text = json.dumps(meta.compact(fields()), separators=(",", ":"))
-    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX",'
+    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
                            '"gemma3",640,[12,9]]')
-    assert len(text) <= 123  # two key layers and the preset version cost 6 bytes over one layer
+    assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
     assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored
 
 

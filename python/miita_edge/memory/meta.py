@@ -16,14 +16,15 @@ The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":[
     p   the preset's name ("default/2" for version 2 of a named preset), or {"name": ...,
         overrides...} when it differs from the named preset
     t   template, omitted when "plain"
-    f   fingerprint [the sha256's first 12 bytes as 16 base64url characters, arch, n_embd, key_layer],
-        the last a list of key layers when the keys pool several ([..., [12, 9]]: key_layer is the
-        first). The long form then holds those 96 bits as 24 hex digits, and a model is the
-        memory's when its sha256 begins with them (``same_model``). Why 96 bits: they tell a wrong
-        model file from the right one as surely as 256 (an accidental match has odds of 2^-96; the
-        fingerprint guards against a mistake, not an attacker who can write the memory anyway),
-        and the other 27 characters were 2.5% of Banking77's budget at 0.5%. Memories written
-        before store format 3 hold the whole sha256 (43 characters), still read.
+    f   fingerprint [sha256, arch, n_embd, key_layer], the last a list of key layers when the keys
+        pool several ([..., [12, 9]]: key_layer is the first). The sha256 as unpadded base64url:
+        all of it (43 characters) where the store writes format 2, its first 12 bytes (16
+        characters) where it writes format 3. The long form then holds those 96 bits as 24 hex
+        digits, and a model is the memory's when its sha256 begins with them (``same_model``).
+        Why 96 bits: they tell a wrong model file from the right one as surely as 256 (an
+        accidental match has odds of 2^-96; the fingerprint guards against a mistake, not an
+        attacker who can write the memory anyway), and the other 27 characters are 2.5% of
+        Banking77's budget at 0.5%. Both lengths are read.
     b   budget, omitted when "64KiB"
     s   stream_bytes;  e  examples;  k  skipped, omitted when 0
     w   1 when the memory decided at its first ingest to whiten its keys (preset key_whitening
@@ -43,13 +44,15 @@ import binascii
 import re
 from typing import Mapping
 
+from . import store_format
+
 FORMAT_V1 = "miita-edge-memory/1"
 FORMAT_V2 = "miita-edge-memory/2"
 FORMATS = (FORMAT_V1, FORMAT_V2)
 MEMORY_FORMAT = 2  # the stored "m"
 OMITTED = {"t": "plain", "b": "64KiB", "k": 0}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-#: The sha256 as stored: its first SHA_BYTES bytes (16 characters), or all of it (43, before format 3).
+#: The sha256's bytes a store of format 3 keeps (16 characters); format 2 keeps all 32 (43).
 SHA_BYTES = 12
 _B64_SHA = re.compile(r"[A-Za-z0-9_-]{16}|[A-Za-z0-9_-]{43}")
 
@@ -60,7 +63,8 @@ def compact(fields: Mapping) -> dict:
     fp = fields["fingerprint"]
     if not isinstance(fp.get("sha256"), str) or not _HEX64.fullmatch(fp["sha256"]):
         raise ValueError(f"fingerprint sha256 must be 64 lowercase hex digits, got {str(fp.get('sha256'))[:70]!r}")
-    sha = base64.urlsafe_b64encode(bytes.fromhex(fp["sha256"])[:SHA_BYTES]).decode("ascii").rstrip("=")
+    kept = SHA_BYTES if store_format.FORMAT_VERSION >= 3 else 32
+    sha = base64.urlsafe_b64encode(bytes.fromhex(fp["sha256"])[:kept]).decode("ascii").rstrip("=")
     preset = dict(fields["preset"])
     if set(preset) == {"name"}:
         p = preset["name"]

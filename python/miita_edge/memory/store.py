@@ -53,7 +53,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import StoreConflict, StoreError
-from .store_format import (CURRENT, CURRENT_TMP, _compact, FORMAT_VERSION, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
+from .store_format import (CURRENT, CURRENT_TMP, _compact, FORMAT_VERSION, NEWEST_FORMAT, LOCK, MAX_VERSION, READ_RETRIES, VERSION_RE, Damaged,
                            encode_meta, encoded_size, file_crc32, fsync_dir, ordered_specs, read_format, read_version_file,
                            version_name, write_file, write_version_file)
 from .store_format_v1 import Vanished, read_manifest_format, read_version_dir
@@ -311,7 +311,7 @@ class Writer:
             fv = read_manifest_format(vpath) if vpath.is_dir() else read_format(vpath)
         except OSError:
             return  # damaged or missing: overwriting is the repair
-        if fv is not None and fv > FORMAT_VERSION:
+        if fv is not None and fv > NEWEST_FORMAT:
             raise self.store._fail(f"unknown format_version {fv}, this miita-edge writes {FORMAT_VERSION}; "
                                    f"refusing to overwrite")
 

@@ -1,11 +1,12 @@
-"""The on-disk format of a store version (format 3): one file holding every array and the manifest,
+"""The on-disk format of a store version (formats 2 and 3): one file holding every array and the manifest,
 its exact size (``encoded_size``), its defensive parser, and the durable (fsynced) writes.
 
 ``store.py`` builds versions, pointers and locking on top of this; everything here is a pure
 encoding or a single-file operation, so the exact byte size of a commit can be computed in
-advance, which is what the budget repair needs. Format 2 (the same file with every array named in
-full) is still read here, format 1 (a directory of ``.npy`` files plus ``manifest.json``) by
-``store_format_v1``.
+advance, which is what the budget repair needs. Commits write ``FORMAT_VERSION`` (2); format 3,
+the same file with a bank's arrays named in one byte, is read and tested, and becomes what commits
+write if the dev ablation adopts it (docs/results/candidates/compact-header.md). Format 1 (a
+directory of ``.npy`` files plus ``manifest.json``) is read by ``store_format_v1``.
 
 Why one file: a memory's budget counts every persisted byte, and at the paper's 1% budgets the
 format-1 framing (one 128-byte ``.npy`` header per array plus a ~700-byte JSON manifest) was most
@@ -13,7 +14,7 @@ of the memory. A version is now the file ``DIR/vNNNNNNNN``, little-endian throug
 
     offset  size  field
     0       4     magic b"\\x93MIM"
-    4       1     format version (3; 2 is still read)
+    4       1     format version (2 or 3)
     5       4     CRC32 of every byte of the file except these four
     9       4     version number (u32; must equal the file name's)
     13      var   n_arrays, meta_len                        (LEB128 varints)
@@ -24,7 +25,7 @@ of the memory. A version is now the file ``DIR/vNNNNNNNN``, little-endian throug
 
 An array's name (format 3) is one byte: k in 1..len(ARRAY_NAMES) names ``ARRAY_NAMES[k-1]``, the
 arrays a memory's bank writes; 0 is followed by name_len and the name (ASCII [a-z0-9_]+), for
-any other array. Format 2 wrote every name as name_len, name. Why: at Banking77's 0.5% budget
+any other array. Format 2 writes every name as name_len, name. Why: at Banking77's 0.5% budget
 (1,074 bytes) seven names cost 52 bytes, as much as six answers' keys. ``ARRAY_NAMES`` only grows
 at its end: a code, once written, names one array for good.
 
@@ -50,11 +51,14 @@ from typing import Any
 
 import numpy as np
 
-FORMAT_VERSION: int = 3
-#: Formats this code reads; it writes only FORMAT_VERSION.
+#: The format commits write (``layout`` reads it at each call).
+FORMAT_VERSION: int = 2
+#: The newest format this code reads; a file of a higher one was written by a newer miita-edge.
+NEWEST_FORMAT: int = 3
+#: Formats this code reads.
 READABLE_FORMATS = (1, 2, 3)
 #: Single-file formats (``read_version_file``); format 1 is a directory.
-FILE_FORMATS = (2, FORMAT_VERSION)
+FILE_FORMATS = (2, 3)
 
 CURRENT = "CURRENT"
 CURRENT_TMP = "CURRENT.tmp"
@@ -132,12 +136,14 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-def name_bytes(name: str) -> bytes:
-    """An array's name as format 3 writes it: its one-byte code, or 0 and the name spelled out."""
+def name_bytes(name: str, fmt: int) -> bytes:
+    """An array's name as format ``fmt`` writes it: format 3 its one-byte code, or 0 and the name
+    spelled out; format 2 the name's length and the name."""
+    spelled = varint(len(name)) + name.encode("ascii")
+    if fmt < 3:
+        return spelled
     code = NAME_CODES.get(name)
-    if code is not None:
-        return bytes([code])
-    return bytes([SPELLED]) + varint(len(name)) + name.encode("ascii")
+    return bytes([code]) if code is not None else bytes([SPELLED]) + spelled
 
 
 def check_array(name: str, arr: Any) -> np.ndarray:
@@ -209,9 +215,10 @@ def layout(specs: list[tuple[str, np.dtype, tuple[int, ...]]], meta: bytes
     """(header bytes with a zero CRC and version 0, the arrays' entries, the file size) for arrays
     in the order given. Pure arithmetic on names, dtypes, shapes and the meta's length: the size
     never depends on the CRC or the version, so ``encoded_size`` is exact before they exist."""
-    parts = [FIXED.pack(MAGIC, FORMAT_VERSION, 0, 0), varint(len(specs)), varint(len(meta))]
+    fmt = FORMAT_VERSION
+    parts = [FIXED.pack(MAGIC, fmt, 0, 0), varint(len(specs)), varint(len(meta))]
     for name, dtype, shape in specs:
-        parts += [name_bytes(name), bytes([dtype_code(dtype)]), varint(len(shape))]
+        parts += [name_bytes(name, fmt), bytes([dtype_code(dtype)]), varint(len(shape))]
         parts += [varint(d) for d in shape]
     parts.append(meta)
     header = b"".join(parts)
@@ -306,7 +313,7 @@ def read_prefix(fh, size: int) -> tuple[int, int, int]:
     if head[:4] != MAGIC:
         raise Damaged("is not a miita-edge store file (bad magic)")
     fmt = head[4]
-    if fmt > FORMAT_VERSION:
+    if fmt > NEWEST_FORMAT:
         raise Newer(f"has format_version {fmt}, this miita-edge reads {'/'.join(map(str, READABLE_FORMATS))} "
                     f"(written by a newer miita-edge; upgrade)")
     if fmt not in FILE_FORMATS:

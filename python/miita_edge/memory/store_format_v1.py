@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .store_format import (CRC_CHUNK, _compact, FORMAT_VERSION, MAX_NAME, NAME_RE, NUMERIC_KINDS, READABLE_FORMATS, VERSION_DIGITS,
+from .store_format import (CRC_CHUNK, _compact, NEWEST_FORMAT, MAX_NAME, NAME_RE, NUMERIC_KINDS, READABLE_FORMATS, VERSION_DIGITS,
                            Damaged, Newer)
 
 MANIFEST = "manifest.json"
@@ -115,7 +115,7 @@ def _parse_manifest(name: str, raw: bytes) -> dict:
     if not isinstance(fv, int) or isinstance(fv, bool):
         raise Damaged(f"{where} is malformed (no integer format_version)")
     if fv != FORMAT_V1:
-        if fv > FORMAT_VERSION:
+        if fv > NEWEST_FORMAT:
             raise Newer(f"{where} has format_version {fv}, this miita-edge reads "
                         f"{'/'.join(map(str, READABLE_FORMATS))} (written by a newer miita-edge; upgrade)")
         raise Damaged(f"{where} is malformed (format_version {fv} in a version directory)")
