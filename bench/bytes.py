@@ -56,7 +56,7 @@ def account_memory(m, stream_answers: list[str]) -> dict:
     from miita_edge.memory.accounting import account, answer_coverage
 
     snap = m.store.read()
-    acc = account(snap.arrays, snap.manifest)
+    acc = account(snap.arrays, snap.manifest, snap.format_version)
     if not acc.total == snap.bytes_on_disk == m.nbytes():
         raise AssertionError(f"account {acc.total} B, file {snap.bytes_on_disk} B, memory {m.nbytes()} B")
     bank = m.bank

@@ -132,6 +132,38 @@ def test_the_parts_add_up_to_the_committed_file_and_match_a_brute_force_count(tm
     assert (shapes.total, shapes.parts) == (got.total, got.parts)
 
 
+@pytest.mark.parametrize("written,writer", [(2, 3), (3, 2)])
+def test_a_version_is_accounted_in_its_own_format_whatever_the_writer_writes(tmp_path, monkeypatch, written, writer):
+    """A memory committed in one format and read by code that writes the other: the account laid
+    out in the version's own format (``Snapshot.format_version``) is the file's bytes; laid out in
+    the writer's format it is not (a header of another size), so the format is not ignored."""
+    from miita_edge.memory import store_format
+
+    bank, rec = grown_bank(CONFIGS["default"], 60, None)
+    manifest = rec.stored(bank)
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", written)
+    with Store(tmp_path / "m").writer() as w:
+        w.commit(bank.to_arrays(), manifest)
+    path = tmp_path / "m" / (tmp_path / "m" / "CURRENT").read_text().strip()
+    file_bytes = path.read_bytes()
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", writer)
+    snap = Store(tmp_path / "m").read()
+    assert snap.format_version == written
+    got = account(snap.arrays, snap.manifest, snap.format_version)
+    want = brute_parts(bank, file_bytes, manifest)
+    assert got.total == snap.bytes_on_disk == len(file_bytes)
+    assert {k: got.parts[k] for k in PARTS} == {k: want[k] for k in PARTS}
+    assert got.framing["header"] + got.framing["manifest"] == want["head_and_meta"]
+    assert account(snap.arrays, snap.manifest).total != len(file_bytes)
+
+
+def test_a_layout_in_a_format_without_one_file_is_refused():
+    from miita_edge.memory.store_format import encoded_size
+
+    with pytest.raises(ValueError, match="format 1 has no single-file layout"):
+        encoded_size({"a": np.zeros(3, np.int8)}, {}, fmt=1)
+
+
 def test_a_tight_budget_folds_anchors_into_centroids_and_loses_answers():
     """The synthetic banks above do reach the cases the accounting must get right (so the test
     that compares counts is not comparing zeros)."""

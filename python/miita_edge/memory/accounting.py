@@ -53,13 +53,15 @@ class ByteAccount:
     centroid_keys: int
 
 
-def account(arrays: Mapping[str, np.ndarray], manifest: dict) -> ByteAccount:
-    """The bytes of the version ``arrays`` + ``manifest`` would be (or is) on disk, by part.
+def account(arrays: Mapping[str, np.ndarray], manifest: dict, fmt: int | None = None) -> ByteAccount:
+    """The bytes of the version ``arrays`` + ``manifest`` would be (or is) on disk, by part, laid
+    out in format ``fmt``: a committed version's own (``Snapshot.format_version``), or by default
+    the format the next commit writes.
 
     Raises AssertionError if the parts do not add up to ``encoded_size`` (the budget's count)."""
     specs = ordered_specs(dict(arrays))
     meta = encode_meta(manifest)
-    header, entries, total = layout(specs, meta)
+    header, entries, total = layout(specs, meta, fmt)
     framing = {"header": len(header) - len(meta), "manifest": len(meta), "padding": 0}
     sizes: dict[str, int] = {}
     end = len(header)
@@ -75,7 +77,7 @@ def account(arrays: Mapping[str, np.ndarray], manifest: dict) -> ByteAccount:
         if part == "framing":
             framing[name] = n
     parts["framing"] += framing["header"] + framing["manifest"] + framing["padding"]
-    counted = encoded_size(dict(arrays), manifest)
+    counted = encoded_size(dict(arrays), manifest, fmt)
     if not sum(parts.values()) == total == counted:  # a check that stays under python -O
         raise AssertionError(f"byte parts {parts} add up to {sum(parts.values())}, the store counts {counted}")
     return ByteAccount(total, parts, framing, sizes, _centroid_key_bytes(arrays))

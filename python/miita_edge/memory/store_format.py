@@ -210,12 +210,15 @@ def place(specs: list[tuple[str, np.dtype, tuple[int, ...]]], start: int) -> tup
     return entries, end
 
 
-def layout(specs: list[tuple[str, np.dtype, tuple[int, ...]]], meta: bytes
+def layout(specs: list[tuple[str, np.dtype, tuple[int, ...]]], meta: bytes, fmt: int | None = None
            ) -> tuple[bytes, list[Entry], int]:
     """(header bytes with a zero CRC and version 0, the arrays' entries, the file size) for arrays
-    in the order given. Pure arithmetic on names, dtypes, shapes and the meta's length: the size
-    never depends on the CRC or the version, so ``encoded_size`` is exact before they exist."""
-    fmt = FORMAT_VERSION
+    in the order given, in format ``fmt`` (default: ``FORMAT_VERSION``, what commits write). Pure
+    arithmetic on names, dtypes, shapes and the meta's length: the size never depends on the CRC or
+    the version, so ``encoded_size`` is exact before they exist."""
+    fmt = FORMAT_VERSION if fmt is None else fmt
+    if fmt not in FILE_FORMATS:
+        raise ValueError(f"format {fmt} has no single-file layout (formats {FILE_FORMATS})")
     parts = [FIXED.pack(MAGIC, fmt, 0, 0), varint(len(specs)), varint(len(meta))]
     for name, dtype, shape in specs:
         parts += [name_bytes(name, fmt), bytes([dtype_code(dtype)]), varint(len(shape))]
@@ -235,14 +238,15 @@ def ordered_specs(arrays: dict[str, np.ndarray]) -> list[tuple[str, np.dtype, tu
     return sorted(specs, key=lambda s: -s[1].alignment)
 
 
-def encoded_size(arrays: dict[str, np.ndarray], manifest: dict) -> int:
-    """Exact bytes that ``commit(arrays, manifest)`` will occupy on disk for that version.
+def encoded_size(arrays: dict[str, np.ndarray], manifest: dict, fmt: int | None = None) -> int:
+    """Exact bytes that ``commit(arrays, manifest)`` will occupy on disk for that version (in
+    format ``fmt``; default what commits write).
 
     The one version file: header, meta, alignment padding and payloads; equals
     ``Snapshot.bytes_on_disk`` after the commit. Pure and cheap (shapes only: the bank passes
     zero-cost broadcast views).
     """
-    return layout(ordered_specs(arrays), encode_meta(manifest))[2]
+    return layout(ordered_specs(arrays), encode_meta(manifest), fmt)[2]
 
 
 def payload_of(arr: np.ndarray) -> memoryview:
