@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 
-from test_bytes_accounting import CONFIGS, grown_bank
+from test_bytes_accounting import CONFIGS, budget_for, grown_bank
 from test_split_guard import load_bench
 
 from miita_edge.memory.store import Store
@@ -16,8 +16,8 @@ def test_stage_widths_are_the_banks_stored_and_shared_bits(tmp_path, capsys):
     kw = load_bench("key_widths")
     run = tmp_path / "run"
     want = []
-    for t, budget in enumerate((None, 440, 260)):  # full width, then narrowed twice (keys only narrow)
-        bank, rec = grown_bank(copy.deepcopy(CONFIGS["default"]), 60, budget)
+    for t, room in enumerate((None, 219, 39)):  # full width, then narrowed twice (keys only narrow)
+        bank, rec = grown_bank(copy.deepcopy(CONFIGS["default"]), 60, budget_for(room))
         with Store(run / "state" / f"stage-{t:02d}").writer() as w:
             w.commit(bank.to_arrays(), rec.stored(bank))
         want.append((bank.key_stored, len(bank.key_shared)))

@@ -33,11 +33,16 @@ def fields(**over) -> dict:
                                   {"preset": {**paper_preset().to_json(), "eta": 0.25, "bank": {"tau_d": 0.9}}},
                                   {"template": "plain", "key_whitened": True}],
                          ids=["banking77-1%", "defaults-omitted", "default-v1", "preset-overrides", "whitened"])
-def test_compact_round_trips(over):
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_compact_round_trips(over, fmt, monkeypatch):
+    """Whatever format the store writes: every field comes back; the sha256 whole in format 2, its
+    first 96 bits (24 hex digits) from format 3."""
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", fmt)
     f = fields(**over)
     stored = meta.compact(f)
     assert json.loads(json.dumps(stored)) == stored
-    assert meta.expand(stored, ARRAYS) == f
+    kept = SHA if fmt == 2 else SHA[:24]
+    assert meta.expand(stored, ARRAYS) == {**f, "fingerprint": {**f["fingerprint"], "sha256": kept}}
     check_memory_meta("m", meta.expand(stored, ARRAYS))
 
 
@@ -72,11 +77,13 @@ def test_same_model_is_the_sha256_prefix_and_every_other_field(stored_sha, same)
     assert not meta.same_model({k: v for k, v in stored.items() if k != "key_layers"}, model)
 
 
-def test_the_stored_form_is_short():
+@pytest.mark.parametrize("fmt,sha,longest", [(2, "pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg", 150),
+                                              (3, "pf07YiMKpexgISKX", 123)])
+def test_the_stored_form_is_short(fmt, sha, longest, monkeypatch):
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", fmt)
     text = json.dumps(meta.compact(fields()), separators=(",", ":"))
-    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["pf07YiMKpexgISKX3J0g6qcFeKxRngDZOhfkTAh6aBg",'
-                           '"gemma3",640,[12,9]]')
-    assert len(text) <= 150  # two key layers and the preset version cost 6 bytes over one layer
+    assert text.startswith('{"m":2,"p":"default/22","t":"banking77","f":["%s","gemma3",640,[12,9]]' % sha)
+    assert len(text) <= longest  # two key layers and the preset version cost 6 bytes over one layer
     assert '"k"' not in json.dumps(meta.compact(fields(skipped=0)))  # the omitted value is not stored
 
 

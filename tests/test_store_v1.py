@@ -1,5 +1,5 @@
 """Format-1 memories (a version directory of .npy files, written before the compact format) still
-open, are still checked, and the next commit turns them into format 2 with nothing lost.
+open, are still checked, and the next commit turns them into the current format with nothing lost.
 
 The fixtures in tests/data/store_v1 were written by the last format-1 miita-edge (their README
 says how); every test works on a copy.
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from miita_edge.errors import StoreError
-from miita_edge.memory.store import Store
+from miita_edge.memory.store import FORMAT_VERSION, Store
 from miita_edge.memory.store_format_v1 import encoded_size_v1
 
 FIXTURES = Path(__file__).with_name("data") / "store_v1"
@@ -57,12 +57,12 @@ def test_a_format_1_store_opens(tmp_path):
     assert snap.bytes_on_disk == dir_bytes(root / "v00000002") == encoded_size_v1(arrays, manifest)
 
 
-def test_the_next_commit_writes_format_2_with_nothing_lost(tmp_path):
+def test_the_next_commit_writes_the_current_format_with_nothing_lost(tmp_path):
     root = copy_fixture("plain", tmp_path)
     old = Store(root).read()
     with Store(root).writer() as w:
         snap = w.commit({k: np.array(v) for k, v in old.arrays.items()}, old.manifest)
-    assert snap.version == 3 and snap.format_version == 2
+    assert snap.version == 3 and snap.format_version == FORMAT_VERSION
     assert sorted(os.listdir(root)) == [".lock", "CURRENT", "v00000003"]  # the format-1 directory is gone
     assert (root / "v00000003").is_file()
     new = Store(root).read()
@@ -121,7 +121,7 @@ def test_a_newer_format_directory_is_never_overwritten(tmp_path):
     root = copy_fixture("plain", tmp_path)
     _edit(root, lambda d: d.update(format_version=4))
     before = {f.name: f.read_bytes() for f in (root / "v00000002").iterdir()}
-    with pytest.raises(StoreError, match="format_version 4, this miita-edge writes 2; refusing to overwrite"):
+    with pytest.raises(StoreError, match=f"format_version 4, this miita-edge writes {FORMAT_VERSION}; refusing to overwrite"):
         with Store(root).writer():
             pass
     assert {f.name: f.read_bytes() for f in (root / "v00000002").iterdir()} == before
@@ -136,11 +136,11 @@ def test_a_format_1_memory_is_read_by_info(tmp_path, capsys):
     assert info["store_format"] == 1 and info["examples"] == 6 and info["prototypes"] == 3 and info["anchors"] == 4
     assert info["fingerprint"]["sha256"].startswith("a5fd3b62") and info["budget"] == "64KiB"
     assert main(["info", "--memory", str(root)]) == 0
-    assert "rewrites it as format 2" in capsys.readouterr().out
+    assert f"rewrites it as format {FORMAT_VERSION}" in capsys.readouterr().out
 
 
 @pytest.mark.model
-def test_a_format_1_memory_opens_answers_and_becomes_format_2_on_ingest(tmp_path):
+def test_a_format_1_memory_opens_answers_and_becomes_the_current_format_on_ingest(tmp_path):
     from miita_edge import Example, Miita
     from miita_edge.runtime.engine import EngineConfig
 
@@ -154,7 +154,7 @@ def test_a_format_1_memory_opens_answers_and_becomes_format_2_on_ingest(tmp_path
         rows = [Example("question 7 about billing", "billing", line=1), Example("where is my parcel", "shipping", line=2)]
         report = m.ingest(rows, progress=False)
     new = Store(root).read()
-    assert new.version == 2 and new.format_version == 2 and (root / "v00000002").is_file()
+    assert new.version == 2 and new.format_version == FORMAT_VERSION and (root / "v00000002").is_file()
     assert not (root / "v00000001").exists()
     assert "m" in new.manifest and report.bytes == new.bytes_on_disk < old.bytes_on_disk
     with Miita(memory=root, engine_config=EngineConfig(n_threads=1)) as m:
