@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 
 from miita_edge.memory.accounting import account, answer_coverage
-from test_bytes_accounting import ANSWERS, CONFIGS, grown_bank
+from test_bytes_accounting import ANSWERS, CONFIGS, budget_for, grown_bank
 from test_split_guard import load_bench
 
 
-def record(budget: int) -> dict:
+def record(room: int = 39) -> dict:
+    """A run's record at ``room`` bytes above an empty memory (which loses answers)."""
+    budget = budget_for(room)
     bank, rec = grown_bank(CONFIGS["default"], 60, budget)
     acc = account(bank.to_arrays(), rec.stored(bank))
     labels = [tuple(int(t) for t in s) for s in bank.answer_tokens()]
@@ -30,7 +32,7 @@ def table_row(out: str, budget: str) -> list[str]:
 
 def test_the_table_divides_each_part_by_the_streams_answers(capsys):
     by = load_bench("bytes")
-    r = record(260)
+    r = record()
     a, c = r["account"], r["coverage"]
     by.print_rows([r, {"budget": "0.1%", "limit": 23, "error": "budget of 23 bytes cannot hold even one prototype "
                                                                  "(the smallest memory needs 256 bytes) (line 2)"}],
@@ -39,7 +41,7 @@ def test_the_table_divides_each_part_by_the_streams_answers(capsys):
     cells = table_row(out, "1%")
     n = len(ANSWERS)
     head = a.framing["header"] + a.framing["manifest"] + a.framing["padding"]
-    assert cells[1] == f"{a.total:,} / 260"
+    assert cells[1] == f"{a.total:,} / {r['limit']}"
     assert cells[2] == f"{a.parts['keys'] / n:.1f} ({a.centroid_keys / n:.1f})"
     assert cells[3] == f"{a.parts['answers'] / n:.1f}" and cells[4] == "0.0"
     assert cells[5] == f"{a.parts['framing'] / n:.1f} ({head / n:.1f}, {(a.parts['framing'] - head) / n:.1f})"
@@ -57,7 +59,7 @@ def test_the_table_divides_each_part_by_the_streams_answers(capsys):
 
 def test_the_detail_line_names_every_byte(capsys):
     by = load_bench("bytes")
-    r = record(260)
+    r = record()
     by.print_detail(r, steered=False)
     out = capsys.readouterr().out
     a = r["account"]
@@ -68,7 +70,7 @@ def test_the_detail_line_names_every_byte(capsys):
 
 def test_the_detail_line_says_why_the_gate_declined_and_how_many_off_topic_prompts_it_let_through(capsys):
     by = load_bench("bytes")
-    by.print_detail(record(260), steered=False)
+    by.print_detail(record(), steered=False)
     out = capsys.readouterr().out
     assert "declined 5 ({'general questions': 5})" in out and "may steer: 3 of 202" in out
 
