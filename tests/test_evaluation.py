@@ -273,6 +273,8 @@ def test_fractional_budget_is_of_the_learned_stream(bench_dir, tmp_path, stubs, 
     assert res["stream_bytes"] == stream
     assert res["budget_bytes"] == stream * pct // 100
     assert stubs["budget"] == [stream * pct // 100]  # what the method was handed: absolute bytes
+    from miita_edge.memory import store_format
+    assert res["store_format"] == store_format.FORMAT_VERSION  # the stored form the memories were written in
     assert res["stage_names"] == ["s1", "s3"] and [r["n_train"] for r in res["per_stage"]] == [2, 2]
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..memory import store_format
 from ..method.presets import get_preset
 from .cl_matrix import CLMatrix, op_bootstrap_ci
 from .ledger import checkout_commit, row_ids_of
@@ -196,6 +197,9 @@ def build_result(setup: RunSetup, A: CLMatrix, cell_data: dict, base: list[dict]
         # which code made it: the default preset version of the package (what the ledger's conflict
         # rule reads) and the checkout's commit (null for an installed copy)
         "default_version": get_preset("default").version, "commit": checkout_commit(),
+        # and the store format its memories were written in: the same preset version keeps more of
+        # a tight budget in a format with less framing, so answers differ between formats
+        "store_format": store_format.FORMAT_VERSION,
     }
     # per-query scores, so that OP, BWT and FWT get intervals (and tables can compare methods query
     # by query); OP itself stays the matrix's mean of cell means
