@@ -72,7 +72,7 @@ def test_sigkill_during_ingest_leaves_last_committed_version(tmp_path):
         # the exact on-disk size equals the current version's file
         cur = (mem / "CURRENT").read_text().strip()
         assert snap.bytes_on_disk == os.path.getsize(mem / cur)
-        assert meta["stream_bytes"] > 0 and snap.format_version == 2
+        assert meta["stream_bytes"] > 0 and snap.format_version == store_mod.FORMAT_VERSION
         last_version, last_examples = snap.version, meta["examples"]
     assert kills == 9 and last_version > 0
     # and the memory still opens and answers through the facade
