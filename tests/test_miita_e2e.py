@@ -114,7 +114,7 @@ def norm(text: str) -> str:
 
 
 def version_bytes(mem) -> int:
-    """Size of the version file that CURRENT names (store format 2: one file per version)."""
+    """Size of the version file that CURRENT names (one file per version since store format 2)."""
     with open(os.path.join(mem, "CURRENT")) as fh:
         vfile = os.path.join(mem, fh.read().strip())
     assert os.path.isfile(vfile)
