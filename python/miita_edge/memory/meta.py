@@ -18,8 +18,8 @@ The stored form (``compact``), e.g. ``{"m":2,"p":"default","t":"banking77","f":[
     t   template, omitted when "plain"
     f   fingerprint [sha256, arch, n_embd, key_layer], the last a list of key layers when the keys
         pool several ([..., [12, 9]]: key_layer is the first). The sha256 as unpadded base64url:
-        all of it (43 characters) where the store writes format 2, its first 12 bytes (16
-        characters) where it writes format 3. The long form then holds those 96 bits as 24 hex
+        its first 12 bytes (16 characters), as store format 3 writes it; format 2 stored all of it
+        (43 characters), which is still read. The long form then holds those 96 bits as 24 hex
         digits, and a model is the memory's when its sha256 begins with them (``same_model``).
         Why 96 bits: they tell a wrong model file from the right one as surely as 256 (an
         accidental match has odds of 2^-96; the fingerprint guards against a mistake, not an
@@ -85,7 +85,7 @@ def compact(fields: Mapping) -> dict:
 
 
 def expand(stored, arrays: Mapping) -> dict:
-    """The long form of a stored memory manifest, compact (format 2) or long (format 1).
+    """The long form of a stored memory manifest, compact (store formats 2 and 3) or long (format 1).
 
     Lenient on purpose: a field it cannot decode comes back as None (or the format as whatever
     was there), and the check names it (``memory.manifest.check_fields``)."""

@@ -9,12 +9,14 @@ Layout of a store ``DIR``::
 
     DIR/CURRENT          "v00000007\\n": the name of the committed version
     DIR/v00000007        one immutable version: one file, every array and the manifest
-                         (format 2, ``store_format`` documents its bytes)
+                         (format 3, ``store_format`` documents its bytes)
     DIR/.lock            flock target for the single writer; holds the writer's pid
 
-A memory written before format 2 has a version *directory* instead (``v00000007/`` with one
-``.npy`` per array and ``manifest.json``, ``store_format_v1``): it is still read, and the next
-commit writes a format-2 file and removes the directory like any older version.
+A memory written in format 2 (every array's name spelled out in the header) is read as it is, and
+the next commit writes it in format 3. One written before format 2 has a version *directory*
+instead (``v00000007/`` with one ``.npy`` per array and ``manifest.json``, ``store_format_v1``): it
+is still read, and the next commit writes a format-3 file and removes the directory like any older
+version.
 
 Atomicity argument (why a crash at any point leaves the last committed version readable):
 

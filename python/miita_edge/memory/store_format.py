@@ -3,10 +3,11 @@ its exact size (``encoded_size``), its defensive parser, and the durable (fsynce
 
 ``store.py`` builds versions, pointers and locking on top of this; everything here is a pure
 encoding or a single-file operation, so the exact byte size of a commit can be computed in
-advance, which is what the budget repair needs. Commits write ``FORMAT_VERSION`` (2); format 3,
-the same file with a bank's arrays named in one byte, is read and tested, and becomes what commits
-write if the dev ablation adopts it (docs/results/candidates/compact-header.md). Format 1 (a
-directory of ``.npy`` files plus ``manifest.json``) is read by ``store_format_v1``.
+advance, which is what the budget repair needs. Commits write ``FORMAT_VERSION`` (3); format 2,
+the same file with every array's name spelled out, is still read, and the next commit into a
+format-2 memory writes format 3 (docs/results/candidates/compact-header.md: why, and the dev
+ablation that adopted it). Format 1 (a directory of ``.npy`` files plus ``manifest.json``) is read
+by ``store_format_v1``.
 
 Why one file: a memory's budget counts every persisted byte, and at the paper's 1% budgets the
 format-1 framing (one 128-byte ``.npy`` header per array plus a ~700-byte JSON manifest) was most
@@ -52,7 +53,7 @@ from typing import Any
 import numpy as np
 
 #: The format commits write (``layout`` reads it at each call).
-FORMAT_VERSION: int = 2
+FORMAT_VERSION: int = 3
 #: The newest format this code reads; a file of a higher one was written by a newer miita-edge.
 NEWEST_FORMAT: int = 3
 #: Formats this code reads.

@@ -1,7 +1,7 @@
 """The legacy reader of format 1: a version directory of ``.npy`` files plus ``manifest.json``.
 
-Format 1 is what miita-edge wrote before the compact format (``store_format``, format 2). It is
-still read, so an old memory opens; the next commit into it writes format 2 and removes the
+Format 1 is what miita-edge wrote before the single-file formats (``store_format``, formats 2 and
+3). It is still read, so an old memory opens; the next commit into it writes format 3 and removes the
 old directory like any older version. Nothing here writes format 1. Layout of one version::
 
     DIR/v00000007/<name>.npy      one standard .npy file per array (C order, header format 1.0)
