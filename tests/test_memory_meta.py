@@ -124,3 +124,18 @@ def test_counts_come_from_the_arrays():
     assert (f["prototypes"], f["anchors"]) == (7, 11)
     with pytest.raises(StoreError, match="prototypes"):
         check_memory_meta("m", meta.expand(meta.compact(fields()), {}))
+
+
+def test_a_format_3_memory_s_fields_compact_again(monkeypatch):
+    """expand() of a format-3 memory holds 24 hex digits of the sha256: compact() takes them back (what
+    a caller that edits a field and commits again does), and refuses them for format 2, which needs 256 bits."""
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", 3)
+    f = fields()
+    back = meta.expand(meta.compact(f), ARRAYS)
+    assert back["fingerprint"]["sha256"] == SHA[:24]
+    assert meta.compact(back) == meta.compact(f)
+    with pytest.raises(ValueError, match="64 lowercase hex"):
+        meta.compact(fields(fingerprint={**f["fingerprint"], "sha256": SHA[:23]}))
+    monkeypatch.setattr(store_format, "FORMAT_VERSION", 2)
+    with pytest.raises(ValueError, match="store format 2 needs all 256"):
+        meta.compact(back)

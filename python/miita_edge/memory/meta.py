@@ -61,9 +61,14 @@ def compact(fields: Mapping) -> dict:
     """The stored form of a memory's long-form fields (``prototypes``/``anchors`` are dropped).
     ValueError for a fingerprint whose sha256 is not 64 lowercase hex digits."""
     fp = fields["fingerprint"]
-    if not isinstance(fp.get("sha256"), str) or not _HEX64.fullmatch(fp["sha256"]):
-        raise ValueError(f"fingerprint sha256 must be 64 lowercase hex digits, got {str(fp.get('sha256'))[:70]!r}")
+    sha = fp.get("sha256")
+    short = isinstance(sha, str) and len(sha) == 2 * SHA_BYTES and _HEX64.fullmatch(sha + "0" * (64 - len(sha)))
+    if not isinstance(sha, str) or not (_HEX64.fullmatch(sha) or short):
+        raise ValueError(f"fingerprint sha256 must be 64 lowercase hex digits (or the 24 a format-3 memory keeps), "
+                         f"got {str(sha)[:70]!r}")
     kept = SHA_BYTES if store_format.FORMAT_VERSION >= 3 else 32
+    if short and kept > SHA_BYTES:  # expand() of a format-3 memory, written back in format 2
+        raise ValueError("fingerprint sha256 has 96 bits (a format-3 memory's); store format 2 needs all 256")
     sha = base64.urlsafe_b64encode(bytes.fromhex(fp["sha256"])[:kept]).decode("ascii").rstrip("=")
     preset = dict(fields["preset"])
     if set(preset) == {"name"}:
