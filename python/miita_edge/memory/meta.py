@@ -52,6 +52,7 @@ FORMATS = (FORMAT_V1, FORMAT_V2)
 MEMORY_FORMAT = 2  # the stored "m"
 OMITTED = {"t": "plain", "b": "64KiB", "k": 0}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX96 = re.compile(r"[0-9a-f]{24}")  # the 96 bits a format-3 memory keeps, as expand() gives them
 #: The sha256's bytes a store of format 3 keeps (16 characters); format 2 keeps all 32 (43).
 SHA_BYTES = 12
 _B64_SHA = re.compile(r"[A-Za-z0-9_-]{16}|[A-Za-z0-9_-]{43}")
@@ -62,7 +63,7 @@ def compact(fields: Mapping) -> dict:
     ValueError for a fingerprint whose sha256 is not 64 lowercase hex digits."""
     fp = fields["fingerprint"]
     sha = fp.get("sha256")
-    short = isinstance(sha, str) and len(sha) == 2 * SHA_BYTES and _HEX64.fullmatch(sha + "0" * (64 - len(sha)))
+    short = isinstance(sha, str) and bool(_HEX96.fullmatch(sha))
     if not isinstance(sha, str) or not (_HEX64.fullmatch(sha) or short):
         raise ValueError(f"fingerprint sha256 must be 64 lowercase hex digits (or the 24 a format-3 memory keeps), "
                          f"got {str(sha)[:70]!r}")
